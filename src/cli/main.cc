@@ -1,0 +1,157 @@
+// `flotilla`: the command-line entry point. Subcommands: replica.
+#include <chrono>
+#include <cstdio>
+#include <iostream>
+
+#include <CLI/CLI.hpp>
+#include <spdlog/spdlog.h>
+
+#include "common/common.h"
+#include "replica/replica.h"
+#include "runtime/runtime.h"
+
+namespace flotilla {
+namespace {
+
+// Exit codes: 0 clean, 1 drain timed out, 2 bad arguments or model, 3 cannot listen.
+constexpr int kExitDrainTimeout = 1;
+constexpr int kExitBadInput = 2;
+constexpr int kExitCannotListen = 3;
+
+struct ReplicaFlags {
+  std::string model;
+  std::string name;
+  std::string runtime = "auto";
+  std::string host = "127.0.0.1";
+  uint16_t port = 0;
+  int workers = 0;
+  int64_t max_batch_size = 64;
+  int64_t max_queue_delay_us = 0;
+  bool no_batching = false;
+  size_t max_body_bytes = 8 * 1024 * 1024;
+  int64_t header_timeout_ms = 10'000;
+  int64_t body_timeout_ms = 30'000;
+  int64_t idle_timeout_ms = 60'000;
+  int64_t drain_timeout_ms = 30'000;
+  int predict_threads = 1;
+  std::string log_level = "info";
+};
+
+void add_replica_command(CLI::App& app, ReplicaFlags& flags) {
+  CLI::App* cmd = app.add_subcommand("replica", "Serve one model over the Open Inference "
+                                                "Protocol v2, MLflow /invocations and /metrics.");
+  cmd->add_option("--model", flags.model, "Model file or MLflow model directory")->required();
+  cmd->add_option("--name", flags.name, "Model name (default: the file's stem or directory name)");
+  cmd->add_option("--runtime", flags.runtime, "auto, xgboost or synthetic (auto never picks synthetic)")
+      ->check(CLI::IsMember({"auto", "xgboost", "synthetic"}))
+      ->capture_default_str();
+  cmd->add_option("--host", flags.host, "Address to listen on")->capture_default_str();
+  cmd->add_option("--port", flags.port, "Port to listen on; 0 picks a free one (printed on stdout)")
+      ->capture_default_str();
+  cmd->add_option("--workers", flags.workers, "Event-loop threads (0: one per core)")
+      ->check(CLI::Range(0, 256))
+      ->capture_default_str();
+  cmd->add_option("--max-batch-size", flags.max_batch_size, "Rows merged into one model call at most")
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 20))
+      ->capture_default_str();
+  cmd->add_option("--max-queue-delay-us", flags.max_queue_delay_us,
+                  "How long a batch waits for more rows (0: never wait)")
+      ->check(CLI::Range(int64_t{0}, int64_t{1'000'000}))
+      ->capture_default_str();
+  cmd->add_flag("--no-batching", flags.no_batching, "Run every request on its own");
+  cmd->add_option("--max-body-bytes", flags.max_body_bytes, "Largest request body accepted (413 above)")
+      ->check(CLI::Range(size_t{1}, size_t{1} << 32))
+      ->capture_default_str();
+  cmd->add_option("--header-timeout-ms", flags.header_timeout_ms, "Time to receive a request header")
+      ->check(CLI::Range(int64_t{1}, int64_t{3'600'000}))
+      ->capture_default_str();
+  cmd->add_option("--body-timeout-ms", flags.body_timeout_ms, "Time to receive a request body")
+      ->check(CLI::Range(int64_t{1}, int64_t{3'600'000}))
+      ->capture_default_str();
+  cmd->add_option("--idle-timeout-ms", flags.idle_timeout_ms, "Idle keep-alive connection lifetime")
+      ->check(CLI::Range(int64_t{1}, int64_t{3'600'000}))
+      ->capture_default_str();
+  cmd->add_option("--drain-timeout-ms", flags.drain_timeout_ms,
+                  "On SIGTERM, how long in-flight requests may take before exit")
+      ->check(CLI::Range(int64_t{0}, int64_t{3'600'000}))
+      ->capture_default_str();
+  cmd->add_option("--predict-threads", flags.predict_threads, "Threads one model call may use")
+      ->check(CLI::Range(1, 256))
+      ->capture_default_str();
+  cmd->add_option("--log-level", flags.log_level, "trace, debug, info, warn, error or off")
+      ->capture_default_str();
+}
+
+int run_replica(const ReplicaFlags& flags) {
+  if (Status status = init_logging(flags.log_level); !status.is_ok()) {
+    std::cerr << "flotilla replica: " << status.message() << "\n";
+    return kExitBadInput;
+  }
+  auto kind = runtime::parse_runtime_kind(flags.runtime);
+  if (!kind.is_ok()) {
+    std::cerr << "flotilla replica: " << kind.status().message() << "\n";
+    return kExitBadInput;
+  }
+  runtime::RuntimeOptions runtime_options;
+  runtime_options.name = flags.name.empty() ? runtime::default_model_name(flags.model) : flags.name;
+  runtime_options.predict_threads = flags.predict_threads;
+
+  const auto load_start = std::chrono::steady_clock::now();
+  auto runtime = runtime::load_runtime(*kind, flags.model, runtime_options);
+  if (!runtime.is_ok()) {
+    std::cerr << "flotilla replica: cannot load model: " << runtime.status().message() << "\n";
+    return kExitBadInput;
+  }
+  replica::ReplicaOptions options;
+  options.model_load_seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - load_start).count();
+  options.server.host = flags.host;
+  options.server.port = flags.port;
+  options.server.workers = flags.workers;
+  options.server.max_body_bytes = flags.max_body_bytes;
+  options.server.header_timeout = std::chrono::milliseconds(flags.header_timeout_ms);
+  options.server.body_timeout = std::chrono::milliseconds(flags.body_timeout_ms);
+  options.server.idle_timeout = std::chrono::milliseconds(flags.idle_timeout_ms);
+  options.batching.enabled = !flags.no_batching;
+  options.batching.max_batch_rows = flags.max_batch_size;
+  options.batching.max_queue_delay = std::chrono::microseconds(flags.max_queue_delay_us);
+  options.drain_timeout = std::chrono::milliseconds(flags.drain_timeout_ms);
+
+  MetricsRegistry& registry = default_registry();
+  register_process_metrics(registry);
+  auto replica = replica::Replica::create(std::move(runtime).value(), options, registry);
+  if (!replica.is_ok()) {
+    std::cerr << "flotilla replica: " << replica.status().message() << "\n";
+    return kExitCannotListen;
+  }
+  // The first stdout line is for orchestrators: where to reach this replica.
+  std::printf("{\"event\":\"listening\",\"host\":\"%s\",\"port\":%u,\"model\":\"%s\"}\n",
+              flags.host.c_str(), static_cast<unsigned>((*replica)->port()),
+              runtime_options.name.c_str());
+  std::fflush(stdout);
+  spdlog::info("serving model '{}' on {}:{} (model loaded in {:.3f} s)", runtime_options.name,
+               flags.host, (*replica)->port(), options.model_load_seconds);
+  const bool clean = (*replica)->run();
+  spdlog::info(clean ? "drained, exiting" : "drain timed out, exiting");
+  return clean ? 0 : kExitDrainTimeout;
+}
+
+}  // namespace
+}  // namespace flotilla
+
+int main(int argc, char** argv) {
+  CLI::App app{"Flotilla: real-time model serving"};
+  app.require_subcommand(1);
+  app.set_version_flag("--version", FLOTILLA_VERSION);
+  flotilla::ReplicaFlags replica_flags;
+  flotilla::add_replica_command(app, replica_flags);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  }
+  if (app.got_subcommand("replica")) {
+    return flotilla::run_replica(replica_flags);
+  }
+  return 0;
+}

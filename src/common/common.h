@@ -1,0 +1,238 @@
+// The common module's contract: Status and Result, assertion macros, logging set-up, and the
+// metrics registry with its Prometheus text writer. Everything here is thread-safe unless a
+// comment says otherwise.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <variant>
+#include <vector>
+
+#include "common/tensor.h"
+
+namespace flotilla {
+
+// ---------------------------------------------------------------------------------------------
+// Status and Result
+
+enum class StatusCode {
+  kOk = 0,
+  kInvalidArgument,
+  kNotFound,
+  kFailedPrecondition,
+  kResourceExhausted,
+  kUnavailable,
+  kDeadlineExceeded,
+  kUnimplemented,
+  kInternal,
+};
+
+// A success or an error code with a lower-case message naming the object involved.
+class [[nodiscard]] Status {
+ public:
+  Status() = default;
+  Status(StatusCode code, std::string message) : code_(code), message_(std::move(message)) {}
+
+  static Status ok() { return Status(); }
+  bool is_ok() const { return code_ == StatusCode::kOk; }
+  StatusCode code() const { return code_; }
+  const std::string& message() const { return message_; }
+
+  // Returns a copy whose message is "context: message", for propagation up the stack.
+  Status with_context(std::string_view context) const;
+  std::string to_string() const;
+
+ private:
+  StatusCode code_ = StatusCode::kOk;
+  std::string message_;
+};
+
+Status invalid_argument(std::string message);
+Status not_found(std::string message);
+Status internal_error(std::string message);
+Status unavailable(std::string message);
+
+// The HTTP status that answers a request failing with `code`.
+int http_status_for(StatusCode code);
+std::string_view status_code_name(StatusCode code);
+
+// A value or the Status that explains why there is none.
+template <typename T>
+class [[nodiscard]] Result {
+ public:
+  Result(T value) : state_(std::move(value)) {}  // NOLINT(google-explicit-constructor)
+  Result(Status status) : state_(std::move(status)) {  // NOLINT(google-explicit-constructor)
+    if (std::get<Status>(state_).is_ok()) {
+      state_ = Status(StatusCode::kInternal, "result built from an ok status");
+    }
+  }
+
+  bool is_ok() const { return std::holds_alternative<T>(state_); }
+  const Status& status() const {
+    static const Status kOkStatus;
+    return is_ok() ? kOkStatus : std::get<Status>(state_);
+  }
+  T& value() & { return std::get<T>(state_); }
+  const T& value() const& { return std::get<T>(state_); }
+  T&& value() && { return std::get<T>(std::move(state_)); }
+  T* operator->() { return &value(); }
+  const T* operator->() const { return &value(); }
+  T& operator*() & { return value(); }
+
+ private:
+  std::variant<T, Status> state_;
+};
+
+#define FLOTILLA_CONCAT_INNER(a, b) a##b
+#define FLOTILLA_CONCAT(a, b) FLOTILLA_CONCAT_INNER(a, b)
+
+#define FLOTILLA_RETURN_IF_ERROR(expr)         \
+  do {                                         \
+    ::flotilla::Status flotilla_status = (expr); \
+    if (!flotilla_status.is_ok()) {            \
+      return flotilla_status;                  \
+    }                                          \
+  } while (false)
+
+#define FLOTILLA_ASSIGN_OR_RETURN_IMPL(tmp, lhs, expr) \
+  auto tmp = (expr);                                   \
+  if (!tmp.is_ok()) {                                  \
+    return tmp.status();                               \
+  }                                                    \
+  lhs = std::move(tmp).value()
+
+#define FLOTILLA_ASSIGN_OR_RETURN(lhs, expr) \
+  FLOTILLA_ASSIGN_OR_RETURN_IMPL(FLOTILLA_CONCAT(flotilla_result_, __LINE__), lhs, expr)
+
+// ---------------------------------------------------------------------------------------------
+// Assertions (STYLE.md §3)
+
+namespace detail {
+[[noreturn]] void check_failed(const char* condition, const char* file, int line);
+void bug(const char* what, const char* file, int line);
+}  // namespace detail
+
+// State we cannot continue from: always on, logs and aborts.
+#define FLOTILLA_CHECK(cond)                                        \
+  do {                                                              \
+    if (!(cond)) {                                                  \
+      ::flotilla::detail::check_failed(#cond, __FILE__, __LINE__);  \
+    }                                                               \
+  } while (false)
+
+#ifdef NDEBUG
+#define FLOTILLA_DCHECK(cond) \
+  do {                        \
+  } while (false)
+#else
+#define FLOTILLA_DCHECK(cond) FLOTILLA_CHECK(cond)
+#endif
+
+// "Should not happen, but we can carry on": aborts in debug builds; release builds log at a
+// limited rate and count it in flotilla_bug_total.
+#define FLOTILLA_BUG(what) ::flotilla::detail::bug(what, __FILE__, __LINE__)
+
+// ---------------------------------------------------------------------------------------------
+// Logging
+
+// Sends spdlog's default logger to stderr at `level` ("trace" .. "off"). Returns an error for
+// an unknown level name.
+Status init_logging(std::string_view level);
+
+// ---------------------------------------------------------------------------------------------
+// Metrics
+
+using Labels = std::vector<std::pair<std::string, std::string>>;
+
+class Counter {
+ public:
+  void inc(uint64_t n = 1) { value_.fetch_add(n, std::memory_order_relaxed); }
+  uint64_t value() const { return value_.load(std::memory_order_relaxed); }
+
+ private:
+  std::atomic<uint64_t> value_{0};
+};
+
+class Gauge {
+ public:
+  void set(double v) { value_.store(v, std::memory_order_relaxed); }
+  void add(double v) { value_.fetch_add(v, std::memory_order_relaxed); }
+  double value() const { return value_.load(std::memory_order_relaxed); }
+
+ private:
+  std::atomic<double> value_{0};
+};
+
+// Fixed upper bounds, lock-free observe().
+class Histogram {
+ public:
+  explicit Histogram(std::vector<double> upper_bounds);
+  void observe(double value);
+
+  const std::vector<double>& upper_bounds() const { return bounds_; }
+  // Per-bucket (not cumulative) counts; the last one is the +Inf bucket.
+  std::vector<uint64_t> bucket_counts() const;
+  uint64_t count() const { return count_.load(std::memory_order_relaxed); }
+  double sum() const { return sum_.load(std::memory_order_relaxed); }
+
+ private:
+  std::vector<double> bounds_;
+  std::unique_ptr<std::atomic<uint64_t>[]> buckets_;
+  std::atomic<uint64_t> count_{0};
+  std::atomic<double> sum_{0};
+};
+
+// Bounds growing by `factor` from `start`, `count` of them.
+std::vector<double> exponential_buckets(double start, double factor, int count);
+
+// Owns every metric of a process and renders them in the Prometheus text format (0.0.4).
+// Registration takes a lock; keep the returned reference (valid for the registry's life) and
+// update it on the hot path without locking.
+class MetricsRegistry {
+ public:
+  MetricsRegistry() = default;
+  MetricsRegistry(const MetricsRegistry&) = delete;
+  MetricsRegistry& operator=(const MetricsRegistry&) = delete;
+
+  Counter& counter(const std::string& name, const std::string& help, const Labels& labels = {});
+  Gauge& gauge(const std::string& name, const std::string& help, const Labels& labels = {});
+  Histogram& histogram(const std::string& name, const std::string& help,
+                       const std::vector<double>& upper_bounds, const Labels& labels = {});
+  // A value computed at scrape time. `type` is "gauge" or "counter".
+  void callback(const std::string& name, const std::string& help, const std::string& type,
+                std::function<double()> read);
+
+  std::string render() const;
+
+ private:
+  struct Family {
+    std::string help;
+    std::string type;
+    // Keyed by the rendered label set, e.g. `route="infer",code="200"`.
+    std::map<std::string, std::unique_ptr<Counter>> counters;
+    std::map<std::string, std::unique_ptr<Gauge>> gauges;
+    std::map<std::string, std::unique_ptr<Histogram>> histograms;
+    std::function<double()> read;
+  };
+  Family& family(const std::string& name, const std::string& help, const std::string& type);
+
+  mutable std::mutex mutex_;
+  std::map<std::string, Family> families_;  // guarded by mutex_
+};
+
+// Registers the standard process_* metrics (CPU seconds, resident and virtual memory, open
+// file descriptors, start time), read from /proc at scrape time.
+void register_process_metrics(MetricsRegistry& registry);
+
+// The process-wide registry (bug counter, process metrics, and each module's metrics).
+MetricsRegistry& default_registry();
+
+}  // namespace flotilla

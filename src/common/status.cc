@@ -1,0 +1,125 @@
+#include <cstdio>
+#include <cstdlib>
+
+#include <spdlog/sinks/stdout_color_sinks.h>
+#include <spdlog/spdlog.h>
+
+#include "common/common.h"
+
+namespace flotilla {
+
+Status Status::with_context(std::string_view context) const {
+  if (is_ok()) {
+    return *this;
+  }
+  return Status(code_, std::string(context) + ": " + message_);
+}
+
+std::string Status::to_string() const {
+  if (is_ok()) {
+    return "ok";
+  }
+  return std::string(status_code_name(code_)) + ": " + message_;
+}
+
+Status invalid_argument(std::string message) {
+  return Status(StatusCode::kInvalidArgument, std::move(message));
+}
+Status not_found(std::string message) { return Status(StatusCode::kNotFound, std::move(message)); }
+Status internal_error(std::string message) {
+  return Status(StatusCode::kInternal, std::move(message));
+}
+Status unavailable(std::string message) {
+  return Status(StatusCode::kUnavailable, std::move(message));
+}
+
+int http_status_for(StatusCode code) {
+  switch (code) {
+    case StatusCode::kOk:
+      return 200;
+    case StatusCode::kInvalidArgument:
+    case StatusCode::kFailedPrecondition:
+      return 400;
+    case StatusCode::kNotFound:
+      return 404;
+    case StatusCode::kResourceExhausted:
+      return 429;
+    case StatusCode::kUnimplemented:
+      return 501;
+    case StatusCode::kUnavailable:
+      return 503;
+    case StatusCode::kDeadlineExceeded:
+      return 504;
+    case StatusCode::kInternal:
+      return 500;
+  }
+  return 500;
+}
+
+std::string_view status_code_name(StatusCode code) {
+  switch (code) {
+    case StatusCode::kOk:
+      return "ok";
+    case StatusCode::kInvalidArgument:
+      return "invalid argument";
+    case StatusCode::kNotFound:
+      return "not found";
+    case StatusCode::kFailedPrecondition:
+      return "failed precondition";
+    case StatusCode::kResourceExhausted:
+      return "resource exhausted";
+    case StatusCode::kUnavailable:
+      return "unavailable";
+    case StatusCode::kDeadlineExceeded:
+      return "deadline exceeded";
+    case StatusCode::kUnimplemented:
+      return "unimplemented";
+    case StatusCode::kInternal:
+      return "internal";
+  }
+  return "unknown";
+}
+
+namespace detail {
+
+void check_failed(const char* condition, const char* file, int line) {
+  std::fprintf(stderr, "FLOTILLA_CHECK failed: %s at %s:%d\n", condition, file, line);
+  std::fflush(stderr);
+  std::abort();
+}
+
+void bug(const char* what, const char* file, int line) {
+#ifndef NDEBUG
+  check_failed(what, file, line);
+#else
+  static Counter& bugs = default_registry().counter(
+      "flotilla_bug_total", "Internal invariants that failed but were survived.");
+  // Log the first few and then every 1000th, so a hot bug cannot flood the log.
+  uint64_t seen = bugs.value();
+  bugs.inc();
+  if (seen < 10 || seen % 1000 == 0) {
+    spdlog::error("bug: {} at {}:{}", what, file, line);
+  }
+#endif
+}
+
+}  // namespace detail
+
+Status init_logging(std::string_view level) {
+  auto parsed = spdlog::level::from_str(std::string(level));
+  if (parsed == spdlog::level::off && level != "off") {
+    return invalid_argument("unknown log level '" + std::string(level) +
+                            "' (use trace, debug, info, warn, error, critical or off)");
+  }
+  // Logs go to stderr: stdout is kept for machine-readable lines (the replica's listen line).
+  static const bool installed = [] {
+    spdlog::set_default_logger(spdlog::stderr_color_mt("flotilla"));
+    return true;
+  }();
+  (void)installed;
+  spdlog::set_level(parsed);
+  spdlog::set_pattern("%Y-%m-%dT%H:%M:%S.%e %^%l%$ %v");
+  return Status::ok();
+}
+
+}  // namespace flotilla

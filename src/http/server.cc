@@ -1,0 +1,475 @@
+// HTTP/1.1 server: one io_context per worker thread, each with its own SO_REUSEPORT acceptor,
+// so a connection lives on one thread for its whole life and no lock is taken per request.
+//
+// Connection life cycle (all on the owning worker's thread):
+//   wait_for_request (idle timeout) → read_header (header timeout) → read_body (body timeout)
+//   → handler → ... the Responder posts the response back → write → wait_for_request or close.
+// Drain: acceptors close, sessions waiting idle close, the others close after their response;
+// when the last session is gone, every loop stops and run() returns.
+#include <atomic>
+#include <optional>
+#include <thread>
+#include <unordered_set>
+#include <utility>  // Boost 1.74 asio uses std::exchange without including it
+
+#include <boost/asio.hpp>
+#include <boost/beast/core.hpp>
+#include <boost/beast/http.hpp>
+#include <nlohmann/json.hpp>
+#include <spdlog/spdlog.h>
+
+#include "http/http.h"
+
+namespace flotilla::http {
+
+namespace asio = boost::asio;
+namespace beast = boost::beast;
+namespace bhttp = boost::beast::http;
+using tcp = asio::ip::tcp;
+
+class ServerImpl;
+class Session;
+
+struct Worker {
+  asio::io_context context{1};
+  asio::executor_work_guard<asio::io_context::executor_type> guard{context.get_executor()};
+  std::optional<tcp::acceptor> acceptor;
+  std::unordered_set<Session*> sessions;  // touched only on this worker's thread
+  std::thread thread;
+};
+
+namespace {
+
+Method to_method(bhttp::verb verb) {
+  switch (verb) {
+    case bhttp::verb::get:
+      return Method::kGet;
+    case bhttp::verb::head:
+      return Method::kHead;
+    case bhttp::verb::post:
+      return Method::kPost;
+    case bhttp::verb::put:
+      return Method::kPut;
+    case bhttp::verb::delete_:
+      return Method::kDelete;
+    default:
+      return Method::kOther;
+  }
+}
+
+Response error_response(int status, std::string_view message) {
+  Response response;
+  response.status = status;
+  response.body = nlohmann::json{{"error", message}}.dump();
+  return response;
+}
+
+}  // namespace
+
+class ServerImpl final : public Server {
+ public:
+  ServerImpl(const ServerOptions& options, Handler handler)
+      : options_(options), handler_(std::move(handler)) {}
+  ~ServerImpl() override;
+
+  Status bind();
+  uint16_t port() const override { return port_; }
+  bool run() override;
+  void drain(std::chrono::milliseconds timeout) override;
+  void drain_on_signals(std::chrono::milliseconds timeout) override;
+  size_t open_connections() const override { return connections_.load(); }
+
+  const ServerOptions& options() const { return options_; }
+  const Handler& handler() const { return handler_; }
+  bool draining() const { return draining_.load(std::memory_order_relaxed); }
+  void session_closed();
+
+ private:
+  void accept(Worker& worker);
+  void stop_all();
+
+  ServerOptions options_;
+  Handler handler_;
+  std::vector<std::unique_ptr<Worker>> workers_;
+  uint16_t port_ = 0;
+  std::atomic<size_t> connections_{0};
+  std::atomic<bool> draining_{false};
+  std::atomic<bool> drained_cleanly_{true};
+  std::atomic<bool> stopped_{false};
+  std::optional<asio::signal_set> signals_;
+  std::optional<asio::steady_timer> drain_timer_;
+};
+
+class Session : public std::enable_shared_from_this<Session> {
+ public:
+  Session(tcp::socket&& socket, ServerImpl& server, Worker& worker)
+      : stream_(std::move(socket)), server_(server), worker_(worker) {}
+
+  void start(bool reject) {
+    worker_.sessions.insert(this);
+    if (reject) {
+      keep_alive_ = false;
+      write(error_response(503, "too many connections"));
+      return;
+    }
+    wait_for_request();
+  }
+
+  // Closes the connection if it is between requests (drain).
+  void close_if_idle() {
+    if (idle_) {
+      beast::error_code ignored;
+      stream_.socket().close(ignored);
+    }
+  }
+  void force_close() {
+    beast::error_code ignored;
+    stream_.socket().close(ignored);
+  }
+
+  asio::any_io_executor executor() { return stream_.get_executor(); }
+
+  // Writes the handler's answer; runs on this session's worker thread.
+  void write(Response&& response) {
+    auto& out = response_;
+    out = {};
+    out.version(11);
+    out.result(static_cast<unsigned>(response.status));
+    out.set(bhttp::field::content_type, response.content_type);
+    for (auto& [name, value] : response.headers) {
+      out.set(name, value);
+    }
+    out.body() = std::move(response.body);
+    keep_alive_ = keep_alive_ && !server_.draining();
+    out.keep_alive(keep_alive_);
+    out.prepare_payload();
+    stream_.expires_after(server_.options().body_timeout);
+    bhttp::async_write(stream_, out,
+                       [self = shared_from_this()](beast::error_code ec, size_t) {
+                         self->on_write(ec);
+                       });
+  }
+
+ private:
+  void wait_for_request() {
+    if (buffer_.size() > 0) {  // pipelined bytes already here
+      read_header();
+      return;
+    }
+    if (server_.draining()) {
+      finish();
+      return;
+    }
+    idle_ = true;
+    stream_.expires_after(server_.options().idle_timeout);
+    stream_.async_read_some(buffer_.prepare(4096),
+                            [self = shared_from_this()](beast::error_code ec, size_t bytes) {
+                              self->idle_ = false;
+                              if (ec) {
+                                self->finish();
+                                return;
+                              }
+                              self->buffer_.commit(bytes);
+                              self->read_header();
+                            });
+  }
+
+  void read_header() {
+    parser_.emplace();
+    parser_->header_limit(static_cast<uint32_t>(server_.options().max_header_bytes));
+    parser_->body_limit(server_.options().max_body_bytes);
+    stream_.expires_after(server_.options().header_timeout);
+    bhttp::async_read_header(stream_, buffer_, *parser_,
+                             [self = shared_from_this()](beast::error_code ec, size_t) {
+                               self->on_header(ec);
+                             });
+  }
+
+  void on_header(beast::error_code ec) {
+    if (ec) {
+      fail(ec);
+      return;
+    }
+    auto& request = parser_->get();
+    if (beast::iequals(request[bhttp::field::expect], "100-continue") && !parser_->is_done()) {
+      continue_.emplace(bhttp::status::continue_, 11);
+      bhttp::async_write(stream_, *continue_,
+                         [self = shared_from_this()](beast::error_code ec, size_t) {
+                           if (ec) {
+                             self->finish();
+                             return;
+                           }
+                           self->read_body();
+                         });
+      return;
+    }
+    read_body();
+  }
+
+  void read_body() {
+    stream_.expires_after(server_.options().body_timeout);
+    bhttp::async_read(stream_, buffer_, *parser_,
+                      [self = shared_from_this()](beast::error_code ec, size_t) {
+                        if (ec) {
+                          self->fail(ec);
+                          return;
+                        }
+                        self->dispatch();
+                      });
+  }
+
+  void fail(beast::error_code ec) {
+    if (ec == bhttp::error::body_limit) {
+      reject(413, "request body is larger than the limit of " +
+                      std::to_string(server_.options().max_body_bytes) + " bytes");
+    } else if (ec == bhttp::error::header_limit) {
+      reject(431, "request header is larger than the limit of " +
+                      std::to_string(server_.options().max_header_bytes) + " bytes");
+    } else if (ec.category() == bhttp::make_error_code(bhttp::error::end_of_stream).category() &&
+               ec != bhttp::error::end_of_stream && ec != bhttp::error::partial_message) {
+      reject(400, "malformed HTTP request: " + ec.message());
+    } else {
+      // Timeouts, resets and closed connections: nobody is left to answer.
+      spdlog::debug("connection closed: {}", ec.message());
+      finish();
+    }
+  }
+
+  // Answers an unreadable request and closes: the rest of the stream cannot be trusted.
+  void reject(int status, const std::string& message) {
+    keep_alive_ = false;
+    write(error_response(status, message));
+  }
+
+  void dispatch() {
+    stream_.expires_never();
+    auto message = parser_->release();
+    parser_.reset();
+    keep_alive_ = message.keep_alive();
+    Request request;
+    request.method = to_method(message.method());
+    request.target = std::string(message.target());
+    request.content_type = std::string(message[bhttp::field::content_type]);
+    request.body = std::move(message.body());
+    auto exchange = std::make_shared<detail::Exchange>(shared_from_this());
+    server_.handler()(std::move(request), Responder(std::move(exchange)));
+  }
+
+  void on_write(beast::error_code ec) {
+    if (ec || !keep_alive_) {
+      beast::error_code ignored;
+      stream_.socket().shutdown(tcp::socket::shutdown_send, ignored);
+      finish();
+      return;
+    }
+    wait_for_request();
+  }
+
+  void finish() {
+    if (finished_) {
+      return;
+    }
+    finished_ = true;
+    beast::error_code ignored;
+    stream_.socket().close(ignored);
+    worker_.sessions.erase(this);
+    server_.session_closed();
+  }
+
+  beast::tcp_stream stream_;
+  ServerImpl& server_;
+  Worker& worker_;
+  beast::flat_buffer buffer_;
+  std::optional<bhttp::request_parser<bhttp::string_body>> parser_;
+  std::optional<bhttp::response<bhttp::empty_body>> continue_;
+  bhttp::response<bhttp::string_body> response_;
+  bool idle_ = false;
+  bool keep_alive_ = true;
+  bool finished_ = false;
+};
+
+namespace detail {
+
+class Exchange {
+ public:
+  explicit Exchange(std::shared_ptr<Session> session) : session_(std::move(session)) {}
+  void send(Response&& response) {
+    if (sent_.exchange(true)) {
+      FLOTILLA_BUG("a response was sent twice");
+      return;
+    }
+    auto executor = session_->executor();
+    asio::post(executor, [session = std::move(session_), response = std::move(response)]() mutable {
+      session->write(std::move(response));
+    });
+  }
+  bool sent() const { return sent_.load(); }
+
+ private:
+  std::shared_ptr<Session> session_;
+  std::atomic<bool> sent_{false};
+};
+
+}  // namespace detail
+
+Responder::Responder(std::shared_ptr<detail::Exchange> exchange) : exchange_(std::move(exchange)) {}
+Responder::Responder(Responder&&) noexcept = default;
+Responder& Responder::operator=(Responder&&) noexcept = default;
+Responder::~Responder() {
+  if (exchange_ && !exchange_->sent()) {
+    FLOTILLA_BUG("a request was dropped without a response");
+    exchange_->send(error_response(500, "internal error: the request was not answered"));
+  }
+}
+void Responder::send(Response&& response) {
+  FLOTILLA_CHECK(exchange_ != nullptr);
+  exchange_->send(std::move(response));
+}
+
+// ---------------------------------------------------------------------------------------------
+
+ServerImpl::~ServerImpl() {
+  stop_all();
+  for (auto& worker : workers_) {
+    if (worker->thread.joinable()) {
+      worker->thread.join();
+    }
+  }
+}
+
+Status ServerImpl::bind() {
+  int count = options_.workers > 0 ? options_.workers
+                                   : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  beast::error_code ec;
+  auto address = asio::ip::make_address(options_.host, ec);
+  if (ec) {
+    return invalid_argument("invalid listen address '" + options_.host + "': " + ec.message());
+  }
+  uint16_t port = options_.port;
+  for (int i = 0; i < count; ++i) {
+    auto worker = std::make_unique<Worker>();
+    tcp::acceptor& acceptor = worker->acceptor.emplace(worker->context);
+    tcp::endpoint endpoint(address, port);
+    acceptor.open(endpoint.protocol(), ec);
+    if (!ec) acceptor.set_option(asio::socket_base::reuse_address(true), ec);
+    if (!ec) {
+      // Every worker listens on the same port; the kernel spreads connections across them.
+      int one = 1;
+      if (setsockopt(acceptor.native_handle(), SOL_SOCKET, SO_REUSEPORT, &one, sizeof(one)) != 0) {
+        ec.assign(errno, boost::system::system_category());
+      }
+    }
+    if (!ec) acceptor.bind(endpoint, ec);
+    if (!ec) acceptor.listen(asio::socket_base::max_listen_connections, ec);
+    if (ec) {
+      return unavailable("cannot listen on " + options_.host + ":" + std::to_string(port) + ": " +
+                         ec.message());
+    }
+    port = acceptor.local_endpoint().port();
+    workers_.push_back(std::move(worker));
+  }
+  port_ = port;
+  return Status::ok();
+}
+
+void ServerImpl::accept(Worker& worker) {
+  worker.acceptor->async_accept(worker.context, [this, &worker](beast::error_code ec,
+                                                                tcp::socket socket) {
+    if (ec == asio::error::operation_aborted || !worker.acceptor->is_open()) {
+      return;
+    }
+    if (ec) {
+      // Typically out of file descriptors: back off briefly instead of spinning.
+      spdlog::warn("accept failed: {}", ec.message());
+      auto timer = std::make_shared<asio::steady_timer>(worker.context, std::chrono::milliseconds(50));
+      timer->async_wait([this, &worker, timer](beast::error_code) { accept(worker); });
+      return;
+    }
+    socket.set_option(tcp::no_delay(true), ec);
+    const bool reject = connections_.fetch_add(1) >= options_.max_connections;
+    std::make_shared<Session>(std::move(socket), *this, worker)->start(reject);
+    accept(worker);
+  });
+}
+
+bool ServerImpl::run() {
+  for (auto& worker : workers_) {
+    accept(*worker);
+  }
+  for (size_t i = 1; i < workers_.size(); ++i) {
+    Worker& worker = *workers_[i];
+    worker.thread = std::thread([&worker] { worker.context.run(); });
+  }
+  workers_[0]->context.run();
+  for (size_t i = 1; i < workers_.size(); ++i) {
+    workers_[i]->thread.join();
+  }
+  return drained_cleanly_.load();
+}
+
+void ServerImpl::drain(std::chrono::milliseconds timeout) {
+  if (draining_.exchange(true)) {
+    return;
+  }
+  spdlog::info("draining: {} open connections", connections_.load());
+  for (auto& worker_ptr : workers_) {
+    Worker& worker = *worker_ptr;
+    asio::post(worker.context, [&worker] {
+      beast::error_code ignored;
+      worker.acceptor->close(ignored);
+      std::vector<Session*> sessions(worker.sessions.begin(), worker.sessions.end());
+      for (Session* session : sessions) {
+        session->close_if_idle();
+      }
+    });
+  }
+  Worker& first = *workers_[0];
+  asio::post(first.context, [this, &first, timeout] {
+    drain_timer_.emplace(first.context, timeout);
+    drain_timer_->async_wait([this](beast::error_code ec) {
+      if (ec) {
+        return;
+      }
+      spdlog::warn("drain timed out with {} connections open", connections_.load());
+      drained_cleanly_ = false;
+      stop_all();
+    });
+    if (connections_.load() == 0) {
+      stop_all();
+    }
+  });
+}
+
+void ServerImpl::drain_on_signals(std::chrono::milliseconds timeout) {
+  signals_.emplace(workers_[0]->context, SIGTERM, SIGINT);
+  signals_->async_wait([this, timeout](beast::error_code ec, int signal) {
+    if (!ec) {
+      spdlog::info("received signal {}", signal);
+      drain(timeout);
+    }
+  });
+}
+
+void ServerImpl::session_closed() {
+  if (connections_.fetch_sub(1) == 1 && draining_.load()) {
+    stop_all();
+  }
+}
+
+void ServerImpl::stop_all() {
+  if (stopped_.exchange(true)) {
+    return;
+  }
+  for (auto& worker : workers_) {
+    worker->guard.reset();
+    worker->context.stop();
+  }
+}
+
+Result<std::unique_ptr<Server>> Server::create(const ServerOptions& options, Handler handler) {
+  auto server = std::make_unique<ServerImpl>(options, std::move(handler));
+  FLOTILLA_RETURN_IF_ERROR(server->bind());
+  return std::unique_ptr<Server>(std::move(server));
+}
+
+}  // namespace flotilla::http

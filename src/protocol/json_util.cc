@@ -1,0 +1,237 @@
+#include "protocol/json_util.h"
+
+#include <charconv>
+#include <cmath>
+#include <limits>
+
+#include "protocol/protocol.h"
+
+namespace flotilla::protocol {
+namespace detail {
+namespace {
+
+// Deeper nesting than any real tensor; bounds recursion on hostile input.
+constexpr int kMaxNestingDepth = 32;
+
+std::string where_text(const char* prefix, int64_t index) {
+  return std::string(prefix) + " element " + std::to_string(index);
+}
+
+}  // namespace
+
+Result<simdjson::dom::element> parse_json(std::string& body) {
+  thread_local simdjson::dom::parser parser;
+  // simdjson reads up to SIMDJSON_PADDING bytes past the end; reserving them here lets it
+  // parse in place instead of copying the body.
+  body.reserve(body.size() + simdjson::SIMDJSON_PADDING);
+  simdjson::dom::element root;
+  auto error = parser.parse(body.data(), body.size(), false).get(root);
+  if (error) {
+    return invalid_argument(std::string("malformed JSON: ") + simdjson::error_message(error));
+  }
+  return root;
+}
+
+Status append_element(simdjson::dom::element value, Tensor& tensor, const char* where_prefix,
+                      int64_t index) {
+  using simdjson::dom::element_type;
+  const element_type type = value.type();
+  switch (tensor.datatype) {
+    case DataType::kFp32:
+    case DataType::kFp64: {
+      double number = 0;
+      if (type == element_type::DOUBLE) {
+        number = value.get_double().value_unsafe();
+      } else if (type == element_type::INT64) {
+        number = static_cast<double>(value.get_int64().value_unsafe());
+      } else if (type == element_type::UINT64) {
+        number = static_cast<double>(value.get_uint64().value_unsafe());
+      } else if (type == element_type::NULL_VALUE) {
+        number = std::numeric_limits<double>::quiet_NaN();  // a missing value
+      } else {
+        return invalid_argument(where_text(where_prefix, index) + ": expected a number for " +
+                                std::string(datatype_name(tensor.datatype)));
+      }
+      if (tensor.datatype == DataType::kFp32) {
+        tensor.append(static_cast<float>(number));
+      } else {
+        tensor.append(number);
+      }
+      return Status::ok();
+    }
+    case DataType::kInt32:
+    case DataType::kInt64: {
+      int64_t number = 0;
+      if (type == element_type::INT64) {
+        number = value.get_int64().value_unsafe();
+      } else {
+        return invalid_argument(where_text(where_prefix, index) + ": expected an integer for " +
+                                std::string(datatype_name(tensor.datatype)));
+      }
+      if (tensor.datatype == DataType::kInt32) {
+        if (number < std::numeric_limits<int32_t>::min() ||
+            number > std::numeric_limits<int32_t>::max()) {
+          return invalid_argument(where_text(where_prefix, index) + ": out of range for INT32");
+        }
+        tensor.append(static_cast<int32_t>(number));
+      } else {
+        tensor.append(number);
+      }
+      return Status::ok();
+    }
+    case DataType::kBool: {
+      if (type != element_type::BOOL) {
+        return invalid_argument(where_text(where_prefix, index) + ": expected true or false for BOOL");
+      }
+      tensor.append(static_cast<uint8_t>(value.get_bool().value_unsafe() ? 1 : 0));
+      return Status::ok();
+    }
+  }
+  return internal_error("unknown datatype");
+}
+
+Status append_nested(simdjson::dom::element value, Tensor& tensor, const std::string& where,
+                     int depth) {
+  if (depth > kMaxNestingDepth) {
+    return invalid_argument(where + ": data nested too deeply");
+  }
+  simdjson::dom::array array;
+  if (value.get_array().get(array)) {
+    return invalid_argument(where + ": data must be an array");
+  }
+  for (simdjson::dom::element item : array) {
+    if (item.type() == simdjson::dom::element_type::ARRAY) {
+      FLOTILLA_RETURN_IF_ERROR(append_nested(item, tensor, where, depth + 1));
+    } else {
+      int64_t index = static_cast<int64_t>(tensor.data.size() / element_size(tensor.datatype));
+      FLOTILLA_RETURN_IF_ERROR(append_element(item, tensor, where.c_str(), index));
+    }
+  }
+  return Status::ok();
+}
+
+void append_number(double value, std::string& out) {
+  if (!std::isfinite(value)) {
+    out += "null";  // JSON has no NaN or infinity
+    return;
+  }
+  char buffer[32];
+  auto [end, ec] = std::to_chars(buffer, buffer + sizeof(buffer), value);
+  out.append(buffer, end);
+}
+
+void append_int(int64_t value, std::string& out) {
+  char buffer[24];
+  auto [end, ec] = std::to_chars(buffer, buffer + sizeof(buffer), value);
+  out.append(buffer, end);
+}
+
+namespace {
+
+void append_element_json(const Tensor& tensor, int64_t i, std::string& out) {
+  switch (tensor.datatype) {
+    case DataType::kBool:
+      out += tensor.data[i] != 0 ? "true" : "false";
+      break;
+    case DataType::kInt32:
+      append_int(tensor.values<int32_t>()[i], out);
+      break;
+    case DataType::kInt64:
+      append_int(tensor.values<int64_t>()[i], out);
+      break;
+    case DataType::kFp32: {
+      // Shortest representation that reads back to the same float.
+      float value = tensor.values<float>()[i];
+      if (!std::isfinite(value)) {
+        out += "null";
+        break;
+      }
+      char buffer[32];
+      auto [end, ec] = std::to_chars(buffer, buffer + sizeof(buffer), value);
+      out.append(buffer, end);
+      break;
+    }
+    case DataType::kFp64:
+      append_number(tensor.values<double>()[i], out);
+      break;
+  }
+}
+
+// Writes dimension `dim` of `tensor` starting at element `offset`; returns the next offset.
+int64_t append_dimension(const Tensor& tensor, size_t dim, int64_t offset, std::string& out) {
+  out += '[';
+  const int64_t length = tensor.shape[dim];
+  for (int64_t i = 0; i < length; ++i) {
+    if (i > 0) {
+      out += ',';
+    }
+    if (dim + 1 == tensor.shape.size()) {
+      append_element_json(tensor, offset++, out);
+    } else {
+      offset = append_dimension(tensor, dim + 1, offset, out);
+    }
+  }
+  out += ']';
+  return offset;
+}
+
+}  // namespace
+
+void append_tensor_data_flat(const Tensor& tensor, std::string& out) {
+  out += '[';
+  const int64_t count = tensor.element_count();
+  for (int64_t i = 0; i < count; ++i) {
+    if (i > 0) {
+      out += ',';
+    }
+    append_element_json(tensor, i, out);
+  }
+  out += ']';
+}
+
+void append_tensor_data(const Tensor& tensor, std::string& out) {
+  if (tensor.shape.empty()) {  // a scalar
+    if (!tensor.data.empty()) {
+      append_element_json(tensor, 0, out);
+    }
+    return;
+  }
+  append_dimension(tensor, 0, 0, out);
+}
+
+}  // namespace detail
+
+void append_json_string(std::string_view value, std::string& out) {
+  static constexpr char kHex[] = "0123456789abcdef";
+  out += '"';
+  for (unsigned char c : value) {
+    switch (c) {
+      case '"':
+        out += "\\\"";
+        break;
+      case '\\':
+        out += "\\\\";
+        break;
+      case '\n':
+        out += "\\n";
+        break;
+      case '\r':
+        out += "\\r";
+        break;
+      case '\t':
+        out += "\\t";
+        break;
+      default:
+        if (c < 0x20) {
+          out += "\\u00";
+          out += kHex[c >> 4];
+          out += kHex[c & 0xf];
+        } else {
+          out += static_cast<char>(c);
+        }
+    }
+  }
+  out += '"';
+}
+
+}  // namespace flotilla::protocol

@@ -1,0 +1,34 @@
+// Private helpers of the protocol module: JSON parsing with simdjson and fast JSON writing.
+#pragma once
+
+#include <string>
+#include <string_view>
+
+#include <simdjson.h>
+
+#include "common/common.h"
+
+namespace flotilla::protocol::detail {
+
+// Parses `body` with a parser owned by the calling thread (reused across requests, so the hot
+// path does not allocate parser buffers). The element is valid until the next call on the
+// same thread.
+Result<simdjson::dom::element> parse_json(std::string& body);
+
+// Appends one leaf JSON value to `tensor` converted to its datatype, or explains why it cannot
+// be: `where` names the value in messages ("input 'x' element 3").
+Status append_element(simdjson::dom::element value, Tensor& tensor, const char* where_prefix,
+                      int64_t index);
+
+// Appends every leaf of a (possibly nested) array to `tensor`, in row-major order.
+Status append_nested(simdjson::dom::element value, Tensor& tensor, const std::string& where,
+                     int depth = 0);
+
+// Appends the elements of `tensor` as a JSON array, nested to match its shape.
+void append_tensor_data(const Tensor& tensor, std::string& out);
+// Appends the elements of `tensor` as one flat JSON array.
+void append_tensor_data_flat(const Tensor& tensor, std::string& out);
+void append_number(double value, std::string& out);
+void append_int(int64_t value, std::string& out);
+
+}  // namespace flotilla::protocol::detail

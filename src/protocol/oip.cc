@@ -1,0 +1,244 @@
+// Open Inference Protocol v2 REST codec (PROTOCOLS.md §1.3).
+#include <limits>
+
+#include "protocol/json_util.h"
+#include "protocol/protocol.h"
+
+namespace flotilla::protocol {
+namespace {
+
+using simdjson::dom::element;
+using simdjson::dom::element_type;
+
+// The largest tensor a request may declare; bounds allocations before any data is read.
+constexpr int64_t kMaxElements = int64_t{1} << 31;
+
+Result<Parameters> decode_parameters(element value, const std::string& where) {
+  simdjson::dom::object object;
+  if (value.get_object().get(object)) {
+    return invalid_argument(where + ": parameters must be an object");
+  }
+  Parameters parameters;
+  for (auto field : object) {
+    std::string key(field.key);
+    switch (field.value.type()) {
+      case element_type::BOOL:
+        parameters.emplace_back(key, field.value.get_bool().value_unsafe());
+        break;
+      case element_type::INT64:
+        parameters.emplace_back(key, field.value.get_int64().value_unsafe());
+        break;
+      case element_type::UINT64:
+        parameters.emplace_back(key, static_cast<double>(field.value.get_uint64().value_unsafe()));
+        break;
+      case element_type::DOUBLE:
+        parameters.emplace_back(key, field.value.get_double().value_unsafe());
+        break;
+      case element_type::STRING:
+        parameters.emplace_back(key, std::string(field.value.get_string().value_unsafe()));
+        break;
+      default:
+        return invalid_argument(where + ": parameter '" + key +
+                                "' must be a string, number or boolean");
+    }
+  }
+  return parameters;
+}
+
+Result<Tensor> decode_input(element value, size_t index) {
+  const std::string where = "inputs[" + std::to_string(index) + "]";
+  simdjson::dom::object object;
+  if (value.get_object().get(object)) {
+    return invalid_argument(where + " must be an object");
+  }
+  Tensor tensor;
+  std::string_view name;
+  if (object["name"].get_string().get(name)) {
+    return invalid_argument(where + ": 'name' is required and must be a string");
+  }
+  tensor.name = std::string(name);
+  const std::string named = "input '" + tensor.name + "'";
+
+  std::string_view datatype;
+  if (object["datatype"].get_string().get(datatype)) {
+    return invalid_argument(named + ": 'datatype' is required and must be a string");
+  }
+  auto parsed_type = parse_datatype(datatype);
+  if (!parsed_type) {
+    return invalid_argument(named + ": unsupported datatype '" + std::string(datatype) +
+                            "' (supported: BOOL, INT32, INT64, FP32, FP64)");
+  }
+  tensor.datatype = *parsed_type;
+
+  simdjson::dom::array shape;
+  if (object["shape"].get_array().get(shape)) {
+    return invalid_argument(named + ": 'shape' is required and must be an array of integers");
+  }
+  int64_t expected = 1;
+  for (element dim : shape) {
+    int64_t size = 0;
+    if (dim.get_int64().get(size) || size < 0) {
+      return invalid_argument(named + ": shape dimensions must be non-negative integers");
+    }
+    tensor.shape.push_back(size);
+    if (size != 0 && expected > kMaxElements / size) {
+      return invalid_argument(named + ": shape is too large");
+    }
+    expected *= size;
+  }
+
+  element parameters;
+  if (!object["parameters"].get(parameters)) {
+    simdjson::dom::object parameter_object;
+    if (!parameters.get_object().get(parameter_object) &&
+        !parameter_object["binary_data_size"].error()) {
+      return invalid_argument(named + ": binary tensor data is not supported; send 'data' as JSON");
+    }
+  }
+
+  element data;
+  if (object["data"].get(data)) {
+    return invalid_argument(named + ": 'data' is required");
+  }
+  tensor.data.reserve(static_cast<size_t>(expected) * element_size(tensor.datatype));
+  FLOTILLA_RETURN_IF_ERROR(detail::append_nested(data, tensor, named));
+  const int64_t got = static_cast<int64_t>(tensor.data.size() / element_size(tensor.datatype));
+  if (got != expected) {
+    return invalid_argument(named + ": shape " + [&] {
+      std::string text = "[";
+      for (size_t i = 0; i < tensor.shape.size(); ++i) {
+        text += (i ? "," : "") + std::to_string(tensor.shape[i]);
+      }
+      return text + "]";
+    }() + " needs " + std::to_string(expected) + " elements but data has " +
+                            std::to_string(got));
+  }
+  return tensor;
+}
+
+}  // namespace
+
+Result<InferRequest> decode_oip_infer_request(std::string& body) {
+  FLOTILLA_ASSIGN_OR_RETURN(element root, detail::parse_json(body));
+  simdjson::dom::object object;
+  if (root.get_object().get(object)) {
+    return invalid_argument("request body must be a JSON object");
+  }
+  InferRequest request;
+  element id;
+  if (!object["id"].get(id)) {
+    std::string_view id_text;
+    if (id.get_string().get(id_text)) {
+      return invalid_argument("'id' must be a string");
+    }
+    request.id = std::string(id_text);
+  }
+  element parameters;
+  if (!object["parameters"].get(parameters)) {
+    FLOTILLA_ASSIGN_OR_RETURN(request.parameters, decode_parameters(parameters, "request"));
+  }
+  simdjson::dom::array inputs;
+  if (object["inputs"].get_array().get(inputs)) {
+    return invalid_argument("'inputs' is required and must be an array");
+  }
+  if (inputs.size() == 0) {
+    return invalid_argument("'inputs' is empty");
+  }
+  size_t index = 0;
+  for (element input : inputs) {
+    FLOTILLA_ASSIGN_OR_RETURN(Tensor tensor, decode_input(input, index++));
+    request.inputs.push_back(std::move(tensor));
+  }
+  element outputs;
+  if (!object["outputs"].get(outputs)) {
+    simdjson::dom::array output_array;
+    if (outputs.get_array().get(output_array)) {
+      return invalid_argument("'outputs' must be an array");
+    }
+    for (element output : output_array) {
+      std::string_view name;
+      if (output["name"].get_string().get(name)) {
+        return invalid_argument("each requested output needs a string 'name'");
+      }
+      request.requested_outputs.emplace_back(name);
+    }
+  }
+  return request;
+}
+
+void encode_oip_infer_response(const InferResponse& response, std::string& out) {
+  out += "{\"model_name\":";
+  append_json_string(response.model_name, out);
+  if (!response.model_version.empty()) {
+    out += ",\"model_version\":";
+    append_json_string(response.model_version, out);
+  }
+  out += ",\"id\":";
+  append_json_string(response.id, out);
+  out += ",\"outputs\":[";
+  for (size_t i = 0; i < response.outputs.size(); ++i) {
+    const Tensor& tensor = response.outputs[i];
+    if (i > 0) {
+      out += ',';
+    }
+    out += "{\"name\":";
+    append_json_string(tensor.name, out);
+    out += ",\"datatype\":\"";
+    out += datatype_name(tensor.datatype);
+    out += "\",\"shape\":[";
+    for (size_t d = 0; d < tensor.shape.size(); ++d) {
+      if (d > 0) {
+        out += ',';
+      }
+      detail::append_int(tensor.shape[d], out);
+    }
+    out += "],\"data\":";
+    // OIP allows flat or nested data in responses; flat is smaller and what Triton sends.
+    detail::append_tensor_data_flat(tensor, out);
+    out += "}";
+  }
+  out += "]}";
+}
+
+std::string encode_oip_model_metadata(const ModelMetadata& metadata) {
+  std::string out = "{\"name\":";
+  append_json_string(metadata.name, out);
+  out += ",\"versions\":[";
+  for (size_t i = 0; i < metadata.versions.size(); ++i) {
+    out += i ? "," : "";
+    append_json_string(metadata.versions[i], out);
+  }
+  out += "],\"platform\":";
+  append_json_string(metadata.platform, out);
+  auto append_tensors = [&out](const std::vector<TensorMetadata>& tensors) {
+    out += '[';
+    for (size_t i = 0; i < tensors.size(); ++i) {
+      out += i ? ",{\"name\":" : "{\"name\":";
+      append_json_string(tensors[i].name, out);
+      out += ",\"datatype\":\"";
+      out += datatype_name(tensors[i].datatype);
+      out += "\",\"shape\":[";
+      for (size_t d = 0; d < tensors[i].shape.size(); ++d) {
+        out += d ? "," : "";
+        detail::append_int(tensors[i].shape[d], out);
+      }
+      out += "]}";
+    }
+    out += ']';
+  };
+  out += ",\"inputs\":";
+  append_tensors(metadata.inputs);
+  out += ",\"outputs\":";
+  append_tensors(metadata.outputs);
+  out += '}';
+  return out;
+}
+
+std::string encode_oip_error(std::string_view message) {
+  std::string out = "{\"error\":";
+  append_json_string(message, out);
+  out += '}';
+  return out;
+}
+
+}  // namespace flotilla::protocol

@@ -1,0 +1,401 @@
+// The replica server: routing, protocol handling and metrics around one runtime.
+#include "replica/replica.h"
+
+#include <array>
+
+#include <spdlog/spdlog.h>
+
+#include "protocol/protocol.h"
+#include "replica/batcher.h"
+
+namespace flotilla::replica {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using http::Method;
+
+enum class Route {
+  kLive,
+  kReady,
+  kServerMetadata,
+  kModelMetadata,
+  kModelReady,
+  kInfer,
+  kInvocations,
+  kPing,
+  kHealth,
+  kVersion,
+  kMetrics,
+  kUnknown,
+  kCount,
+};
+
+constexpr std::array<const char*, static_cast<size_t>(Route::kCount)> kRouteNames = {
+    "live",  "ready",       "server_metadata", "model_metadata", "model_ready", "infer",
+    "invocations", "ping", "health", "version", "metrics", "unknown"};
+
+bool is_post_route(Route route) { return route == Route::kInfer || route == Route::kInvocations; }
+
+// The status codes this server answers with; others are counted through the registry's map.
+constexpr std::array<int, 10> kCommonCodes = {200, 400, 404, 405, 413, 415, 431, 500, 503, 501};
+
+struct RouteMatch {
+  Route route = Route::kUnknown;
+  std::string_view model;  // for /v2/models/{name}/...
+};
+
+// /v2/models/{name}[/versions/{version}][/ready|/infer]
+RouteMatch match_model_route(std::string_view rest) {
+  RouteMatch match;
+  size_t slash = rest.find('/');
+  match.model = rest.substr(0, slash);
+  if (match.model.empty()) {
+    return {};
+  }
+  rest = slash == std::string_view::npos ? std::string_view() : rest.substr(slash);
+  if (rest.starts_with("/versions/")) {
+    rest.remove_prefix(10);
+    slash = rest.find('/');
+    if (slash == 0) {
+      return {};
+    }
+    rest = slash == std::string_view::npos ? std::string_view() : rest.substr(slash);
+  }
+  if (rest.empty()) {
+    match.route = Route::kModelMetadata;
+  } else if (rest == "/ready") {
+    match.route = Route::kModelReady;
+  } else if (rest == "/infer") {
+    match.route = Route::kInfer;
+  } else {
+    return {};
+  }
+  return match;
+}
+
+RouteMatch match_route(std::string_view path) {
+  if (path == "/v2/health/live") return {Route::kLive, {}};
+  if (path == "/v2/health/ready") return {Route::kReady, {}};
+  if (path == "/v2" || path == "/v2/") return {Route::kServerMetadata, {}};
+  if (path.starts_with("/v2/models/")) return match_model_route(path.substr(11));
+  if (path == "/invocations") return {Route::kInvocations, {}};
+  if (path == "/ping") return {Route::kPing, {}};
+  if (path == "/health") return {Route::kHealth, {}};
+  if (path == "/version") return {Route::kVersion, {}};
+  if (path == "/metrics") return {Route::kMetrics, {}};
+  return {};
+}
+
+http::Response json_response(int status, std::string body) {
+  http::Response response;
+  response.status = status;
+  response.body = std::move(body);
+  return response;
+}
+
+class ReplicaImpl final : public Replica {
+ public:
+  ReplicaImpl(std::unique_ptr<runtime::Runtime> runtime, const ReplicaOptions& options,
+              MetricsRegistry& registry);
+
+  Status start();
+  uint16_t port() const override { return server_->port(); }
+  bool run() override { return server_->run(); }
+  void drain() override {
+    draining_ = true;
+    server_->drain(options_.drain_timeout);
+  }
+
+ private:
+  struct RouteMetrics {
+    Histogram* latency = nullptr;
+    std::array<Counter*, kCommonCodes.size()> by_code{};
+  };
+
+  void handle(http::Request&& request, http::Responder&& responder);
+  void handle_infer(http::Request&& request, std::shared_ptr<http::Responder> responder,
+                    Clock::time_point start);
+  void handle_invocations(http::Request&& request, std::shared_ptr<http::Responder> responder,
+                          Clock::time_point start);
+  void execute(runtime::ModelInput&& input, runtime::RunCallback done);
+  void finish(Route route, Clock::time_point start, http::Responder& responder,
+              http::Response&& response);
+  void count(Route route, int status, Clock::time_point start);
+
+  std::unique_ptr<runtime::Runtime> runtime_;
+  ReplicaOptions options_;
+  MetricsRegistry& registry_;
+  std::unique_ptr<Batcher> batcher_;
+  std::unique_ptr<http::Server> server_;
+  std::string metadata_json_;
+  std::string ready_json_;
+  std::array<RouteMetrics, static_cast<size_t>(Route::kCount)> route_metrics_;
+  Gauge& in_flight_;
+  Histogram& batch_rows_;
+  std::atomic<bool> draining_{false};
+};
+
+ReplicaImpl::ReplicaImpl(std::unique_ptr<runtime::Runtime> runtime, const ReplicaOptions& options,
+                         MetricsRegistry& registry)
+    : runtime_(std::move(runtime)),
+      options_(options),
+      registry_(registry),
+      in_flight_(registry.gauge("flotilla_replica_in_flight_requests",
+                                "Requests received and not yet answered.")),
+      batch_rows_(registry.histogram("flotilla_replica_batch_rows",
+                                     "Rows per model call (dynamic batching merges requests).",
+                                     exponential_buckets(1, 2, 11))) {
+  const auto latency_buckets = exponential_buckets(50e-6, 2, 18);  // 50 µs .. ~6.5 s
+  for (size_t i = 0; i < kRouteNames.size(); ++i) {
+    const std::string route = kRouteNames[i];
+    route_metrics_[i].latency = &registry.histogram(
+        "flotilla_replica_request_duration_seconds",
+        "Time from a request's last byte read to its response handed to the socket.",
+        latency_buckets, {{"route", route}});
+    for (size_t c = 0; c < kCommonCodes.size(); ++c) {
+      route_metrics_[i].by_code[c] =
+          &registry.counter("flotilla_replica_requests_total", "Requests answered, by route and status code.",
+                            {{"route", route}, {"code", std::to_string(kCommonCodes[c])}});
+    }
+  }
+  registry.gauge("flotilla_replica_model_load_seconds", "Seconds the model took to load.")
+      .set(options.model_load_seconds);
+  const ModelMetadata& metadata = runtime_->metadata();
+  metadata_json_ = protocol::encode_oip_model_metadata(metadata);
+  ready_json_ = "{\"name\":";
+  protocol::append_json_string(metadata.name, ready_json_);
+  ready_json_ += ",\"ready\":true}";
+  if (options.batching.enabled && runtime_->can_batch()) {
+    batcher_ = std::make_unique<Batcher>(*runtime_, options.batching.max_batch_rows,
+                                         options.batching.max_queue_delay, batch_rows_);
+  }
+}
+
+Status ReplicaImpl::start() {
+  FLOTILLA_ASSIGN_OR_RETURN(
+      server_, http::Server::create(options_.server, [this](http::Request&& request,
+                                                            http::Responder&& responder) {
+        handle(std::move(request), std::move(responder));
+      }));
+  server_->drain_on_signals(options_.drain_timeout);
+  return Status::ok();
+}
+
+void ReplicaImpl::count(Route route, int status, Clock::time_point start) {
+  RouteMetrics& metrics = route_metrics_[static_cast<size_t>(route)];
+  metrics.latency->observe(std::chrono::duration<double>(Clock::now() - start).count());
+  for (size_t c = 0; c < kCommonCodes.size(); ++c) {
+    if (kCommonCodes[c] == status) {
+      metrics.by_code[c]->inc();
+      return;
+    }
+  }
+  registry_
+      .counter("flotilla_replica_requests_total", "Requests answered, by route and status code.",
+               {{"route", kRouteNames[static_cast<size_t>(route)]}, {"code", std::to_string(status)}})
+      .inc();
+}
+
+void ReplicaImpl::finish(Route route, Clock::time_point start, http::Responder& responder,
+                         http::Response&& response) {
+  count(route, response.status, start);
+  in_flight_.add(-1);
+  responder.send(std::move(response));
+}
+
+void ReplicaImpl::handle(http::Request&& request, http::Responder&& responder) {
+  const auto start = Clock::now();
+  in_flight_.add(1);
+  std::string_view path = request.target;
+  path = path.substr(0, path.find('?'));
+  const RouteMatch match = match_route(path);
+  const Route route = match.route;
+
+  if (route == Route::kUnknown) {
+    finish(route, start, responder,
+           json_response(404, protocol::encode_oip_error("unknown route '" + std::string(path) + "'")));
+    return;
+  }
+  const bool wants_post = is_post_route(route);
+  if ((wants_post && request.method != Method::kPost) ||
+      (!wants_post && request.method != Method::kGet && request.method != Method::kHead)) {
+    http::Response response = json_response(
+        405, protocol::encode_oip_error("method not allowed on '" + std::string(path) +
+                                        "'; use " + (wants_post ? "POST" : "GET")));
+    response.headers.emplace_back("Allow", wants_post ? "POST" : "GET, HEAD");
+    finish(route, start, responder, std::move(response));
+    return;
+  }
+  const ModelMetadata& metadata = runtime_->metadata();
+  if (!match.model.empty() && match.model != metadata.name) {
+    finish(route, start, responder,
+           json_response(404, protocol::encode_oip_error("unknown model '" + std::string(match.model) +
+                                                         "'; this server serves '" +
+                                                         metadata.name + "'")));
+    return;
+  }
+  switch (route) {
+    case Route::kInfer:
+      handle_infer(std::move(request), std::make_shared<http::Responder>(std::move(responder)),
+                   start);
+      return;
+    case Route::kInvocations:
+      handle_invocations(std::move(request),
+                         std::make_shared<http::Responder>(std::move(responder)), start);
+      return;
+    case Route::kLive:
+      finish(route, start, responder, json_response(200, "{\"live\":true}"));
+      return;
+    case Route::kReady:
+      finish(route, start, responder,
+             draining_ ? json_response(503, "{\"ready\":false}") : json_response(200, "{\"ready\":true}"));
+      return;
+    case Route::kModelReady:
+      finish(route, start, responder, json_response(draining_ ? 503 : 200, ready_json_));
+      return;
+    case Route::kServerMetadata:
+      finish(route, start, responder,
+             json_response(200, std::string("{\"name\":\"flotilla\",\"version\":\"") +
+                                    FLOTILLA_VERSION + "\",\"extensions\":[]}"));
+      return;
+    case Route::kModelMetadata:
+      finish(route, start, responder, json_response(200, metadata_json_));
+      return;
+    case Route::kPing:
+    case Route::kHealth:
+      // MLflow answers "\n" as JSON; 404 would mean "no model", which cannot happen here.
+      finish(route, start, responder, json_response(200, "\n"));
+      return;
+    case Route::kVersion: {
+      http::Response response = json_response(200, FLOTILLA_VERSION);
+      response.content_type = "text/plain";
+      finish(route, start, responder, std::move(response));
+      return;
+    }
+    case Route::kMetrics: {
+      http::Response response = json_response(200, registry_.render());
+      response.content_type = "text/plain; version=0.0.4; charset=utf-8";
+      finish(route, start, responder, std::move(response));
+      return;
+    }
+    case Route::kUnknown:
+    case Route::kCount:
+      break;
+  }
+}
+
+void ReplicaImpl::execute(runtime::ModelInput&& input, runtime::RunCallback done) {
+  if (batcher_) {
+    batcher_->submit(std::move(input), std::move(done));
+    return;
+  }
+  batch_rows_.observe(static_cast<double>(input.rows));
+  runtime_->run(std::move(input), std::move(done));
+}
+
+void ReplicaImpl::handle_infer(http::Request&& request, std::shared_ptr<http::Responder> responder,
+                               Clock::time_point start) {
+  auto fail = [&](const Status& status) {
+    finish(Route::kInfer, start, *responder,
+           json_response(http_status_for(status.code()), protocol::encode_oip_error(status.message())));
+  };
+  Result<InferRequest> decoded = protocol::decode_oip_infer_request(request.body);
+  if (!decoded.is_ok()) {
+    fail(decoded.status());
+    return;
+  }
+  const ModelMetadata& metadata = runtime_->metadata();
+  // Requested outputs, as indices into the runtime's outputs, in the order asked for.
+  std::vector<size_t> selected;
+  for (const std::string& name : decoded->requested_outputs) {
+    size_t index = 0;
+    while (index < metadata.outputs.size() && metadata.outputs[index].name != name) {
+      ++index;
+    }
+    if (index == metadata.outputs.size()) {
+      fail(invalid_argument("unknown output '" + name + "'; the model's outputs are '" +
+                            metadata.outputs[0].name + "'" +
+                            (metadata.outputs.size() > 1 ? " and others" : "")));
+      return;
+    }
+    selected.push_back(index);
+  }
+  Result<runtime::ModelInput> input = runtime_->prepare(*decoded);
+  if (!input.is_ok()) {
+    fail(input.status());
+    return;
+  }
+  execute(std::move(input).value(), [this, responder, start, selected = std::move(selected),
+                                     id = std::move(decoded->id)](
+                                        Result<std::vector<Tensor>> outputs) mutable {
+    if (!outputs.is_ok()) {
+      finish(Route::kInfer, start, *responder,
+             json_response(http_status_for(outputs.status().code()),
+                           protocol::encode_oip_error(outputs.status().message())));
+      return;
+    }
+    InferResponse response;
+    response.model_name = runtime_->metadata().name;
+    response.id = std::move(id);
+    if (selected.empty()) {
+      response.outputs = std::move(outputs).value();
+    } else {
+      for (size_t index : selected) {
+        response.outputs.push_back(std::move(outputs.value()[index]));
+      }
+    }
+    http::Response reply;
+    protocol::encode_oip_infer_response(response, reply.body);
+    finish(Route::kInfer, start, *responder, std::move(reply));
+  });
+}
+
+void ReplicaImpl::handle_invocations(http::Request&& request,
+                                     std::shared_ptr<http::Responder> responder,
+                                     Clock::time_point start) {
+  auto fail = [&](const Status& status, int http_status) {
+    finish(Route::kInvocations, start, *responder,
+           json_response(http_status, protocol::encode_mlflow_error(status.code(), status.message())));
+  };
+  Result<protocol::MlflowFormat> format = protocol::parse_mlflow_content_type(request.content_type);
+  if (!format.is_ok()) {
+    fail(format.status(), 415);
+    return;
+  }
+  Result<InferRequest> decoded = *format == protocol::MlflowFormat::kJson
+                                     ? protocol::decode_mlflow_json(request.body)
+                                     : protocol::decode_mlflow_csv(request.body);
+  if (!decoded.is_ok()) {
+    fail(decoded.status(), 400);
+    return;
+  }
+  Result<runtime::ModelInput> input = runtime_->prepare(*decoded);
+  if (!input.is_ok()) {
+    fail(input.status(), 400);
+    return;
+  }
+  execute(std::move(input).value(),
+          [this, responder, start](Result<std::vector<Tensor>> outputs) {
+            if (!outputs.is_ok()) {
+              finish(Route::kInvocations, start, *responder,
+                     json_response(500, protocol::encode_mlflow_error(outputs.status().code(),
+                                                                      outputs.status().message())));
+              return;
+            }
+            http::Response reply;
+            protocol::encode_mlflow_predictions(outputs.value().front(), reply.body);
+            finish(Route::kInvocations, start, *responder, std::move(reply));
+          });
+}
+
+}  // namespace
+
+Result<std::unique_ptr<Replica>> Replica::create(std::unique_ptr<runtime::Runtime> runtime,
+                                                 const ReplicaOptions& options,
+                                                 MetricsRegistry& registry) {
+  auto replica = std::make_unique<ReplicaImpl>(std::move(runtime), options, registry);
+  FLOTILLA_RETURN_IF_ERROR(replica->start());
+  return std::unique_ptr<Replica>(std::move(replica));
+}
+
+}  // namespace flotilla::replica

@@ -1,0 +1,87 @@
+#include <filesystem>
+#include <fstream>
+
+#include <yaml-cpp/yaml.h>
+
+#include "runtime/runtime_internal.h"
+
+namespace flotilla::runtime {
+
+namespace fs = std::filesystem;
+
+Result<RuntimeKind> parse_runtime_kind(std::string_view name) {
+  if (name == "auto") return RuntimeKind::kAuto;
+  if (name == "xgboost") return RuntimeKind::kXgboost;
+  if (name == "synthetic") return RuntimeKind::kSynthetic;
+  return invalid_argument("unknown runtime '" + std::string(name) +
+                          "' (use auto, xgboost or synthetic)");
+}
+
+Result<RuntimeKind> detect_runtime(const std::string& model_path) {
+  std::error_code ec;
+  if (!fs::exists(model_path, ec)) {
+    return not_found("model path '" + model_path + "' does not exist");
+  }
+  if (fs::is_directory(model_path, ec)) {
+    const fs::path mlmodel = fs::path(model_path) / "MLmodel";
+    if (!fs::exists(mlmodel, ec)) {
+      return invalid_argument("cannot tell the runtime of directory '" + model_path +
+                              "': it has no MLmodel file");
+    }
+    try {
+      YAML::Node root = YAML::LoadFile(mlmodel.string());
+      if (root["flavors"] && root["flavors"]["xgboost"]) {
+        return RuntimeKind::kXgboost;
+      }
+    } catch (const std::exception& e) {
+      return invalid_argument("cannot read '" + mlmodel.string() + "': " + e.what());
+    }
+    return invalid_argument("'" + mlmodel.string() + "' has no flavor this server runs (xgboost)");
+  }
+  const std::string extension = fs::path(model_path).extension().string();
+  for (const char* known : {".json", ".ubj", ".xgb", ".bst", ".model"}) {
+    if (extension == known) {
+      return RuntimeKind::kXgboost;
+    }
+  }
+  if (extension == ".yaml" || extension == ".yml") {
+    return invalid_argument("cannot tell the runtime of '" + model_path +
+                            "'; a synthetic model needs --runtime synthetic");
+  }
+  return invalid_argument("cannot tell the runtime of '" + model_path +
+                          "' from its extension; pass --runtime");
+}
+
+Result<std::unique_ptr<Runtime>> load_runtime(RuntimeKind kind, const std::string& model_path,
+                                              const RuntimeOptions& options) {
+  if (kind == RuntimeKind::kAuto) {
+    FLOTILLA_ASSIGN_OR_RETURN(kind, detect_runtime(model_path));
+  }
+  std::error_code ec;
+  if (!fs::exists(model_path, ec)) {
+    return not_found("model path '" + model_path + "' does not exist");
+  }
+  switch (kind) {
+    case RuntimeKind::kXgboost:
+      return load_xgboost_runtime(model_path, options);
+    case RuntimeKind::kSynthetic:
+      return load_synthetic_runtime(model_path, options);
+    case RuntimeKind::kAuto:
+      break;
+  }
+  return internal_error("no runtime chosen");
+}
+
+std::string default_model_name(const std::string& model_path) {
+  fs::path path(model_path);
+  if (!path.has_filename()) {
+    path = path.parent_path();  // "dir/" → "dir"
+  }
+  std::error_code ec;
+  if (fs::is_directory(path, ec)) {
+    return path.filename().string();
+  }
+  return path.stem().string();
+}
+
+}  // namespace flotilla::runtime

@@ -1,0 +1,64 @@
+// The runtime module's contract: the engines that run a model behind one interface, and the
+// loader that picks one for an artifact (DESIGN.md §1 "Runtimes", §5).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "common/common.h"
+
+namespace flotilla::runtime {
+
+enum class RuntimeKind { kAuto, kXgboost, kSynthetic };
+
+Result<RuntimeKind> parse_runtime_kind(std::string_view name);
+
+struct RuntimeOptions {
+  std::string name;         // the model's name in metadata and responses
+  int predict_threads = 1;  // threads one predict call may use (XGBoost's nthread)
+};
+
+// Rows of features, row-major float32: what a tabular model reads. Rows of several requests
+// can be concatenated into one input (dynamic batching).
+struct ModelInput {
+  int64_t rows = 0;
+  int64_t columns = 0;
+  std::vector<float> values;
+};
+
+// All outputs for all rows of one run; every tensor's first dimension is the row count.
+using RunCallback = std::function<void(Result<std::vector<Tensor>>)>;
+
+// A loaded model. Thread-safe: prepare() and run() may be called from several threads at once.
+class Runtime {
+ public:
+  virtual ~Runtime() = default;
+
+  virtual const ModelMetadata& metadata() const = 0;
+  // Whether rows of different requests may be merged into one run().
+  virtual bool can_batch() const = 0;
+  // Validates a decoded request against the model's inputs (names, feature count, types,
+  // shapes) and converts it to rows. Cheap; never blocks. kInvalidArgument on bad input.
+  virtual Result<ModelInput> prepare(const InferRequest& request) const = 0;
+  // Runs the model and calls `done` exactly once, possibly inline on the calling thread,
+  // possibly later on a thread the runtime owns. May block the caller for the compute time.
+  virtual void run(ModelInput&& input, RunCallback done) = 0;
+};
+
+// The runtime `auto` picks for an artifact: an MLflow directory with an xgboost flavor or an
+// XGBoost model file (.json, .ubj, .xgb, .bst, .model). Never kSynthetic.
+Result<RuntimeKind> detect_runtime(const std::string& model_path);
+
+// Loads the model at `model_path`. Errors name the file and the problem (kNotFound for a
+// missing file, kInvalidArgument for an unreadable or invalid one).
+Result<std::unique_ptr<Runtime>> load_runtime(RuntimeKind kind, const std::string& model_path,
+                                              const RuntimeOptions& options);
+
+// "models/fraud.json" → "fraud"; "models/fraud/" → "fraud".
+std::string default_model_name(const std::string& model_path);
+
+}  // namespace flotilla::runtime

@@ -1,0 +1,89 @@
+#include <thread>
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "common/common.h"
+
+namespace flotilla {
+namespace {
+
+using ::testing::HasSubstr;
+
+TEST(HistogramTest, CountsIntoBucketsByUpperBound) {
+  Histogram histogram({1, 2, 4});
+  for (double value : {0.5, 1.0, 1.5, 4.0, 9.0}) {
+    histogram.observe(value);
+  }
+  EXPECT_THAT(histogram.bucket_counts(), ::testing::ElementsAre(2, 1, 1, 1));
+  EXPECT_EQ(histogram.count(), 5u);
+  EXPECT_DOUBLE_EQ(histogram.sum(), 16.0);
+}
+
+TEST(HistogramTest, ExponentialBucketsGrowByFactor) {
+  EXPECT_THAT(exponential_buckets(1, 2, 4), ::testing::ElementsAre(1, 2, 4, 8));
+}
+
+TEST(MetricsRegistryTest, RendersPrometheusTextFormat) {
+  MetricsRegistry registry;
+  registry.counter("app_requests_total", "Requests.", {{"route", "infer"}, {"code", "200"}}).inc(3);
+  registry.gauge("app_in_flight", "In flight.").set(2);
+  auto& latency = registry.histogram("app_latency_seconds", "Latency.", {0.1, 1}, {{"route", "x"}});
+  latency.observe(0.05);
+  latency.observe(0.5);
+  latency.observe(5);
+  registry.callback("app_up", "Up.", "gauge", [] { return 1.0; });
+
+  const std::string text = registry.render();
+  EXPECT_THAT(text, HasSubstr("# HELP app_requests_total Requests.\n# TYPE app_requests_total counter\n"
+                              "app_requests_total{route=\"infer\",code=\"200\"} 3\n"));
+  EXPECT_THAT(text, HasSubstr("app_in_flight 2\n"));
+  EXPECT_THAT(text, HasSubstr("app_latency_seconds_bucket{route=\"x\",le=\"0.1\"} 1\n"
+                              "app_latency_seconds_bucket{route=\"x\",le=\"1\"} 2\n"
+                              "app_latency_seconds_bucket{route=\"x\",le=\"+Inf\"} 3\n"
+                              "app_latency_seconds_sum{route=\"x\"} 5.55\n"
+                              "app_latency_seconds_count{route=\"x\"} 3\n"));
+  EXPECT_THAT(text, HasSubstr("# TYPE app_up gauge\napp_up 1\n"));
+}
+
+TEST(MetricsRegistryTest, EscapesLabelValues) {
+  MetricsRegistry registry;
+  registry.counter("x_total", "X.", {{"path", "a\"b\\c\nd"}}).inc();
+  EXPECT_THAT(registry.render(), HasSubstr("x_total{path=\"a\\\"b\\\\c\\nd\"} 1\n"));
+}
+
+TEST(MetricsRegistryTest, SameLabelsReturnSameCounter) {
+  MetricsRegistry registry;
+  Counter& a = registry.counter("y_total", "Y.", {{"k", "v"}});
+  Counter& b = registry.counter("y_total", "Y.", {{"k", "v"}});
+  EXPECT_EQ(&a, &b);
+}
+
+TEST(MetricsRegistryTest, CountsFromManyThreadsWithoutLoss) {
+  MetricsRegistry registry;
+  Counter& counter = registry.counter("z_total", "Z.");
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&counter] {
+      for (int i = 0; i < 10000; ++i) {
+        counter.inc();
+      }
+    });
+  }
+  for (auto& thread : threads) {
+    thread.join();
+  }
+  EXPECT_EQ(counter.value(), 40000u);
+}
+
+TEST(ProcessMetricsTest, ReportsMemoryAndCpu) {
+  MetricsRegistry registry;
+  register_process_metrics(registry);
+  const std::string text = registry.render();
+  EXPECT_THAT(text, HasSubstr("# TYPE process_cpu_seconds_total counter"));
+  EXPECT_THAT(text, HasSubstr("process_resident_memory_bytes "));
+  EXPECT_THAT(text, ::testing::Not(HasSubstr("process_resident_memory_bytes 0\n")));
+}
+
+}  // namespace
+}  // namespace flotilla

@@ -1,0 +1,63 @@
+#include <gtest/gtest.h>
+
+#include "common/common.h"
+
+namespace flotilla {
+namespace {
+
+Result<int> parse_positive(int value) {
+  if (value <= 0) {
+    return invalid_argument("value must be positive");
+  }
+  return value;
+}
+
+Result<int> doubled(int value) {
+  FLOTILLA_ASSIGN_OR_RETURN(int parsed, parse_positive(value));
+  return parsed * 2;
+}
+
+Status check_both(int a, int b) {
+  FLOTILLA_RETURN_IF_ERROR(parse_positive(a).status());
+  FLOTILLA_RETURN_IF_ERROR(parse_positive(b).status().with_context("second"));
+  return Status::ok();
+}
+
+TEST(StatusTest, MapsCodesToHttpStatuses) {
+  EXPECT_EQ(http_status_for(StatusCode::kOk), 200);
+  EXPECT_EQ(http_status_for(StatusCode::kInvalidArgument), 400);
+  EXPECT_EQ(http_status_for(StatusCode::kNotFound), 404);
+  EXPECT_EQ(http_status_for(StatusCode::kResourceExhausted), 429);
+  EXPECT_EQ(http_status_for(StatusCode::kInternal), 500);
+  EXPECT_EQ(http_status_for(StatusCode::kUnavailable), 503);
+  EXPECT_EQ(http_status_for(StatusCode::kDeadlineExceeded), 504);
+}
+
+TEST(StatusTest, AssignOrReturnPropagatesErrors) {
+  EXPECT_EQ(doubled(4).value(), 8);
+  Result<int> failed = doubled(-1);
+  ASSERT_FALSE(failed.is_ok());
+  EXPECT_EQ(failed.status().code(), StatusCode::kInvalidArgument);
+}
+
+TEST(StatusTest, ReturnIfErrorAddsContext) {
+  EXPECT_TRUE(check_both(1, 1).is_ok());
+  Status status = check_both(1, -1);
+  EXPECT_EQ(status.message(), "second: value must be positive");
+  EXPECT_EQ(status.to_string(), "invalid argument: second: value must be positive");
+}
+
+TEST(StatusTest, ResultFromOkStatusBecomesInternalError) {
+  Result<int> result{Status::ok()};
+  EXPECT_FALSE(result.is_ok());
+  EXPECT_EQ(result.status().code(), StatusCode::kInternal);
+}
+
+TEST(LoggingTest, RejectsUnknownLevel) {
+  EXPECT_TRUE(init_logging("warn").is_ok());
+  EXPECT_TRUE(init_logging("off").is_ok());
+  EXPECT_FALSE(init_logging("loud").is_ok());
+}
+
+}  // namespace
+}  // namespace flotilla
