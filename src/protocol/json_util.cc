@@ -10,9 +10,6 @@ namespace flotilla::protocol {
 namespace detail {
 namespace {
 
-// Deeper nesting than any real tensor; bounds recursion on hostile input.
-constexpr int kMaxNestingDepth = 32;
-
 std::string where_text(const char* prefix, int64_t index) {
   return std::string(prefix) + " element " + std::to_string(index);
 }
@@ -90,22 +87,58 @@ Status append_element(simdjson::dom::element value, Tensor& tensor, const char* 
   return internal_error("unknown datatype");
 }
 
-Status append_nested(simdjson::dom::element value, Tensor& tensor, const std::string& where,
-                     int depth) {
-  if (depth > kMaxNestingDepth) {
-    return invalid_argument(where + ": data nested too deeply");
+namespace {
+
+std::string shape_text(const std::vector<int64_t>& shape) {
+  std::string text = "[";
+  for (size_t i = 0; i < shape.size(); ++i) {
+    text += (i ? "," : "") + std::to_string(shape[i]);
   }
-  simdjson::dom::array array;
-  if (value.get_array().get(array)) {
-    return invalid_argument(where + ": data must be an array");
+  return text + "]";
+}
+
+// Nested data must follow the shape exactly: dimension `dim` has shape[dim] entries, arrays
+// above the last dimension and scalars in it.
+Status append_shaped(simdjson::dom::array array, Tensor& tensor, const std::string& where,
+                     size_t dim) {
+  const bool last = dim + 1 == tensor.shape.size();
+  if (dim >= tensor.shape.size() || static_cast<int64_t>(array.size()) != tensor.shape[dim]) {
+    return invalid_argument(where + ": nested data does not match shape " +
+                            shape_text(tensor.shape));
   }
   for (simdjson::dom::element item : array) {
-    if (item.type() == simdjson::dom::element_type::ARRAY) {
-      FLOTILLA_RETURN_IF_ERROR(append_nested(item, tensor, where, depth + 1));
+    const bool is_array = item.type() == simdjson::dom::element_type::ARRAY;
+    if (is_array == last) {
+      return invalid_argument(where + ": nested data does not match shape " +
+                              shape_text(tensor.shape));
+    }
+    if (is_array) {
+      FLOTILLA_RETURN_IF_ERROR(append_shaped(item.get_array().value_unsafe(), tensor, where, dim + 1));
     } else {
       int64_t index = static_cast<int64_t>(tensor.data.size() / element_size(tensor.datatype));
       FLOTILLA_RETURN_IF_ERROR(append_element(item, tensor, where.c_str(), index));
     }
+  }
+  return Status::ok();
+}
+
+}  // namespace
+
+Status append_data(simdjson::dom::element value, Tensor& tensor, const std::string& where) {
+  simdjson::dom::array array;
+  if (value.get_array().get(array)) {
+    return invalid_argument(where + ": data must be an array");
+  }
+  bool nested = false;
+  for (simdjson::dom::element item : array) {
+    nested = nested || item.type() == simdjson::dom::element_type::ARRAY;
+  }
+  if (nested) {
+    return append_shaped(array, tensor, where, 0);
+  }
+  int64_t index = 0;
+  for (simdjson::dom::element item : array) {
+    FLOTILLA_RETURN_IF_ERROR(append_element(item, tensor, where.c_str(), index++));
   }
   return Status::ok();
 }

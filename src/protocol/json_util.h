@@ -20,9 +20,9 @@ Result<simdjson::dom::element> parse_json(std::string& body);
 Status append_element(simdjson::dom::element value, Tensor& tensor, const char* where_prefix,
                       int64_t index);
 
-// Appends every leaf of a (possibly nested) array to `tensor`, in row-major order.
-Status append_nested(simdjson::dom::element value, Tensor& tensor, const std::string& where,
-                     int depth = 0);
+// Appends a tensor's `data` to `tensor` in row-major order: a flat array of any length (the
+// caller checks the count), or arrays nested exactly as tensor.shape says.
+Status append_data(simdjson::dom::element value, Tensor& tensor, const std::string& where);
 
 // Appends the elements of `tensor` as a JSON array, nested to match its shape.
 void append_tensor_data(const Tensor& tensor, std::string& out);

@@ -12,6 +12,8 @@ using simdjson::dom::element_type;
 
 // The largest tensor a request may declare; bounds allocations before any data is read.
 constexpr int64_t kMaxElements = int64_t{1} << 31;
+// More dimensions than any real tensor; bounds the recursion over nested data.
+constexpr size_t kMaxRank = 16;
 
 Result<Parameters> decode_parameters(element value, const std::string& where) {
   simdjson::dom::object object;
@@ -81,6 +83,10 @@ Result<Tensor> decode_input(element value, size_t index) {
       return invalid_argument(named + ": shape dimensions must be non-negative integers");
     }
     tensor.shape.push_back(size);
+    if (tensor.shape.size() > kMaxRank) {
+      return invalid_argument(named + ": shape has more than " + std::to_string(kMaxRank) +
+                              " dimensions");
+    }
     if (size != 0 && expected > kMaxElements / size) {
       return invalid_argument(named + ": shape is too large");
     }
@@ -101,7 +107,7 @@ Result<Tensor> decode_input(element value, size_t index) {
     return invalid_argument(named + ": 'data' is required");
   }
   tensor.data.reserve(static_cast<size_t>(expected) * element_size(tensor.datatype));
-  FLOTILLA_RETURN_IF_ERROR(detail::append_nested(data, tensor, named));
+  FLOTILLA_RETURN_IF_ERROR(detail::append_data(data, tensor, named));
   const int64_t got = static_cast<int64_t>(tensor.data.size() / element_size(tensor.datatype));
   if (got != expected) {
     return invalid_argument(named + ": shape " + [&] {

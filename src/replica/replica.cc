@@ -122,7 +122,6 @@ class ReplicaImpl final : public Replica {
               http::Response&& response);
   void count(Route route, int status, Clock::time_point start);
 
-  std::unique_ptr<runtime::Runtime> runtime_;
   ReplicaOptions options_;
   MetricsRegistry& registry_;
   std::unique_ptr<Batcher> batcher_;
@@ -133,18 +132,21 @@ class ReplicaImpl final : public Replica {
   Gauge& in_flight_;
   Histogram& batch_rows_;
   std::atomic<bool> draining_{false};
+  // Declared last so it is destroyed first: a runtime still holding requests (a drain that
+  // timed out) answers them while the server's event loops still exist.
+  std::unique_ptr<runtime::Runtime> runtime_;
 };
 
 ReplicaImpl::ReplicaImpl(std::unique_ptr<runtime::Runtime> runtime, const ReplicaOptions& options,
                          MetricsRegistry& registry)
-    : runtime_(std::move(runtime)),
-      options_(options),
+    : options_(options),
       registry_(registry),
       in_flight_(registry.gauge("flotilla_replica_in_flight_requests",
                                 "Requests received and not yet answered.")),
       batch_rows_(registry.histogram("flotilla_replica_batch_rows",
                                      "Rows per model call (dynamic batching merges requests).",
-                                     exponential_buckets(1, 2, 11))) {
+                                     exponential_buckets(1, 2, 11))),
+      runtime_(std::move(runtime)) {
   const auto latency_buckets = exponential_buckets(50e-6, 2, 18);  // 50 µs .. ~6.5 s
   for (size_t i = 0; i < kRouteNames.size(); ++i) {
     const std::string route = kRouteNames[i];

@@ -109,11 +109,18 @@ TEST(OipDecodeTest, RejectsBadInput) {
               HasSubstr("needs a string 'name'"));
 }
 
-TEST(OipDecodeTest, RejectsHostileNesting) {
+TEST(OipDecodeTest, RejectsNestingThatDoesNotMatchShape) {
   std::string deep(100, '[');
   deep += std::string(100, ']');
   EXPECT_THAT(error_of(R"({"inputs":[{"name":"x","datatype":"FP32","shape":[0],"data":)" + deep + "}]}"),
-              HasSubstr("nested too deeply"));
+              HasSubstr("nested data does not match shape [0]"));
+  // Ragged rows whose total still matches the shape must not shift values between rows.
+  EXPECT_THAT(error_of(R"({"inputs":[{"name":"x","datatype":"FP32","shape":[2,2],"data":[[1,2,3],[4]]}]})"),
+              HasSubstr("nested data does not match shape [2,2]"));
+  EXPECT_THAT(error_of(R"({"inputs":[{"name":"x","datatype":"FP32","shape":[2,2],"data":[[1,2],3,4]}]})"),
+              HasSubstr("does not match shape"));
+  EXPECT_THAT(error_of(R"({"inputs":[{"name":"x","datatype":"FP32","shape":[1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1],"data":[1]}]})"),
+              HasSubstr("more than 16 dimensions"));
 }
 
 TEST(OipEncodeTest, MatchesGoldenResponse) {

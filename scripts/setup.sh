@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Installs every Debian package Flotilla needs to build, test, benchmark and run its demo.
+# Idempotent: packages already present are skipped, and nothing runs when all are there.
+# Works as root or through sudo.
+set -euo pipefail
+
+PACKAGES=(
+  # toolchain
+  build-essential cmake ninja-build pkg-config clang libclang-rt-14-dev
+  # libraries
+  libboost-dev libsimdjson-dev nlohmann-json3-dev libspdlog-dev libfmt-dev libcli11-dev
+  libyaml-cpp-dev libxgboost-dev libssl-dev libgtest-dev libgmock-dev libbenchmark-dev
+  # tests, fixtures and benchmarks
+  python3 python3-xgboost python3-sklearn python3-numpy python3-aiohttp prometheus wrk curl
+)
+
+missing=()
+for package in "${PACKAGES[@]}"; do
+  if ! dpkg-query -W -f='${Status}' "$package" 2>/dev/null | grep -q "install ok installed"; then
+    missing+=("$package")
+  fi
+done
+if [ ${#missing[@]} -eq 0 ]; then
+  exit 0
+fi
+
+SUDO=""
+if [ "$(id -u)" -ne 0 ]; then
+  SUDO="sudo"
+fi
+echo "setup: installing ${missing[*]}" >&2
+$SUDO apt-get update -qq
+# The prometheus package is installed only for promtool; it must not start a server here.
+DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >&2
