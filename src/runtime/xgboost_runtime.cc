@@ -25,6 +25,22 @@ struct BoosterDeleter {
 };
 using BoosterPtr = std::unique_ptr<void, BoosterDeleter>;
 
+struct DMatrixDeleter {
+  void operator()(void* handle) const { XGDMatrixFree(handle); }
+};
+
+// The calling thread's proxy DMatrix for in-place prediction. Without one, XGBoost builds a
+// proxy per call, and its set-up (it reads the cgroup CPU quota files) costs 2.8x the whole
+// prediction of a small model: 40 µs instead of 14 µs per row (bench/RESULTS.md).
+DMatrixHandle thread_proxy_dmatrix() {
+  thread_local std::unique_ptr<void, DMatrixDeleter> proxy = [] {
+    DMatrixHandle handle = nullptr;
+    FLOTILLA_CHECK(XGProxyDMatrixCreate(&handle) == 0);
+    return std::unique_ptr<void, DMatrixDeleter>(handle);
+  }();
+  return proxy.get();
+}
+
 Status xgboost_error(const std::string& what) {
   return invalid_argument(what + ": " + XGBGetLastError());
 }
@@ -339,8 +355,8 @@ Result<Tensor> XgboostRuntime::predict_raw(const ModelInput& input) const {
   const bst_ulong* shape = nullptr;
   bst_ulong dims = 0;
   const float* result = nullptr;
-  if (XGBoosterPredictFromDense(booster_.get(), array_interface, kConfig, nullptr, &shape, &dims,
-                                &result) != 0) {
+  if (XGBoosterPredictFromDense(booster_.get(), array_interface, kConfig, thread_proxy_dmatrix(),
+                                &shape, &dims, &result) != 0) {
     return internal_error(std::string("prediction failed: ") + XGBGetLastError());
   }
   Tensor output;
