@@ -75,6 +75,7 @@ BENCHMARK(BM_RawPredict)->Arg(1)->Arg(16)->Arg(64);
 BENCHMARK(BM_RawPredictNoProxy)->Arg(1)->Arg(16)->Arg(64);
 
 void BM_RuntimePredict(benchmark::State& state) {
+  (void)flotilla::init_logging("warn");  // keep stdout for the benchmark's own report
   flotilla::runtime::RuntimeOptions options;
   options.name = "bench";
   auto runtime = flotilla::runtime::load_runtime(flotilla::runtime::RuntimeKind::kXgboost,

@@ -73,6 +73,13 @@ class Responder {
 
 using Handler = std::function<void(Request&& request, Responder&& responder)>;
 
+// Runs `task` later on the calling worker thread's event loop: after `delay`, and after the
+// I/O completions already ready there, so work they queue can be handled together (the
+// replica's dynamic batching). Never blocks the loop. Called from a thread that is not a
+// server worker, runs `task` inline.
+void defer_on_current_loop(std::function<void()> task,
+                           std::chrono::microseconds delay = std::chrono::microseconds(0));
+
 class Server {
  public:
   // Binds the listening sockets (so port() is known) without serving yet. Fails with

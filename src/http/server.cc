@@ -40,6 +40,9 @@ struct Worker {
 
 namespace {
 
+// The event loop of the worker thread running now; null on other threads.
+thread_local asio::io_context* current_loop = nullptr;
+
 Method to_method(bhttp::verb verb) {
   switch (verb) {
     case bhttp::verb::get:
@@ -398,15 +401,34 @@ void ServerImpl::accept(Worker& worker) {
   });
 }
 
+void defer_on_current_loop(std::function<void()> task, std::chrono::microseconds delay) {
+  if (current_loop == nullptr) {
+    task();
+    return;
+  }
+  if (delay.count() <= 0) {
+    // post() from inside a handler queues behind the completions already taken from epoll.
+    asio::post(*current_loop, std::move(task));
+    return;
+  }
+  auto timer = std::make_shared<asio::steady_timer>(*current_loop, delay);
+  timer->async_wait([timer, task = std::move(task)](beast::error_code) { task(); });
+}
+
 bool ServerImpl::run() {
   for (auto& worker : workers_) {
     accept(*worker);
   }
+  auto run_loop = [](Worker& worker) {
+    current_loop = &worker.context;
+    worker.context.run();
+    current_loop = nullptr;
+  };
   for (size_t i = 1; i < workers_.size(); ++i) {
     Worker& worker = *workers_[i];
-    worker.thread = std::thread([&worker] { worker.context.run(); });
+    worker.thread = std::thread([&worker, run_loop] { run_loop(worker); });
   }
-  workers_[0]->context.run();
+  run_loop(*workers_[0]);
   for (size_t i = 1; i < workers_.size(); ++i) {
     workers_[i]->thread.join();
   }

@@ -3,35 +3,62 @@
 namespace flotilla::replica {
 
 Batcher::Batcher(runtime::Runtime& runtime, int64_t max_batch_rows,
-                 std::chrono::microseconds max_queue_delay, Histogram& batch_rows)
+                 std::chrono::microseconds max_queue_delay, Histogram& batch_rows,
+                 Scheduler schedule)
     : runtime_(runtime),
       max_batch_rows_(std::max<int64_t>(1, max_batch_rows)),
       max_queue_delay_(max_queue_delay),
-      batch_rows_(batch_rows) {}
+      batch_rows_(batch_rows),
+      schedule_(std::move(schedule)) {}
 
 void Batcher::submit(runtime::ModelInput&& input, runtime::RunCallback done) {
+  bool full = false;
+  bool schedule = false;
+  {
+    std::lock_guard lock(mutex_);
+    queued_rows_ += input.rows;
+    queue_.push_back(Item{std::move(input), std::move(done)});
+    if (flushing_) {
+      return;  // the running flush takes it
+    }
+    full = queued_rows_ >= max_batch_rows_;
+    if (!full && !flush_scheduled_) {
+      flush_scheduled_ = true;
+      schedule = true;
+    }
+  }
+  // Outside the lock: the scheduler may run the flush inline.
+  if (full) {
+    flush();  // a full batch need not wait
+  } else if (schedule) {
+    schedule_([this] { scheduled_flush(); }, max_queue_delay_);
+  }
+}
+
+void Batcher::scheduled_flush() {
+  {
+    std::lock_guard lock(mutex_);
+    flush_scheduled_ = false;
+  }
+  flush();
+}
+
+void Batcher::flush() {
   std::unique_lock lock(mutex_);
-  queued_rows_ += input.rows;
-  queue_.push_back(Item{std::move(input), std::move(done)});
-  if (leader_active_) {
-    arrived_.notify_one();  // a leader waiting out max_queue_delay may now be full
+  if (flushing_) {
     return;
   }
-  leader_active_ = true;
+  flushing_ = true;
   while (!queue_.empty()) {
-    std::vector<Item> batch = take_batch(lock);
+    std::vector<Item> batch = take_batch();
     lock.unlock();
     run_batch(std::move(batch));
     lock.lock();
   }
-  leader_active_ = false;
+  flushing_ = false;
 }
 
-std::vector<Batcher::Item> Batcher::take_batch(std::unique_lock<std::mutex>& lock) {
-  if (max_queue_delay_.count() > 0 && queued_rows_ < max_batch_rows_) {
-    const auto deadline = Clock::now() + max_queue_delay_;
-    arrived_.wait_until(lock, deadline, [this] { return queued_rows_ >= max_batch_rows_; });
-  }
+std::vector<Batcher::Item> Batcher::take_batch() {
   std::vector<Item> batch;
   int64_t rows = 0;
   while (!queue_.empty() &&

@@ -1,17 +1,20 @@
 // Dynamic batching: merges the rows of concurrent requests into one model call.
 //
-// Leader/follower, after leveldb's DBImpl::Write: the thread that submits while no batch is
-// running becomes the leader and runs batches, its own first, until the queue is empty; a
-// thread that submits while a batch runs only enqueues and returns to its event loop. At low
-// load a request therefore runs inline with no thread hand-off; under load, requests that
-// arrive during one model call form the next batch.
+// No batcher thread. A request is queued; the first request queued while no flush is
+// scheduled schedules one, max_queue_delay later (the replica defers it on the submitting
+// event loop, behind the requests that loop has already read, without blocking the loop). A
+// request that fills the queue to max_batch_rows flushes at once. A flush runs batches,
+// leader/follower style after leveldb's DBImpl::Write, until the queue is empty; requests
+// submitted meanwhile from any thread only queue. At low load a request runs on its own
+// thread with no hand-off; under load, requests read in one event-loop pass, or during one
+// model call, form one batch.
 //
-// Thread-safe. Callbacks run on the leader's thread, without the lock held.
+// Thread-safe. Callbacks run on the flushing thread, without the lock held.
 #pragma once
 
 #include <chrono>
-#include <condition_variable>
 #include <deque>
+#include <functional>
 #include <mutex>
 
 #include "common/common.h"
@@ -21,14 +24,16 @@ namespace flotilla::replica {
 
 class Batcher {
  public:
-  // `runtime` and `batch_rows` must outlive the batcher.
+  using Scheduler = std::function<void(std::function<void()>, std::chrono::microseconds)>;
+
+  // `runtime` and `batch_rows` must outlive the batcher. `schedule(task, delay)` runs a flush
+  // after about `delay`, on the calling thread (inline, or later on its event loop).
   Batcher(runtime::Runtime& runtime, int64_t max_batch_rows,
-          std::chrono::microseconds max_queue_delay, Histogram& batch_rows);
+          std::chrono::microseconds max_queue_delay, Histogram& batch_rows, Scheduler schedule);
   Batcher(const Batcher&) = delete;
   Batcher& operator=(const Batcher&) = delete;
 
   // Runs `input` in some batch and calls `done` with this request's rows of every output.
-  // May run batches on the calling thread before it returns.
   void submit(runtime::ModelInput&& input, runtime::RunCallback done);
 
  private:
@@ -38,21 +43,24 @@ class Batcher {
   };
   using Clock = std::chrono::steady_clock;
 
-  // Takes up to max_batch_rows_ rows of queued items (always at least one); waits up to
-  // max_queue_delay_ for more when the batch is not full. Requires mutex_ held via `lock`.
-  std::vector<Item> take_batch(std::unique_lock<std::mutex>& lock);
+  // Takes up to max_batch_rows_ rows of queued items (always at least one). Requires mutex_.
+  std::vector<Item> take_batch();
   void run_batch(std::vector<Item>&& batch);
+  // Runs batches until the queue is empty, unless another thread is already doing so.
+  void flush();
+  void scheduled_flush();
 
   runtime::Runtime& runtime_;
   const int64_t max_batch_rows_;
   const std::chrono::microseconds max_queue_delay_;
   Histogram& batch_rows_;
+  Scheduler schedule_;
 
   std::mutex mutex_;
-  std::condition_variable arrived_;
-  std::deque<Item> queue_;     // guarded by mutex_
-  int64_t queued_rows_ = 0;    // guarded by mutex_
-  bool leader_active_ = false; // guarded by mutex_
+  std::deque<Item> queue_;         // guarded by mutex_
+  int64_t queued_rows_ = 0;        // guarded by mutex_
+  bool flush_scheduled_ = false;   // guarded by mutex_
+  bool flushing_ = false;          // guarded by mutex_
 };
 
 }  // namespace flotilla::replica

@@ -98,6 +98,9 @@ class ReplicaImpl final : public Replica {
   ReplicaImpl(std::unique_ptr<runtime::Runtime> runtime, const ReplicaOptions& options,
               MetricsRegistry& registry);
 
+  // Queued batches hold responders: drop them while the server's event loops still exist.
+  ~ReplicaImpl() override { batcher_.reset(); }
+
   Status start();
   uint16_t port() const override { return server_->port(); }
   bool run() override { return server_->run(); }
@@ -168,8 +171,11 @@ ReplicaImpl::ReplicaImpl(std::unique_ptr<runtime::Runtime> runtime, const Replic
   protocol::append_json_string(metadata.name, ready_json_);
   ready_json_ += ",\"ready\":true}";
   if (options.batching.enabled && runtime_->can_batch()) {
-    batcher_ = std::make_unique<Batcher>(*runtime_, options.batching.max_batch_rows,
-                                         options.batching.max_queue_delay, batch_rows_);
+    batcher_ = std::make_unique<Batcher>(
+        *runtime_, options.batching.max_batch_rows, options.batching.max_queue_delay, batch_rows_,
+        [](std::function<void()> flush, std::chrono::microseconds delay) {
+          http::defer_on_current_loop(std::move(flush), delay);
+        });
   }
 }
 

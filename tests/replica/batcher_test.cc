@@ -61,6 +61,8 @@ class DoublingRuntime final : public runtime::Runtime {
   std::vector<int64_t> call_rows_;
 };
 
+void run_inline(std::function<void()> flush, std::chrono::microseconds) { flush(); }
+
 runtime::ModelInput rows_of(std::initializer_list<float> first_features) {
   runtime::ModelInput input;
   input.columns = 2;
@@ -75,7 +77,7 @@ runtime::ModelInput rows_of(std::initializer_list<float> first_features) {
 TEST(BatcherTest, RunsAloneAtLowLoadOnTheCallingThread) {
   DoublingRuntime runtime;
   Histogram rows({1, 2, 4, 8});
-  Batcher batcher(runtime, 64, std::chrono::microseconds(0), rows);
+  Batcher batcher(runtime, 64, std::chrono::microseconds(0), rows, run_inline);
   std::vector<float> got;
   batcher.submit(rows_of({3, 4}), [&](Result<std::vector<Tensor>> result) {
     ASSERT_TRUE(result.is_ok());
@@ -89,7 +91,7 @@ TEST(BatcherTest, RunsAloneAtLowLoadOnTheCallingThread) {
 TEST(BatcherTest, MergesRequestsQueuedWhileTheModelRuns) {
   DoublingRuntime runtime;
   Histogram rows({1, 2, 4, 8, 16});
-  Batcher batcher(runtime, 8, std::chrono::microseconds(0), rows);
+  Batcher batcher(runtime, 8, std::chrono::microseconds(0), rows, run_inline);
   runtime.set_block(true);
 
   std::mutex mutex;
@@ -124,7 +126,7 @@ TEST(BatcherTest, MergesRequestsQueuedWhileTheModelRuns) {
 TEST(BatcherTest, ReportsModelErrorsToEveryRequestOfTheBatch) {
   DoublingRuntime runtime;
   Histogram rows({1, 2, 4});
-  Batcher batcher(runtime, 8, std::chrono::microseconds(0), rows);
+  Batcher batcher(runtime, 8, std::chrono::microseconds(0), rows, run_inline);
   runtime.set_block(true);
   std::atomic<int> errors{0};
   std::thread leader([&] {
@@ -142,10 +144,58 @@ TEST(BatcherTest, ReportsModelErrorsToEveryRequestOfTheBatch) {
   EXPECT_EQ(errors.load(), 2);
 }
 
+TEST(BatcherTest, DeferredFlushTakesEverythingQueuedBeforeIt) {
+  DoublingRuntime runtime;
+  Histogram rows({1, 2, 4, 8});
+  std::vector<std::function<void()>> deferred;
+  Batcher batcher(runtime, 64, std::chrono::microseconds(0), rows,
+                  [&deferred](std::function<void()> flush, std::chrono::microseconds) {
+                    deferred.push_back(std::move(flush));
+                  });
+  int answered = 0;
+  for (float value : {1.0f, 2.0f, 3.0f}) {
+    batcher.submit(rows_of({value}), [&](Result<std::vector<Tensor>> result) {
+      EXPECT_TRUE(result.is_ok());
+      ++answered;
+    });
+  }
+  ASSERT_EQ(deferred.size(), 1u);  // one flush scheduled for the three requests
+  EXPECT_EQ(answered, 0);
+  deferred[0]();
+  EXPECT_EQ(answered, 3);
+  EXPECT_EQ(runtime.call_rows(), std::vector<int64_t>{3});
+}
+
+TEST(BatcherTest, FullBatchFlushesWithoutWaitingForTheSchedule) {
+  DoublingRuntime runtime;
+  Histogram rows({1, 2, 4, 8});
+  std::vector<std::function<void()>> deferred;
+  std::vector<std::chrono::microseconds> delays;
+  Batcher batcher(runtime, 4, std::chrono::microseconds(500), rows,
+                  [&](std::function<void()> flush, std::chrono::microseconds delay) {
+                    deferred.push_back(std::move(flush));
+                    delays.push_back(delay);
+                  });
+  int answered = 0;
+  auto count = [&](Result<std::vector<Tensor>> result) {
+    EXPECT_TRUE(result.is_ok());
+    ++answered;
+  };
+  batcher.submit(rows_of({1}), count);
+  batcher.submit(rows_of({2, 3}), count);
+  EXPECT_EQ(answered, 0);
+  batcher.submit(rows_of({4}), count);  // 4 rows: the batch is full
+  EXPECT_EQ(answered, 3);
+  EXPECT_EQ(runtime.call_rows(), std::vector<int64_t>{4});
+  ASSERT_EQ(delays, std::vector<std::chrono::microseconds>{std::chrono::microseconds(500)});
+  deferred[0]();  // the scheduled flush finds nothing left
+  EXPECT_EQ(runtime.call_rows(), std::vector<int64_t>{4});
+}
+
 TEST(BatcherTest, ManyThreadsEachGetTheirOwnRows) {
   DoublingRuntime runtime;
   Histogram rows(exponential_buckets(1, 2, 8));
-  Batcher batcher(runtime, 16, std::chrono::microseconds(0), rows);
+  Batcher batcher(runtime, 16, std::chrono::microseconds(0), rows, run_inline);
   std::atomic<int> wrong{0};
   std::atomic<int> answered{0};
   std::vector<std::thread> threads;
