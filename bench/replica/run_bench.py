@@ -8,6 +8,7 @@ XGBoost binary:logistic classifier, 100 trees of depth 6, on scikit-learn's brea
 data: 30 features), then measures in one run, on the same cores:
 
   raw        the in-process limit: bench/xgboost_predict_bench (Google Benchmark), one row
+  live       flotilla's GET /v2/health/live at c=1: the HTTP round trip with no model
   flotilla   `flotilla replica --workers 1`, dynamic batching on (the default)
   nobatch    the same with --no-batching
   delayNNN   the same with --max-queue-delay-us NNN (at the highest concurrency only)
@@ -120,10 +121,13 @@ def to_us(text):
 
 
 def wrk(port, path, body, conns, duration):
+    """POSTs `body` (a file) to `path`, or GETs `path` when body is None."""
+    script = ["-s", LUA] if body else []
     out = subprocess.run(
-        [*pin(0), "wrk", "-t1", f"-c{conns}", f"-d{duration}s", "--latency", "-s", LUA,
+        [*pin(0), "wrk", "-t1", f"-c{conns}", f"-d{duration}s", "--latency", *script,
          f"http://127.0.0.1:{port}{path}"],
-        env={**os.environ, "BODY_FILE": body}, capture_output=True, text=True, check=True).stdout
+        env={**os.environ, "BODY_FILE": body or ""}, capture_output=True, text=True,
+        check=True).stdout
     errors = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
     socket_errors = re.search(r"Socket errors: (.*)", out)
     if errors or socket_errors:
@@ -157,6 +161,7 @@ def main():
 
     # (server, protocol, conns) cells, each measured `reps` times, interleaved.
     cells = [(s, "oip", c) for c in conns for s in ("flotilla", "nobatch", "python")]
+    cells += [("flotilla", "live", 1)]  # the HTTP round trip alone: no body, no model
     cells += [(s, "oip", top) for s in ("delay100", "delay500")]
     cells += [(s, "mlflow", top) for s in ("flotilla", "python")]
     samples = {cell: [] for cell in cells}
@@ -168,6 +173,8 @@ def main():
                 port = servers[server].port
                 if protocol == "oip":
                     result = wrk(port, "/v2/models/bench/infer", oip_body, c, args.duration)
+                elif protocol == "live":
+                    result = wrk(port, "/v2/health/live", None, c, args.duration)
                 else:
                     result = wrk(port, "/invocations", mlflow_body, c, args.duration)
                 samples[cell].append(result)
@@ -199,9 +206,10 @@ def main():
     print(f"throughput flotilla/python at c={top}, MLflow /invocations: {ratio:.1f}x")
     if 1 in conns:
         overhead = median(("flotilla", "oip", 1), "p50") - raw1
+        live = median(("flotilla", "live", 1), "p50")
         print(f"p50 overhead over the raw predict at c=1: {overhead:.0f} us "
               f"(wrk p50 {median(('flotilla', 'oip', 1), 'p50'):.0f} us - raw {raw1:.1f} us; "
-              f"includes wrk and loopback TCP)")
+              f"includes wrk and loopback TCP: a GET /v2/health/live round trip is {live:.0f} us)")
     gain = median(("flotilla", "oip", top), "rps") / median(("nobatch", "oip", top), "rps")
     print(f"dynamic batching at c={top}: {gain:.2f}x the throughput of --no-batching")
 

@@ -98,6 +98,8 @@ class Server {
   // Drains on SIGTERM or SIGINT.
   virtual void drain_on_signals(std::chrono::milliseconds timeout) = 0;
   virtual size_t open_connections() const = 0;
+  // True once a drain has started (readiness should then answer "not ready").
+  virtual bool draining() const = 0;
 };
 
 }  // namespace flotilla::http

@@ -84,7 +84,7 @@ class ServerImpl final : public Server {
 
   const ServerOptions& options() const { return options_; }
   const Handler& handler() const { return handler_; }
-  bool draining() const { return draining_.load(std::memory_order_relaxed); }
+  bool draining() const override { return draining_.load(std::memory_order_relaxed); }
   bool stopped() const { return stopped_.load(); }
   void session_closed();
 
@@ -158,7 +158,7 @@ class Session : public std::enable_shared_from_this<Session> {
  private:
   void wait_for_request() {
     if (buffer_.size() > 0) {  // pipelined bytes already here
-      read_header();
+      start_request();
       return;
     }
     if (server_.draining()) {
@@ -175,14 +175,42 @@ class Session : public std::enable_shared_from_this<Session> {
                                 return;
                               }
                               self->buffer_.commit(bytes);
-                              self->read_header();
+                              self->start_request();
                             });
   }
 
-  void read_header() {
+  // Parses what is already buffered (usually the whole request, which arrived in one recv)
+  // and reads the rest asynchronously only when something is missing: most requests then
+  // cost no extra event-loop pass and no timer update.
+  void start_request() {
     parser_.emplace();
     parser_->header_limit(static_cast<uint32_t>(server_.options().max_header_bytes));
     parser_->body_limit(server_.options().max_body_bytes);
+    parser_->eager(true);
+    beast::error_code ec;
+    while (buffer_.size() > 0 && !parser_->is_done()) {
+      const size_t used = parser_->put(buffer_.data(), ec);
+      buffer_.consume(used);
+      if (ec == bhttp::error::need_more) {
+        ec = {};
+        break;
+      }
+      if (ec || used == 0) {
+        break;
+      }
+    }
+    if (ec) {
+      fail(ec);
+    } else if (parser_->is_done()) {
+      dispatch();
+    } else if (parser_->is_header_done()) {
+      on_header({});
+    } else {
+      read_header();
+    }
+  }
+
+  void read_header() {
     stream_.expires_after(server_.options().header_timeout);
     bhttp::async_read_header(stream_, buffer_, *parser_,
                              [self = shared_from_this()](beast::error_code ec, size_t) {
@@ -304,7 +332,8 @@ class Exchange {
       return;
     }
     auto executor = session_->executor();
-    asio::post(executor, [session = std::move(session_), response = std::move(response)]() mutable {
+    // Inline when already on the connection's loop (the usual case), else queued to it.
+    asio::dispatch(executor, [session = std::move(session_), response = std::move(response)]() mutable {
       session->write(std::move(response));
     });
   }

@@ -104,10 +104,7 @@ class ReplicaImpl final : public Replica {
   Status start();
   uint16_t port() const override { return server_->port(); }
   bool run() override { return server_->run(); }
-  void drain() override {
-    draining_ = true;
-    server_->drain(options_.drain_timeout);
-  }
+  void drain() override { server_->drain(options_.drain_timeout); }
 
  private:
   struct RouteMetrics {
@@ -134,7 +131,6 @@ class ReplicaImpl final : public Replica {
   std::array<RouteMetrics, static_cast<size_t>(Route::kCount)> route_metrics_;
   Gauge& in_flight_;
   Histogram& batch_rows_;
-  std::atomic<bool> draining_{false};
   // Declared last so it is destroyed first: a runtime still holding requests (a drain that
   // timed out) answers them while the server's event loops still exist.
   std::unique_ptr<runtime::Runtime> runtime_;
@@ -256,10 +252,11 @@ void ReplicaImpl::handle(http::Request&& request, http::Responder&& responder) {
       return;
     case Route::kReady:
       finish(route, start, responder,
-             draining_ ? json_response(503, "{\"ready\":false}") : json_response(200, "{\"ready\":true}"));
+             server_->draining() ? json_response(503, "{\"ready\":false}")
+                                 : json_response(200, "{\"ready\":true}"));
       return;
     case Route::kModelReady:
-      finish(route, start, responder, json_response(draining_ ? 503 : 200, ready_json_));
+      finish(route, start, responder, json_response(server_->draining() ? 503 : 200, ready_json_));
       return;
     case Route::kServerMetadata:
       finish(route, start, responder,
