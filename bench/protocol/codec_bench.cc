@@ -18,8 +18,9 @@ std::string row_json() {
 }
 
 void BM_DecodeOipSingleRow(benchmark::State& state) {
-  const std::string body = R"({"id":"1","inputs":[{"name":"input","datatype":"FP32","shape":[1,30],"data":[)" +
-                           row_json() + "]}]}";
+  const std::string body =
+      R"({"id":"1","inputs":[{"name":"input","datatype":"FP32","shape":[1,30],"data":[)" +
+      row_json() + "]}]}";
   for (auto _ : state) {
     std::string copy = body;
     auto request = flotilla::protocol::decode_oip_infer_request(copy);

@@ -69,8 +69,12 @@ void raw_predict(benchmark::State& state, bool reuse_proxy) {
   XGBoosterFree(booster);
 }
 
-void BM_RawPredict(benchmark::State& state) { raw_predict(state, true); }
-void BM_RawPredictNoProxy(benchmark::State& state) { raw_predict(state, false); }
+void BM_RawPredict(benchmark::State& state) {
+  raw_predict(state, true);
+}
+void BM_RawPredictNoProxy(benchmark::State& state) {
+  raw_predict(state, false);
+}
 BENCHMARK(BM_RawPredict)->Arg(1)->Arg(16)->Arg(64);
 BENCHMARK(BM_RawPredictNoProxy)->Arg(1)->Arg(16)->Arg(64);
 
@@ -94,10 +98,9 @@ void BM_RuntimePredict(benchmark::State& state) {
   request.inputs.push_back(std::move(tensor));
   for (auto _ : state) {
     auto input = (*runtime)->prepare(request);
-    (*runtime)->run(std::move(input).value(),
-                    [](flotilla::Result<std::vector<flotilla::Tensor>> out) {
-                      benchmark::DoNotOptimize(out);
-                    });
+    (*runtime)->run(
+        std::move(input).value(),
+        [](flotilla::Result<std::vector<flotilla::Tensor>> out) { benchmark::DoNotOptimize(out); });
   }
   state.SetItemsProcessed(state.iterations() * rows);
 }

@@ -38,11 +38,13 @@ struct ReplicaFlags {
 };
 
 void add_replica_command(CLI::App& app, ReplicaFlags& flags) {
-  CLI::App* cmd = app.add_subcommand("replica", "Serve one model over the Open Inference "
-                                                "Protocol v2, MLflow /invocations and /metrics.");
+  CLI::App* cmd = app.add_subcommand("replica",
+                                     "Serve one model over the Open Inference "
+                                     "Protocol v2, MLflow /invocations and /metrics.");
   cmd->add_option("--model", flags.model, "Model file or MLflow model directory")->required();
   cmd->add_option("--name", flags.name, "Model name (default: the file's stem or directory name)");
-  cmd->add_option("--runtime", flags.runtime, "auto, xgboost or synthetic (auto never picks synthetic)")
+  cmd->add_option("--runtime", flags.runtime,
+                  "auto, xgboost or synthetic (auto never picks synthetic)")
       ->check(CLI::IsMember({"auto", "xgboost", "synthetic"}))
       ->capture_default_str();
   cmd->add_option("--host", flags.host, "Address to listen on")->capture_default_str();
@@ -51,7 +53,8 @@ void add_replica_command(CLI::App& app, ReplicaFlags& flags) {
   cmd->add_option("--workers", flags.workers, "Event-loop threads (0: one per core)")
       ->check(CLI::Range(0, 256))
       ->capture_default_str();
-  cmd->add_option("--max-batch-size", flags.max_batch_size, "Rows merged into one model call at most")
+  cmd->add_option("--max-batch-size", flags.max_batch_size,
+                  "Rows merged into one model call at most")
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 20))
       ->capture_default_str();
   cmd->add_option("--max-queue-delay-us", flags.max_queue_delay_us,
@@ -59,10 +62,12 @@ void add_replica_command(CLI::App& app, ReplicaFlags& flags) {
       ->check(CLI::Range(int64_t{0}, int64_t{1'000'000}))
       ->capture_default_str();
   cmd->add_flag("--no-batching", flags.no_batching, "Run every request on its own");
-  cmd->add_option("--max-body-bytes", flags.max_body_bytes, "Largest request body accepted (413 above)")
+  cmd->add_option("--max-body-bytes", flags.max_body_bytes,
+                  "Largest request body accepted (413 above)")
       ->check(CLI::Range(size_t{1}, size_t{1} << 32))
       ->capture_default_str();
-  cmd->add_option("--header-timeout-ms", flags.header_timeout_ms, "Time to receive a request header")
+  cmd->add_option("--header-timeout-ms", flags.header_timeout_ms,
+                  "Time to receive a request header")
       ->check(CLI::Range(int64_t{1}, int64_t{3'600'000}))
       ->capture_default_str();
   cmd->add_option("--body-timeout-ms", flags.body_timeout_ms, "Time to receive a request body")

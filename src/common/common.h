@@ -68,7 +68,7 @@ std::string_view status_code_name(StatusCode code);
 template <typename T>
 class [[nodiscard]] Result {
  public:
-  Result(T value) : state_(std::move(value)) {}  // NOLINT(google-explicit-constructor)
+  Result(T value) : state_(std::move(value)) {}        // NOLINT(google-explicit-constructor)
   Result(Status status) : state_(std::move(status)) {  // NOLINT(google-explicit-constructor)
     if (std::get<Status>(state_).is_ok()) {
       state_ = Status(StatusCode::kInternal, "result built from an ok status");
@@ -94,12 +94,12 @@ class [[nodiscard]] Result {
 #define FLOTILLA_CONCAT_INNER(a, b) a##b
 #define FLOTILLA_CONCAT(a, b) FLOTILLA_CONCAT_INNER(a, b)
 
-#define FLOTILLA_RETURN_IF_ERROR(expr)         \
-  do {                                         \
+#define FLOTILLA_RETURN_IF_ERROR(expr)           \
+  do {                                           \
     ::flotilla::Status flotilla_status = (expr); \
-    if (!flotilla_status.is_ok()) {            \
-      return flotilla_status;                  \
-    }                                          \
+    if (!flotilla_status.is_ok()) {              \
+      return flotilla_status;                    \
+    }                                            \
   } while (false)
 
 #define FLOTILLA_ASSIGN_OR_RETURN_IMPL(tmp, lhs, expr) \
@@ -121,11 +121,11 @@ void bug(const char* what, const char* file, int line);
 }  // namespace detail
 
 // State we cannot continue from: always on, logs and aborts.
-#define FLOTILLA_CHECK(cond)                                        \
-  do {                                                              \
-    if (!(cond)) {                                                  \
-      ::flotilla::detail::check_failed(#cond, __FILE__, __LINE__);  \
-    }                                                               \
+#define FLOTILLA_CHECK(cond)                                       \
+  do {                                                             \
+    if (!(cond)) {                                                 \
+      ::flotilla::detail::check_failed(#cond, __FILE__, __LINE__); \
+    }                                                              \
   } while (false)
 
 #ifdef NDEBUG

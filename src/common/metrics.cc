@@ -94,8 +94,7 @@ std::vector<double> exponential_buckets(double start, double factor, int count) 
   return bounds;
 }
 
-MetricsRegistry::Family& MetricsRegistry::family(const std::string& name,
-                                                 const std::string& help,
+MetricsRegistry::Family& MetricsRegistry::family(const std::string& name, const std::string& help,
                                                  const std::string& type) {
   auto [it, inserted] = families_.try_emplace(name);
   if (inserted) {
@@ -166,8 +165,7 @@ std::string MetricsRegistry::render() const {
       for (size_t i = 0; i < counts.size(); ++i) {
         cumulative += counts[i];
         std::string le = i < bounds.size() ? format_double(bounds[i]) : "+Inf";
-        out << series(name + "_bucket", labels, "le=\"" + le + "\"") << ' ' << cumulative
-            << '\n';
+        out << series(name + "_bucket", labels, "le=\"" + le + "\"") << ' ' << cumulative << '\n';
       }
       out << series(name + "_sum", labels) << ' ' << format_double(histogram->sum()) << '\n';
       // The +Inf bucket is the count; read from it so the two always agree in one scrape.

@@ -25,7 +25,9 @@ std::string Status::to_string() const {
 Status invalid_argument(std::string message) {
   return Status(StatusCode::kInvalidArgument, std::move(message));
 }
-Status not_found(std::string message) { return Status(StatusCode::kNotFound, std::move(message)); }
+Status not_found(std::string message) {
+  return Status(StatusCode::kNotFound, std::move(message));
+}
 Status internal_error(std::string message) {
   return Status(StatusCode::kInternal, std::move(message));
 }

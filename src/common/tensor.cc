@@ -3,11 +3,16 @@
 namespace flotilla {
 
 std::optional<DataType> parse_datatype(std::string_view name) {
-  if (name == "BOOL") return DataType::kBool;
-  if (name == "INT32") return DataType::kInt32;
-  if (name == "INT64") return DataType::kInt64;
-  if (name == "FP32") return DataType::kFp32;
-  if (name == "FP64") return DataType::kFp64;
+  if (name == "BOOL")
+    return DataType::kBool;
+  if (name == "INT32")
+    return DataType::kInt32;
+  if (name == "INT64")
+    return DataType::kInt64;
+  if (name == "FP32")
+    return DataType::kFp32;
+  if (name == "FP64")
+    return DataType::kFp64;
   return std::nullopt;
 }
 

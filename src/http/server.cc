@@ -149,10 +149,9 @@ class Session : public std::enable_shared_from_this<Session> {
     out.keep_alive(keep_alive_);
     out.prepare_payload();
     stream_.expires_after(server_.options().body_timeout);
-    bhttp::async_write(stream_, out,
-                       [self = shared_from_this()](beast::error_code ec, size_t) {
-                         self->on_write(ec);
-                       });
+    bhttp::async_write(stream_, out, [self = shared_from_this()](beast::error_code ec, size_t) {
+      self->on_write(ec);
+    });
   }
 
  private:
@@ -212,10 +211,9 @@ class Session : public std::enable_shared_from_this<Session> {
 
   void read_header() {
     stream_.expires_after(server_.options().header_timeout);
-    bhttp::async_read_header(stream_, buffer_, *parser_,
-                             [self = shared_from_this()](beast::error_code ec, size_t) {
-                               self->on_header(ec);
-                             });
+    bhttp::async_read_header(
+        stream_, buffer_, *parser_,
+        [self = shared_from_this()](beast::error_code ec, size_t) { self->on_header(ec); });
   }
 
   void on_header(beast::error_code ec) {
@@ -333,9 +331,10 @@ class Exchange {
     }
     auto executor = session_->executor();
     // Inline when already on the connection's loop (the usual case), else queued to it.
-    asio::dispatch(executor, [session = std::move(session_), response = std::move(response)]() mutable {
-      session->write(std::move(response));
-    });
+    asio::dispatch(executor,
+                   [session = std::move(session_), response = std::move(response)]() mutable {
+                     session->write(std::move(response));
+                   });
   }
   bool sent() const { return sent_.load(); }
   bool server_stopped() const { return session_ && session_->server_stopped(); }
@@ -376,8 +375,9 @@ ServerImpl::~ServerImpl() {
 }
 
 Status ServerImpl::bind() {
-  int count = options_.workers > 0 ? options_.workers
-                                   : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  int count = options_.workers > 0
+                  ? options_.workers
+                  : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   beast::error_code ec;
   auto address = asio::ip::make_address(options_.host, ec);
   if (ec) {
@@ -389,7 +389,8 @@ Status ServerImpl::bind() {
     tcp::acceptor& acceptor = worker->acceptor.emplace(worker->context);
     tcp::endpoint endpoint(address, port);
     acceptor.open(endpoint.protocol(), ec);
-    if (!ec) acceptor.set_option(asio::socket_base::reuse_address(true), ec);
+    if (!ec)
+      acceptor.set_option(asio::socket_base::reuse_address(true), ec);
     if (!ec) {
       // Every worker listens on the same port; the kernel spreads connections across them.
       int one = 1;
@@ -397,8 +398,10 @@ Status ServerImpl::bind() {
         ec.assign(errno, boost::system::system_category());
       }
     }
-    if (!ec) acceptor.bind(endpoint, ec);
-    if (!ec) acceptor.listen(asio::socket_base::max_listen_connections, ec);
+    if (!ec)
+      acceptor.bind(endpoint, ec);
+    if (!ec)
+      acceptor.listen(asio::socket_base::max_listen_connections, ec);
     if (ec) {
       return unavailable("cannot listen on " + options_.host + ":" + std::to_string(port) + ": " +
                          ec.message());
@@ -411,23 +414,24 @@ Status ServerImpl::bind() {
 }
 
 void ServerImpl::accept(Worker& worker) {
-  worker.acceptor->async_accept(worker.context, [this, &worker](beast::error_code ec,
-                                                                tcp::socket socket) {
-    if (ec == asio::error::operation_aborted || !worker.acceptor->is_open()) {
-      return;
-    }
-    if (ec) {
-      // Typically out of file descriptors: back off briefly instead of spinning.
-      spdlog::warn("accept failed: {}", ec.message());
-      auto timer = std::make_shared<asio::steady_timer>(worker.context, std::chrono::milliseconds(50));
-      timer->async_wait([this, &worker, timer](beast::error_code) { accept(worker); });
-      return;
-    }
-    socket.set_option(tcp::no_delay(true), ec);
-    const bool reject = connections_.fetch_add(1) >= options_.max_connections;
-    std::make_shared<Session>(std::move(socket), *this, worker)->start(reject);
-    accept(worker);
-  });
+  worker.acceptor->async_accept(
+      worker.context, [this, &worker](beast::error_code ec, tcp::socket socket) {
+        if (ec == asio::error::operation_aborted || !worker.acceptor->is_open()) {
+          return;
+        }
+        if (ec) {
+          // Typically out of file descriptors: back off briefly instead of spinning.
+          spdlog::warn("accept failed: {}", ec.message());
+          auto timer =
+              std::make_shared<asio::steady_timer>(worker.context, std::chrono::milliseconds(50));
+          timer->async_wait([this, &worker, timer](beast::error_code) { accept(worker); });
+          return;
+        }
+        socket.set_option(tcp::no_delay(true), ec);
+        const bool reject = connections_.fetch_add(1) >= options_.max_connections;
+        std::make_shared<Session>(std::move(socket), *this, worker)->start(reject);
+        accept(worker);
+      });
 }
 
 void defer_on_current_loop(std::function<void()> task, std::chrono::microseconds delay) {

@@ -78,7 +78,8 @@ Status append_element(simdjson::dom::element value, Tensor& tensor, const char* 
     }
     case DataType::kBool: {
       if (type != element_type::BOOL) {
-        return invalid_argument(where_text(where_prefix, index) + ": expected true or false for BOOL");
+        return invalid_argument(where_text(where_prefix, index) +
+                                ": expected true or false for BOOL");
       }
       tensor.append(static_cast<uint8_t>(value.get_bool().value_unsafe() ? 1 : 0));
       return Status::ok();
@@ -113,7 +114,8 @@ Status append_shaped(simdjson::dom::array array, Tensor& tensor, const std::stri
                               shape_text(tensor.shape));
     }
     if (is_array) {
-      FLOTILLA_RETURN_IF_ERROR(append_shaped(item.get_array().value_unsafe(), tensor, where, dim + 1));
+      FLOTILLA_RETURN_IF_ERROR(
+          append_shaped(item.get_array().value_unsafe(), tensor, where, dim + 1));
     } else {
       int64_t index = static_cast<int64_t>(tensor.data.size() / element_size(tensor.datatype));
       FLOTILLA_RETURN_IF_ERROR(append_element(item, tensor, where.c_str(), index));

@@ -55,8 +55,8 @@ class TableBuilder {
   Tensor finish(bool single_row_vector = false) && {
     const int64_t rows =
         columns_ == 0 ? 0 : static_cast<int64_t>(tensor_.data.size() / sizeof(double)) / columns_;
-    tensor_.shape = single_row_vector ? std::vector<int64_t>{columns_}
-                                      : std::vector<int64_t>{rows, columns_};
+    tensor_.shape =
+        single_row_vector ? std::vector<int64_t>{columns_} : std::vector<int64_t>{rows, columns_};
     return std::move(tensor_);
   }
 
@@ -111,9 +111,9 @@ Result<InferRequest> decode_rows(simdjson::dom::array rows, const char* field) {
     TableBuilder table(static_cast<int64_t>(rows.size()));
     int64_t index = 0;
     for (element value : rows) {
-      FLOTILLA_ASSIGN_OR_RETURN(double number,
-                                scalar_value(value, std::string(field) + "[" +
-                                                        std::to_string(index++) + "]"));
+      FLOTILLA_ASSIGN_OR_RETURN(
+          double number,
+          scalar_value(value, std::string(field) + "[" + std::to_string(index++) + "]"));
       table.add(number);
     }
     request.inputs.push_back(std::move(table).finish(true));
@@ -130,13 +130,12 @@ Result<InferRequest> decode_rows(simdjson::dom::array rows, const char* field) {
     }
     if (static_cast<int64_t>(cells.size()) != table.columns()) {
       return invalid_argument(where + " has " + std::to_string(cells.size()) +
-                              " values but the first row has " +
-                              std::to_string(table.columns()));
+                              " values but the first row has " + std::to_string(table.columns()));
     }
     int64_t column = 0;
     for (element cell : cells) {
-      FLOTILLA_ASSIGN_OR_RETURN(
-          double number, scalar_value(cell, where + "[" + std::to_string(column++) + "]"));
+      FLOTILLA_ASSIGN_OR_RETURN(double number,
+                                scalar_value(cell, where + "[" + std::to_string(column++) + "]"));
       table.add(number);
     }
     ++row_index;
@@ -168,9 +167,8 @@ Result<InferRequest> decode_records(simdjson::dom::array records, const char* fi
     simdjson::dom::object object = record.get_object().value_unsafe();
     for (auto cell : object) {
       FLOTILLA_ASSIGN_OR_RETURN(
-          double number,
-          scalar_value(cell.value, std::string(field) + "[" + std::to_string(row) +
-                                       "]['" + std::string(cell.key) + "']"));
+          double number, scalar_value(cell.value, std::string(field) + "[" + std::to_string(row) +
+                                                      "]['" + std::string(cell.key) + "']"));
       table.row(row)[column_index[cell.key]] = number;
     }
     ++row;
@@ -287,8 +285,8 @@ Result<double> parse_csv_number(std::string_view cell, int64_t row, const std::s
   }
   auto [end, ec] = std::from_chars(cell.data(), cell.data() + cell.size(), value);
   if (ec != std::errc() || end != cell.data() + cell.size()) {
-    return invalid_argument("csv row " + std::to_string(row) + " column '" + column +
-                            "': '" + std::string(cell) + "' is not a number");
+    return invalid_argument("csv row " + std::to_string(row) + " column '" + column + "': '" +
+                            std::string(cell) + "' is not a number");
   }
   return value;
 }
@@ -364,8 +362,8 @@ Result<InferRequest> decode_mlflow_json(std::string& body) {
         "the request body must be a JSON object with one of dataframe_split, "
         "dataframe_records, instances or inputs");
   }
-  static constexpr const char* kFormats[] = {"dataframe_split", "dataframe_records",
-                                             "instances", "inputs"};
+  static constexpr const char* kFormats[] = {"dataframe_split", "dataframe_records", "instances",
+                                             "inputs"};
   const char* found = nullptr;
   int count = 0;
   for (const char* format : kFormats) {
@@ -375,8 +373,8 @@ Result<InferRequest> decode_mlflow_json(std::string& body) {
     }
   }
   if (count != 1) {
-    bool llm_shape = !object["messages"].error() || !object["prompt"].error() ||
-                     !object["input"].error();
+    bool llm_shape =
+        !object["messages"].error() || !object["prompt"].error() || !object["input"].error();
     if (count == 0 && llm_shape) {
       return invalid_argument(
           "chat and completion requests (messages, prompt, input) are not supported by this "
@@ -384,7 +382,8 @@ Result<InferRequest> decode_mlflow_json(std::string& body) {
     }
     return invalid_argument(
         "the request must have exactly one of dataframe_split, dataframe_records, instances or "
-        "inputs (MLflow 2.0 scoring protocol); found " + std::to_string(count));
+        "inputs (MLflow 2.0 scoring protocol); found " +
+        std::to_string(count));
   }
   element params;
   if (!object["params"].get(params) && params.type() != element_type::OBJECT &&

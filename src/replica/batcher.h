@@ -57,10 +57,10 @@ class Batcher {
   Scheduler schedule_;
 
   std::mutex mutex_;
-  std::deque<Item> queue_;         // guarded by mutex_
-  int64_t queued_rows_ = 0;        // guarded by mutex_
-  bool flush_scheduled_ = false;   // guarded by mutex_
-  bool flushing_ = false;          // guarded by mutex_
+  std::deque<Item> queue_;        // guarded by mutex_
+  int64_t queued_rows_ = 0;       // guarded by mutex_
+  bool flush_scheduled_ = false;  // guarded by mutex_
+  bool flushing_ = false;         // guarded by mutex_
 };
 
 }  // namespace flotilla::replica

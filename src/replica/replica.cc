@@ -31,10 +31,12 @@ enum class Route {
 };
 
 constexpr std::array<const char*, static_cast<size_t>(Route::kCount)> kRouteNames = {
-    "live",  "ready",       "server_metadata", "model_metadata", "model_ready", "infer",
-    "invocations", "ping", "health", "version", "metrics", "unknown"};
+    "live",        "ready", "server_metadata", "model_metadata", "model_ready", "infer",
+    "invocations", "ping",  "health",          "version",        "metrics",     "unknown"};
 
-bool is_post_route(Route route) { return route == Route::kInfer || route == Route::kInvocations; }
+bool is_post_route(Route route) {
+  return route == Route::kInfer || route == Route::kInvocations;
+}
 
 // The status codes this server answers with; others are counted through the registry's map.
 constexpr std::array<int, 10> kCommonCodes = {200, 400, 404, 405, 413, 415, 431, 500, 503, 501};
@@ -74,15 +76,24 @@ RouteMatch match_model_route(std::string_view rest) {
 }
 
 RouteMatch match_route(std::string_view path) {
-  if (path == "/v2/health/live") return {Route::kLive, {}};
-  if (path == "/v2/health/ready") return {Route::kReady, {}};
-  if (path == "/v2" || path == "/v2/") return {Route::kServerMetadata, {}};
-  if (path.starts_with("/v2/models/")) return match_model_route(path.substr(11));
-  if (path == "/invocations") return {Route::kInvocations, {}};
-  if (path == "/ping") return {Route::kPing, {}};
-  if (path == "/health") return {Route::kHealth, {}};
-  if (path == "/version") return {Route::kVersion, {}};
-  if (path == "/metrics") return {Route::kMetrics, {}};
+  if (path == "/v2/health/live")
+    return {Route::kLive, {}};
+  if (path == "/v2/health/ready")
+    return {Route::kReady, {}};
+  if (path == "/v2" || path == "/v2/")
+    return {Route::kServerMetadata, {}};
+  if (path.starts_with("/v2/models/"))
+    return match_model_route(path.substr(11));
+  if (path == "/invocations")
+    return {Route::kInvocations, {}};
+  if (path == "/ping")
+    return {Route::kPing, {}};
+  if (path == "/health")
+    return {Route::kHealth, {}};
+  if (path == "/version")
+    return {Route::kVersion, {}};
+  if (path == "/metrics")
+    return {Route::kMetrics, {}};
   return {};
 }
 
@@ -154,9 +165,9 @@ ReplicaImpl::ReplicaImpl(std::unique_ptr<runtime::Runtime> runtime, const Replic
         "Time from a request's last byte read to its response handed to the socket.",
         latency_buckets, {{"route", route}});
     for (size_t c = 0; c < kCommonCodes.size(); ++c) {
-      route_metrics_[i].by_code[c] =
-          &registry.counter("flotilla_replica_requests_total", "Requests answered, by route and status code.",
-                            {{"route", route}, {"code", std::to_string(kCommonCodes[c])}});
+      route_metrics_[i].by_code[c] = &registry.counter(
+          "flotilla_replica_requests_total", "Requests answered, by route and status code.",
+          {{"route", route}, {"code", std::to_string(kCommonCodes[c])}});
     }
   }
   registry.gauge("flotilla_replica_model_load_seconds", "Seconds the model took to load.")
@@ -177,10 +188,10 @@ ReplicaImpl::ReplicaImpl(std::unique_ptr<runtime::Runtime> runtime, const Replic
 
 Status ReplicaImpl::start() {
   FLOTILLA_ASSIGN_OR_RETURN(
-      server_, http::Server::create(options_.server, [this](http::Request&& request,
-                                                            http::Responder&& responder) {
-        handle(std::move(request), std::move(responder));
-      }));
+      server_, http::Server::create(options_.server,
+                                    [this](http::Request&& request, http::Responder&& responder) {
+                                      handle(std::move(request), std::move(responder));
+                                    }));
   server_->drain_on_signals(options_.drain_timeout);
   return Status::ok();
 }
@@ -195,8 +206,9 @@ void ReplicaImpl::count(Route route, int status, Clock::time_point start) {
     }
   }
   registry_
-      .counter("flotilla_replica_requests_total", "Requests answered, by route and status code.",
-               {{"route", kRouteNames[static_cast<size_t>(route)]}, {"code", std::to_string(status)}})
+      .counter(
+          "flotilla_replica_requests_total", "Requests answered, by route and status code.",
+          {{"route", kRouteNames[static_cast<size_t>(route)]}, {"code", std::to_string(status)}})
       .inc();
 }
 
@@ -217,15 +229,16 @@ void ReplicaImpl::handle(http::Request&& request, http::Responder&& responder) {
 
   if (route == Route::kUnknown) {
     finish(route, start, responder,
-           json_response(404, protocol::encode_oip_error("unknown route '" + std::string(path) + "'")));
+           json_response(404,
+                         protocol::encode_oip_error("unknown route '" + std::string(path) + "'")));
     return;
   }
   const bool wants_post = is_post_route(route);
   if ((wants_post && request.method != Method::kPost) ||
       (!wants_post && request.method != Method::kGet && request.method != Method::kHead)) {
     http::Response response = json_response(
-        405, protocol::encode_oip_error("method not allowed on '" + std::string(path) +
-                                        "'; use " + (wants_post ? "POST" : "GET")));
+        405, protocol::encode_oip_error("method not allowed on '" + std::string(path) + "'; use " +
+                                        (wants_post ? "POST" : "GET")));
     response.headers.emplace_back("Allow", wants_post ? "POST" : "GET, HEAD");
     finish(route, start, responder, std::move(response));
     return;
@@ -233,9 +246,9 @@ void ReplicaImpl::handle(http::Request&& request, http::Responder&& responder) {
   const ModelMetadata& metadata = runtime_->metadata();
   if (!match.model.empty() && match.model != metadata.name) {
     finish(route, start, responder,
-           json_response(404, protocol::encode_oip_error("unknown model '" + std::string(match.model) +
-                                                         "'; this server serves '" +
-                                                         metadata.name + "'")));
+           json_response(
+               404, protocol::encode_oip_error("unknown model '" + std::string(match.model) +
+                                               "'; this server serves '" + metadata.name + "'")));
     return;
   }
   switch (route) {
@@ -302,7 +315,8 @@ void ReplicaImpl::handle_infer(http::Request&& request, std::shared_ptr<http::Re
                                Clock::time_point start) {
   auto fail = [&](const Status& status) {
     finish(Route::kInfer, start, *responder,
-           json_response(http_status_for(status.code()), protocol::encode_oip_error(status.message())));
+           json_response(http_status_for(status.code()),
+                         protocol::encode_oip_error(status.message())));
   };
   Result<InferRequest> decoded = protocol::decode_oip_infer_request(request.body);
   if (!decoded.is_ok()) {
@@ -330,37 +344,38 @@ void ReplicaImpl::handle_infer(http::Request&& request, std::shared_ptr<http::Re
     fail(input.status());
     return;
   }
-  execute(std::move(input).value(), [this, responder, start, selected = std::move(selected),
-                                     id = std::move(decoded->id)](
-                                        Result<std::vector<Tensor>> outputs) mutable {
-    if (!outputs.is_ok()) {
-      finish(Route::kInfer, start, *responder,
-             json_response(http_status_for(outputs.status().code()),
-                           protocol::encode_oip_error(outputs.status().message())));
-      return;
-    }
-    InferResponse response;
-    response.model_name = runtime_->metadata().name;
-    response.id = std::move(id);
-    if (selected.empty()) {
-      response.outputs = std::move(outputs).value();
-    } else {
-      for (size_t index : selected) {
-        response.outputs.push_back(std::move(outputs.value()[index]));
-      }
-    }
-    http::Response reply;
-    protocol::encode_oip_infer_response(response, reply.body);
-    finish(Route::kInfer, start, *responder, std::move(reply));
-  });
+  execute(std::move(input).value(),
+          [this, responder, start, selected = std::move(selected),
+           id = std::move(decoded->id)](Result<std::vector<Tensor>> outputs) mutable {
+            if (!outputs.is_ok()) {
+              finish(Route::kInfer, start, *responder,
+                     json_response(http_status_for(outputs.status().code()),
+                                   protocol::encode_oip_error(outputs.status().message())));
+              return;
+            }
+            InferResponse response;
+            response.model_name = runtime_->metadata().name;
+            response.id = std::move(id);
+            if (selected.empty()) {
+              response.outputs = std::move(outputs).value();
+            } else {
+              for (size_t index : selected) {
+                response.outputs.push_back(std::move(outputs.value()[index]));
+              }
+            }
+            http::Response reply;
+            protocol::encode_oip_infer_response(response, reply.body);
+            finish(Route::kInfer, start, *responder, std::move(reply));
+          });
 }
 
 void ReplicaImpl::handle_invocations(http::Request&& request,
                                      std::shared_ptr<http::Responder> responder,
                                      Clock::time_point start) {
   auto fail = [&](const Status& status, int http_status) {
-    finish(Route::kInvocations, start, *responder,
-           json_response(http_status, protocol::encode_mlflow_error(status.code(), status.message())));
+    finish(
+        Route::kInvocations, start, *responder,
+        json_response(http_status, protocol::encode_mlflow_error(status.code(), status.message())));
   };
   Result<protocol::MlflowFormat> format = protocol::parse_mlflow_content_type(request.content_type);
   if (!format.is_ok()) {
@@ -379,18 +394,17 @@ void ReplicaImpl::handle_invocations(http::Request&& request,
     fail(input.status(), 400);
     return;
   }
-  execute(std::move(input).value(),
-          [this, responder, start](Result<std::vector<Tensor>> outputs) {
-            if (!outputs.is_ok()) {
-              finish(Route::kInvocations, start, *responder,
-                     json_response(500, protocol::encode_mlflow_error(outputs.status().code(),
-                                                                      outputs.status().message())));
-              return;
-            }
-            http::Response reply;
-            protocol::encode_mlflow_predictions(outputs.value().front(), reply.body);
-            finish(Route::kInvocations, start, *responder, std::move(reply));
-          });
+  execute(std::move(input).value(), [this, responder, start](Result<std::vector<Tensor>> outputs) {
+    if (!outputs.is_ok()) {
+      finish(Route::kInvocations, start, *responder,
+             json_response(500, protocol::encode_mlflow_error(outputs.status().code(),
+                                                              outputs.status().message())));
+      return;
+    }
+    http::Response reply;
+    protocol::encode_mlflow_predictions(outputs.value().front(), reply.body);
+    finish(Route::kInvocations, start, *responder, std::move(reply));
+  });
 }
 
 }  // namespace

@@ -10,9 +10,12 @@ namespace flotilla::runtime {
 namespace fs = std::filesystem;
 
 Result<RuntimeKind> parse_runtime_kind(std::string_view name) {
-  if (name == "auto") return RuntimeKind::kAuto;
-  if (name == "xgboost") return RuntimeKind::kXgboost;
-  if (name == "synthetic") return RuntimeKind::kSynthetic;
+  if (name == "auto")
+    return RuntimeKind::kAuto;
+  if (name == "xgboost")
+    return RuntimeKind::kXgboost;
+  if (name == "synthetic")
+    return RuntimeKind::kSynthetic;
   return invalid_argument("unknown runtime '" + std::string(name) +
                           "' (use auto, xgboost or synthetic)");
 }

@@ -7,9 +7,8 @@
 #include <thread>
 #include <utility>  // Boost 1.74 asio uses std::exchange without including it
 
-#include <time.h>
-
 #include <boost/asio.hpp>
+#include <time.h>
 #include <yaml-cpp/yaml.h>
 
 #include "runtime/runtime_internal.h"
@@ -61,17 +60,22 @@ Result<SyntheticSpec> parse_spec(const std::string& path) {
         spec.sigma = service["sigma"].as<double>();
       }
     }
-    if (root["cpu_us"]) spec.cpu_us = root["cpu_us"].as<int64_t>();
-    if (root["saturation"]) spec.saturation = root["saturation"].as<int64_t>();
-    if (root["seed"]) spec.seed = root["seed"].as<uint64_t>();
+    if (root["cpu_us"])
+      spec.cpu_us = root["cpu_us"].as<int64_t>();
+    if (root["saturation"])
+      spec.saturation = root["saturation"].as<int64_t>();
+    if (root["seed"])
+      spec.seed = root["seed"].as<uint64_t>();
   } catch (const std::exception& e) {
     return invalid_argument("cannot read synthetic model '" + path + "': " + e.what());
   }
   if (!(spec.mean_ms >= 0) || spec.mean_ms > 3'600'000) {
-    return invalid_argument("synthetic model '" + path + "': service_time.mean_ms must be in [0, 3600000]");
+    return invalid_argument("synthetic model '" + path +
+                            "': service_time.mean_ms must be in [0, 3600000]");
   }
   if (!(spec.sigma > 0) || spec.sigma > 10) {
-    return invalid_argument("synthetic model '" + path + "': service_time.sigma must be in (0, 10]");
+    return invalid_argument("synthetic model '" + path +
+                            "': service_time.sigma must be in (0, 10]");
   }
   if (spec.cpu_us < 0 || spec.cpu_us > 10'000'000) {
     return invalid_argument("synthetic model '" + path + "': cpu_us must be in [0, 10000000]");
@@ -137,15 +141,15 @@ class SyntheticRuntime final : public Runtime {
     }
     auto timer = std::make_shared<asio::steady_timer>(
         context_, std::chrono::microseconds(static_cast<int64_t>(wait_ms * 1000)));
-    timer->async_wait([this, timer, rows = input.rows, done = std::move(done)](
-                          const boost::system::error_code&) {
-      in_flight_.fetch_sub(1);
-      Tensor output{"output", DataType::kFp32, {rows}, {}};
-      output.data.resize(static_cast<size_t>(rows) * sizeof(float));
-      std::vector<Tensor> outputs;
-      outputs.push_back(std::move(output));
-      done(std::move(outputs));
-    });
+    timer->async_wait(
+        [this, timer, rows = input.rows, done = std::move(done)](const boost::system::error_code&) {
+          in_flight_.fetch_sub(1);
+          Tensor output{"output", DataType::kFp32, {rows}, {}};
+          output.data.resize(static_cast<size_t>(rows) * sizeof(float));
+          std::vector<Tensor> outputs;
+          outputs.push_back(std::move(output));
+          done(std::move(outputs));
+        });
   }
 
  private:
@@ -155,7 +159,9 @@ class SyntheticRuntime final : public Runtime {
       case Distribution::kFixed:
         return spec_.mean_ms;
       case Distribution::kExponential:
-        return spec_.mean_ms <= 0 ? 0 : std::exponential_distribution<double>(1.0 / spec_.mean_ms)(random_);
+        return spec_.mean_ms <= 0
+                   ? 0
+                   : std::exponential_distribution<double>(1.0 / spec_.mean_ms)(random_);
       case Distribution::kLognormal: {
         if (spec_.mean_ms <= 0) {
           return 0;

@@ -53,11 +53,16 @@ struct MlflowModel {
 };
 
 std::optional<DataType> signature_type(const std::string& type) {
-  if (type == "double") return DataType::kFp64;
-  if (type == "float") return DataType::kFp32;
-  if (type == "long") return DataType::kInt64;
-  if (type == "integer") return DataType::kInt32;
-  if (type == "boolean") return DataType::kBool;
+  if (type == "double")
+    return DataType::kFp64;
+  if (type == "float")
+    return DataType::kFp32;
+  if (type == "long")
+    return DataType::kInt64;
+  if (type == "integer")
+    return DataType::kInt32;
+  if (type == "boolean")
+    return DataType::kBool;
   return std::nullopt;
 }
 
@@ -76,7 +81,8 @@ Result<MlflowModel> read_mlmodel(const fs::path& directory) {
     }
     std::string data = flavor["data"] ? flavor["data"].as<std::string>() : "model.xgb";
     if (fs::path(data).is_absolute() || data.find("..") != std::string::npos) {
-      return invalid_argument("'" + mlmodel.string() + "': flavors.xgboost.data must be a "
+      return invalid_argument("'" + mlmodel.string() +
+                              "': flavors.xgboost.data must be a "
                               "relative path inside the model directory");
     }
     model.model_file = (directory / data).string();
@@ -212,10 +218,11 @@ Result<std::unique_ptr<Runtime>> XgboostRuntime::load(const std::string& path,
     meta.outputs.push_back({"predict_proba", DataType::kFp32, {-1, width == 0 ? 2 : width}});
   } else {
     meta.outputs.push_back(
-        {"predict", DataType::kFp32, width == 0 ? std::vector<int64_t>{-1} : std::vector<int64_t>{-1, width}});
+        {"predict", DataType::kFp32,
+         width == 0 ? std::vector<int64_t>{-1} : std::vector<int64_t>{-1, width}});
   }
-  spdlog::info("loaded XGBoost model '{}' from {}: {} features, {} named, outputs {}",
-               options.name, model_file, runtime->features_, runtime->feature_names_.size(),
+  spdlog::info("loaded XGBoost model '{}' from {}: {} features, {} named, outputs {}", options.name,
+               model_file, runtime->features_, runtime->feature_names_.size(),
                width == 0 ? 1 : width);
   return std::unique_ptr<Runtime>(std::move(runtime));
 }
@@ -305,24 +312,24 @@ Result<ModelInput> XgboostRuntime::prepare_matrix(const InferRequest& request) c
 // One 1-D tensor per feature, named after the features.
 Result<ModelInput> XgboostRuntime::prepare_columns(const InferRequest& request) const {
   if (feature_names_.empty()) {
-    return invalid_argument("the model has no feature names, so inputs cannot be matched by "
-                            "name; send one tensor of shape [rows, " +
-                            std::to_string(features_) + "]");
+    return invalid_argument(
+        "the model has no feature names, so inputs cannot be matched by "
+        "name; send one tensor of shape [rows, " +
+        std::to_string(features_) + "]");
   }
   std::vector<std::string> names;
   int64_t rows = -1;
   for (const Tensor& tensor : request.inputs) {
-    const bool column_shape = tensor.shape.size() == 1 ||
-                              (tensor.shape.size() == 2 && tensor.shape[1] == 1);
+    const bool column_shape =
+        tensor.shape.size() == 1 || (tensor.shape.size() == 2 && tensor.shape[1] == 1);
     if (!column_shape) {
       return invalid_argument("input '" + tensor.name +
                               "' must have shape [rows] or [rows, 1] when inputs are sent per "
                               "feature");
     }
     if (rows >= 0 && tensor.shape[0] != rows) {
-      return invalid_argument("input '" + tensor.name + "' has " +
-                              std::to_string(tensor.shape[0]) + " rows, others have " +
-                              std::to_string(rows));
+      return invalid_argument("input '" + tensor.name + "' has " + std::to_string(tensor.shape[0]) +
+                              " rows, others have " + std::to_string(rows));
     }
     rows = tensor.shape[0];
     names.push_back(tensor.name);

@@ -35,8 +35,9 @@ TEST(MetricsRegistryTest, RendersPrometheusTextFormat) {
   registry.callback("app_up", "Up.", "gauge", [] { return 1.0; });
 
   const std::string text = registry.render();
-  EXPECT_THAT(text, HasSubstr("# HELP app_requests_total Requests.\n# TYPE app_requests_total counter\n"
-                              "app_requests_total{route=\"infer\",code=\"200\"} 3\n"));
+  EXPECT_THAT(text,
+              HasSubstr("# HELP app_requests_total Requests.\n# TYPE app_requests_total counter\n"
+                        "app_requests_total{route=\"infer\",code=\"200\"} 3\n"));
   EXPECT_THAT(text, HasSubstr("app_in_flight 2\n"));
   EXPECT_THAT(text, HasSubstr("app_latency_seconds_bucket{route=\"x\",le=\"0.1\"} 1\n"
                               "app_latency_seconds_bucket{route=\"x\",le=\"1\"} 2\n"

@@ -13,8 +13,10 @@ namespace {
 
 std::string mutate(const std::string& seed, std::mt19937& random) {
   std::string body = seed;
-  static const std::string kFragments[] = {"[", "]", "{", "}", ",", ":", "\"", "null", "true",
-                                           "1e999", "-0", "\\u0000", "\"FP32\"", "[[[", "9223372036854775808"};
+  static const std::string kFragments[] = {
+      "[",  "]",       "{",        "}",    ",",
+      ":",  "\"",      "null",     "true", "1e999",
+      "-0", "\\u0000", "\"FP32\"", "[[[",  "9223372036854775808"};
   const int edits = 1 + static_cast<int>(random() % 4);
   for (int e = 0; e < edits && !body.empty(); ++e) {
     const size_t pos = random() % body.size();

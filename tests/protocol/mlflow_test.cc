@@ -9,11 +9,13 @@
 namespace flotilla::protocol {
 namespace {
 
+using flotilla::testing::read_test_data;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
-using flotilla::testing::read_test_data;
 
-Result<InferRequest> decode_json(std::string body) { return decode_mlflow_json(body); }
+Result<InferRequest> decode_json(std::string body) {
+  return decode_mlflow_json(body);
+}
 
 std::vector<double> values_of(const InferRequest& request) {
   const Tensor& tensor = request.inputs.at(0);
@@ -29,7 +31,8 @@ std::string json_error(const std::string& body) {
 
 TEST(MlflowContentTypeTest, AcceptsJsonAndCsvWithUtf8Only) {
   EXPECT_EQ(parse_mlflow_content_type("application/json").value(), MlflowFormat::kJson);
-  EXPECT_EQ(parse_mlflow_content_type("Application/JSON; charset=UTF-8").value(), MlflowFormat::kJson);
+  EXPECT_EQ(parse_mlflow_content_type("Application/JSON; charset=UTF-8").value(),
+            MlflowFormat::kJson);
   EXPECT_EQ(parse_mlflow_content_type("text/csv").value(), MlflowFormat::kCsv);
   for (const char* bad : {"", "text/plain", "application/json; charset=latin-1",
                           "application/json; format=pandas-split", "application/jsonx"}) {
@@ -97,15 +100,18 @@ TEST(MlflowJsonTest, RejectsBadBodies) {
   EXPECT_THAT(json_error(R"({"messages":[]})"), HasSubstr("not supported by this model"));
   EXPECT_THAT(json_error("{\"instances\":"), HasSubstr("malformed JSON"));
   EXPECT_THAT(json_error(R"({"instances":[]})"), HasSubstr("no rows"));
-  EXPECT_THAT(json_error(R"({"instances":[[1,2],[3]]})"), HasSubstr("has 1 values but the first row has 2"));
+  EXPECT_THAT(json_error(R"({"instances":[[1,2],[3]]})"),
+              HasSubstr("has 1 values but the first row has 2"));
   EXPECT_THAT(json_error(R"({"instances":[["x"]]})"), HasSubstr("strings are not supported"));
   EXPECT_THAT(json_error(R"({"dataframe_split":{"columns":["a"],"data":[[1,2]]}})"),
               HasSubstr("1 columns but rows have 2"));
-  EXPECT_THAT(json_error(R"({"dataframe_split":{"columns":["a"]}})"), HasSubstr("'data' is required"));
+  EXPECT_THAT(json_error(R"({"dataframe_split":{"columns":["a"]}})"),
+              HasSubstr("'data' is required"));
   EXPECT_THAT(json_error(R"({"dataframe_records":{"a":1}})"), HasSubstr("array of objects"));
   EXPECT_THAT(json_error(R"({"inputs":{"a":[1,2],"b":[1]}})"), HasSubstr("other columns have 2"));
   EXPECT_THAT(json_error(R"({"inputs":"x"})"), HasSubstr("must be an array or an object"));
-  EXPECT_THAT(json_error(R"({"inputs":[[1]],"params":[1]})"), HasSubstr("'params' must be an object"));
+  EXPECT_THAT(json_error(R"({"inputs":[[1]],"params":[1]})"),
+              HasSubstr("'params' must be an object"));
 }
 
 TEST(MlflowCsvTest, DecodesHeaderQuotesAndMissingValues) {

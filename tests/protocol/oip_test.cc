@@ -9,11 +9,13 @@
 namespace flotilla::protocol {
 namespace {
 
-using ::testing::HasSubstr;
 using flotilla::testing::compact_json;
 using flotilla::testing::read_test_data;
+using ::testing::HasSubstr;
 
-Result<InferRequest> decode(std::string body) { return decode_oip_infer_request(body); }
+Result<InferRequest> decode(std::string body) {
+  return decode_oip_infer_request(body);
+}
 
 std::string error_of(const std::string& body) {
   auto result = decode(body);
@@ -48,7 +50,8 @@ TEST(OipDecodeTest, DecodesGoldenRequest) {
 }
 
 TEST(OipDecodeTest, FlatAndNestedDataAreTheSame) {
-  auto flat = decode(R"({"inputs":[{"name":"x","datatype":"FP64","shape":[2,2],"data":[1,2,3,4]}]})");
+  auto flat =
+      decode(R"({"inputs":[{"name":"x","datatype":"FP64","shape":[2,2],"data":[1,2,3,4]}]})");
   auto nested =
       decode(R"({"inputs":[{"name":"x","datatype":"FP64","shape":[2,2],"data":[[1,2],[3,4]]}]})");
   ASSERT_TRUE(flat.is_ok());
@@ -88,8 +91,9 @@ TEST(OipDecodeTest, RejectsBadInput) {
       HasSubstr("out of range for INT32"));
   EXPECT_THAT(error_of(R"({"inputs":[{"name":"x","datatype":"BOOL","shape":[1],"data":[1]}]})"),
               HasSubstr("expected true or false"));
-  EXPECT_THAT(error_of(R"({"inputs":[{"name":"x","datatype":"FP32","shape":[2,2],"data":[1,2,3]}]})"),
-              HasSubstr("needs 4 elements but data has 3"));
+  EXPECT_THAT(
+      error_of(R"({"inputs":[{"name":"x","datatype":"FP32","shape":[2,2],"data":[1,2,3]}]})"),
+      HasSubstr("needs 4 elements but data has 3"));
   EXPECT_THAT(error_of(R"({"inputs":[{"name":"x","datatype":"FP32","shape":[-1],"data":[1]}]})"),
               HasSubstr("non-negative"));
   EXPECT_THAT(error_of(R"({"inputs":[{"datatype":"FP32","shape":[1],"data":[1]}]})"),
@@ -98,29 +102,41 @@ TEST(OipDecodeTest, RejectsBadInput) {
               HasSubstr("'data' is required"));
   EXPECT_THAT(error_of(R"({"inputs":[{"name":"x","datatype":"FP32","shape":[1],"data":1}]})"),
               HasSubstr("data must be an array"));
-  EXPECT_THAT(error_of(R"({"parameters":{"a":[1]},"inputs":[{"name":"x","datatype":"FP32","shape":[1],"data":[1]}]})"),
-              HasSubstr("parameter 'a' must be"));
-  EXPECT_THAT(error_of(R"({"inputs":[{"name":"x","datatype":"FP32","shape":[4294967296,4294967296],"data":[1]}]})"),
-              HasSubstr("shape is too large"));
   EXPECT_THAT(
-      error_of(R"({"inputs":[{"name":"x","datatype":"FP32","shape":[1],"parameters":{"binary_data_size":4}}]})"),
+      error_of(
+          R"({"parameters":{"a":[1]},"inputs":[{"name":"x","datatype":"FP32","shape":[1],"data":[1]}]})"),
+      HasSubstr("parameter 'a' must be"));
+  EXPECT_THAT(
+      error_of(
+          R"({"inputs":[{"name":"x","datatype":"FP32","shape":[4294967296,4294967296],"data":[1]}]})"),
+      HasSubstr("shape is too large"));
+  EXPECT_THAT(
+      error_of(
+          R"({"inputs":[{"name":"x","datatype":"FP32","shape":[1],"parameters":{"binary_data_size":4}}]})"),
       HasSubstr("binary tensor data is not supported"));
-  EXPECT_THAT(error_of(R"({"inputs":[{"name":"x","datatype":"FP32","shape":[1],"data":[1]}],"outputs":[{}]})"),
-              HasSubstr("needs a string 'name'"));
+  EXPECT_THAT(
+      error_of(
+          R"({"inputs":[{"name":"x","datatype":"FP32","shape":[1],"data":[1]}],"outputs":[{}]})"),
+      HasSubstr("needs a string 'name'"));
 }
 
 TEST(OipDecodeTest, RejectsNestingThatDoesNotMatchShape) {
   std::string deep(100, '[');
   deep += std::string(100, ']');
-  EXPECT_THAT(error_of(R"({"inputs":[{"name":"x","datatype":"FP32","shape":[0],"data":)" + deep + "}]}"),
-              HasSubstr("nested data does not match shape [0]"));
+  EXPECT_THAT(
+      error_of(R"({"inputs":[{"name":"x","datatype":"FP32","shape":[0],"data":)" + deep + "}]}"),
+      HasSubstr("nested data does not match shape [0]"));
   // Ragged rows whose total still matches the shape must not shift values between rows.
-  EXPECT_THAT(error_of(R"({"inputs":[{"name":"x","datatype":"FP32","shape":[2,2],"data":[[1,2,3],[4]]}]})"),
-              HasSubstr("nested data does not match shape [2,2]"));
-  EXPECT_THAT(error_of(R"({"inputs":[{"name":"x","datatype":"FP32","shape":[2,2],"data":[[1,2],3,4]}]})"),
-              HasSubstr("does not match shape"));
-  EXPECT_THAT(error_of(R"({"inputs":[{"name":"x","datatype":"FP32","shape":[1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1],"data":[1]}]})"),
-              HasSubstr("more than 16 dimensions"));
+  EXPECT_THAT(
+      error_of(R"({"inputs":[{"name":"x","datatype":"FP32","shape":[2,2],"data":[[1,2,3],[4]]}]})"),
+      HasSubstr("nested data does not match shape [2,2]"));
+  EXPECT_THAT(
+      error_of(R"({"inputs":[{"name":"x","datatype":"FP32","shape":[2,2],"data":[[1,2],3,4]}]})"),
+      HasSubstr("does not match shape"));
+  EXPECT_THAT(
+      error_of(
+          R"({"inputs":[{"name":"x","datatype":"FP32","shape":[1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1],"data":[1]}]})"),
+      HasSubstr("more than 16 dimensions"));
 }
 
 TEST(OipEncodeTest, MatchesGoldenResponse) {
@@ -151,9 +167,13 @@ TEST(OipEncodeTest, FloatsRoundTripExactly) {
 }
 
 TEST(OipEncodeTest, MatchesGoldenMetadata) {
-  ModelMetadata metadata{"fraud", {"1"}, "xgboost", {{"input", DataType::kFp32, {-1, 30}}},
+  ModelMetadata metadata{"fraud",
+                         {"1"},
+                         "xgboost",
+                         {{"input", DataType::kFp32, {-1, 30}}},
                          {{"predict", DataType::kFp32, {-1}}}};
-  EXPECT_EQ(encode_oip_model_metadata(metadata), compact_json(read_test_data("oip/model_metadata.json")));
+  EXPECT_EQ(encode_oip_model_metadata(metadata),
+            compact_json(read_test_data("oip/model_metadata.json")));
 }
 
 TEST(OipEncodeTest, EscapesErrorMessages) {

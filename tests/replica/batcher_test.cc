@@ -61,7 +61,9 @@ class DoublingRuntime final : public runtime::Runtime {
   std::vector<int64_t> call_rows_;
 };
 
-void run_inline(std::function<void()> flush, std::chrono::microseconds) { flush(); }
+void run_inline(std::function<void()> flush, std::chrono::microseconds) {
+  flush();
+}
 
 runtime::ModelInput rows_of(std::initializer_list<float> first_features) {
   runtime::ModelInput input;

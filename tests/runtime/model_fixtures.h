@@ -11,9 +11,9 @@ namespace flotilla::testing {
 
 inline const std::string& model_fixtures_dir() {
   static const std::string dir = [] {
-    std::string path = (std::filesystem::temp_directory_path() /
-                        ("flotilla-models-" + std::to_string(::getpid())))
-                           .string();
+    std::string path =
+        (std::filesystem::temp_directory_path() / ("flotilla-models-" + std::to_string(::getpid())))
+            .string();
     std::filesystem::create_directories(path);
     const std::string command = "/usr/bin/python3 " + std::string(FLOTILLA_FIXTURES) +
                                 "/make_models.py " + path + " > /dev/null";

@@ -1,8 +1,9 @@
+#include "runtime/runtime.h"
+
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include "runtime/model_fixtures.h"
-#include "runtime/runtime.h"
 
 namespace flotilla::runtime {
 namespace {
@@ -17,8 +18,10 @@ TEST(RuntimeKindTest, ParsesNames) {
 
 TEST(DetectRuntimeTest, PicksXgboostAndNeverSynthetic) {
   EXPECT_EQ(detect_runtime(model_fixtures_dir() + "/binary.json").value(), RuntimeKind::kXgboost);
-  EXPECT_EQ(detect_runtime(model_fixtures_dir() + "/multiclass.ubj").value(), RuntimeKind::kXgboost);
-  EXPECT_EQ(detect_runtime(model_fixtures_dir() + "/mlflow_booster").value(), RuntimeKind::kXgboost);
+  EXPECT_EQ(detect_runtime(model_fixtures_dir() + "/multiclass.ubj").value(),
+            RuntimeKind::kXgboost);
+  EXPECT_EQ(detect_runtime(model_fixtures_dir() + "/mlflow_booster").value(),
+            RuntimeKind::kXgboost);
   auto yaml = detect_runtime(model_fixtures_dir() + "/synthetic.yaml");
   ASSERT_FALSE(yaml.is_ok());
   EXPECT_THAT(yaml.status().message(), ::testing::HasSubstr("--runtime synthetic"));

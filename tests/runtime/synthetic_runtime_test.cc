@@ -26,7 +26,8 @@ Result<std::unique_ptr<Runtime>> load_spec(const std::string& text) {
 }
 
 TEST(SyntheticRuntimeTest, AnswersOneZeroPerRow) {
-  auto runtime = load_spec("service_time: {dist: exponential, mean_ms: 1}\ncpu_us: 50\nsaturation: 2\n");
+  auto runtime =
+      load_spec("service_time: {dist: exponential, mean_ms: 1}\ncpu_us: 50\nsaturation: 2\n");
   ASSERT_TRUE(runtime.is_ok()) << runtime.status().message();
   InferRequest request;
   request.inputs.push_back(Tensor{"input", DataType::kFp32, {3, 1}, std::vector<uint8_t>(12)});
@@ -58,12 +59,14 @@ TEST(SyntheticRuntimeTest, RejectsBadSpecs) {
               HasSubstr("not fixed, exponential or lognormal"));
   EXPECT_THAT(load_spec("service_time: {dist: fixed, mean_ms: -1}\n").status().message(),
               HasSubstr("mean_ms"));
-  EXPECT_THAT(load_spec("cpu_us: lots\n").status().message(), HasSubstr("cannot read synthetic model"));
+  EXPECT_THAT(load_spec("cpu_us: lots\n").status().message(),
+              HasSubstr("cannot read synthetic model"));
   EXPECT_THAT(load_spec("colour: red\n").status().message(), HasSubstr("unknown field 'colour'"));
   EXPECT_THAT(load_spec("- 1\n- 2\n").status().message(), HasSubstr("YAML mapping"));
   EXPECT_THAT(load_spec("saturation: -3\n").status().message(), HasSubstr("saturation"));
-  EXPECT_THAT(load_spec("service_time: {dist: lognormal, mean_ms: 1, sigma: 0}\n").status().message(),
-              HasSubstr("sigma"));
+  EXPECT_THAT(
+      load_spec("service_time: {dist: lognormal, mean_ms: 1, sigma: 0}\n").status().message(),
+      HasSubstr("sigma"));
 }
 
 TEST(SyntheticRuntimeTest, RejectsEmptyInput) {

@@ -10,8 +10,8 @@
 namespace flotilla::runtime {
 namespace {
 
-using ::testing::HasSubstr;
 using flotilla::testing::model_fixtures_dir;
+using ::testing::HasSubstr;
 
 std::unique_ptr<Runtime> load(const std::string& file, RuntimeKind kind = RuntimeKind::kAuto) {
   RuntimeOptions options;
@@ -23,7 +23,8 @@ std::unique_ptr<Runtime> load(const std::string& file, RuntimeKind kind = Runtim
 
 Result<std::vector<Tensor>> run_sync(Runtime& runtime, ModelInput input) {
   Result<std::vector<Tensor>> out = internal_error("not called");
-  runtime.run(std::move(input), [&out](Result<std::vector<Tensor>> result) { out = std::move(result); });
+  runtime.run(std::move(input),
+              [&out](Result<std::vector<Tensor>> result) { out = std::move(result); });
   return out;
 }
 
