@@ -6,6 +6,7 @@
 //   → handler → ... the Responder posts the response back → write → wait_for_request or close.
 // Drain: acceptors close, sessions waiting idle close, the others close after their response;
 // when the last session is gone, every loop stops and run() returns.
+#include <array>
 #include <atomic>
 #include <optional>
 #include <thread>
@@ -125,10 +126,6 @@ class Session : public std::enable_shared_from_this<Session> {
       beast::error_code ignored;
       stream_.socket().close(ignored);
     }
-  }
-  void force_close() {
-    beast::error_code ignored;
-    stream_.socket().close(ignored);
   }
 
   asio::any_io_executor executor() { return stream_.get_executor(); }
@@ -269,6 +266,7 @@ class Session : public std::enable_shared_from_this<Session> {
   // Answers an unreadable request and closes: the rest of the stream cannot be trusted.
   void reject(int status, const std::string& message) {
     keep_alive_ = false;
+    unread_input_ = true;
     write(error_response(status, message));
   }
 
@@ -287,13 +285,42 @@ class Session : public std::enable_shared_from_this<Session> {
   }
 
   void on_write(beast::error_code ec) {
-    if (ec || !keep_alive_) {
-      beast::error_code ignored;
-      stream_.socket().shutdown(tcp::socket::shutdown_send, ignored);
+    if (ec) {
       finish();
       return;
     }
+    if (!keep_alive_) {
+      beast::error_code ignored;
+      stream_.socket().shutdown(tcp::socket::shutdown_send, ignored);
+      if (unread_input_) {
+        linger();
+      } else {
+        finish();
+      }
+      return;
+    }
     wait_for_request();
+  }
+
+  // After rejecting a request that was not read to its end: read and drop what the client still
+  // sends (say, the rest of an over-large body) for a moment before closing. Closing with unread
+  // input makes the kernel send RST, which can destroy the response before the client reads
+  // it (nginx's lingering close).
+  void linger() {
+    static constexpr size_t kMaxLingerBytes = 1 << 20;
+    if (!linger_buffer_) {
+      linger_buffer_ = std::make_unique<std::array<char, 4096>>();
+    }
+    stream_.expires_after(std::chrono::seconds(1));
+    stream_.async_read_some(asio::buffer(*linger_buffer_),
+                            [self = shared_from_this()](beast::error_code ec, size_t bytes) {
+                              self->lingered_bytes_ += bytes;
+                              if (ec || self->lingered_bytes_ > kMaxLingerBytes) {
+                                self->finish();
+                                return;
+                              }
+                              self->linger();
+                            });
   }
 
   void finish() {
@@ -314,6 +341,9 @@ class Session : public std::enable_shared_from_this<Session> {
   std::optional<bhttp::request_parser<bhttp::string_body>> parser_;
   std::optional<bhttp::response<bhttp::empty_body>> continue_;
   bhttp::response<bhttp::string_body> response_;
+  std::unique_ptr<std::array<char, 4096>> linger_buffer_;
+  size_t lingered_bytes_ = 0;
+  bool unread_input_ = false;
   bool idle_ = false;
   bool keep_alive_ = true;
   bool finished_ = false;

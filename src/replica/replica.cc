@@ -235,11 +235,11 @@ void ReplicaImpl::handle(http::Request&& request, http::Responder&& responder) {
   }
   const bool wants_post = is_post_route(route);
   if ((wants_post && request.method != Method::kPost) ||
-      (!wants_post && request.method != Method::kGet && request.method != Method::kHead)) {
+      (!wants_post && request.method != Method::kGet)) {
     http::Response response = json_response(
         405, protocol::encode_oip_error("method not allowed on '" + std::string(path) + "'; use " +
                                         (wants_post ? "POST" : "GET")));
-    response.headers.emplace_back("Allow", wants_post ? "POST" : "GET, HEAD");
+    response.headers.emplace_back("Allow", wants_post ? "POST" : "GET");
     finish(route, start, responder, std::move(response));
     return;
   }
