@@ -12,6 +12,7 @@ data: 30 features), then measures in one run, on the same cores:
   flotilla   `flotilla replica --workers 1`, dynamic batching on (the default)
   nobatch    the same with --no-batching
   delayNNN   the same with --max-queue-delay-us NNN (at the highest concurrency only)
+  *-2w       flotilla and nobatch with --workers 2, unpinned (wrk shares the cores)
   python     bench/replica/python_server.py: aiohttp + python3-xgboost inplace_predict, the
              stand-in for MLflow's Python scoring server
 
@@ -102,12 +103,16 @@ class Server:
 
 
 def start_servers(model):
-    flotilla = lambda name, *extra: Server(
-        name, [*pin(1), FLOTILLA, "replica", "--model", model, "--name", "bench", "--workers", "1",
-               "--log-level", "warn", *extra], r'"port":(\d+)')
+    def flotilla(name, *extra, workers=1):
+        pinning = pin(1) if workers == 1 else []
+        return Server(name, [*pinning, FLOTILLA, "replica", "--model", model, "--name", "bench",
+                             "--workers", str(workers), "--log-level", "warn", *extra],
+                      r'"port":(\d+)')
     return {
         "flotilla": flotilla("flotilla"),
         "nobatch": flotilla("nobatch", "--no-batching"),
+        "flotilla-2w": flotilla("flotilla-2w", workers=2),
+        "nobatch-2w": flotilla("nobatch-2w", "--no-batching", workers=2),
         "delay100": flotilla("delay100", "--max-queue-delay-us", "100"),
         "delay500": flotilla("delay500", "--max-queue-delay-us", "500"),
         "python": Server("python", [*pin(1), "/usr/bin/python3", PYTHON_SERVER, "--model", model,
@@ -120,11 +125,11 @@ def to_us(text):
     return float(value) * {"us": 1, "ms": 1000, "s": 1e6, "m": 6e7}[unit]
 
 
-def wrk(port, path, body, conns, duration):
+def wrk(port, path, body, conns, duration, pinned=True):
     """POSTs `body` (a file) to `path`, or GETs `path` when body is None."""
     script = ["-s", LUA] if body else []
     out = subprocess.run(
-        [*pin(0), "wrk", "-t1", f"-c{conns}", f"-d{duration}s", "--latency", *script,
+        [*(pin(0) if pinned else []), "wrk", "-t1", f"-c{conns}", f"-d{duration}s", "--latency", *script,
          f"http://127.0.0.1:{port}{path}"],
         env={**os.environ, "BODY_FILE": body or ""}, capture_output=True, text=True,
         check=True).stdout
@@ -164,6 +169,8 @@ def main():
     cells += [("flotilla", "live", 1)]  # the HTTP round trip alone: no body, no model
     cells += [(s, "oip", top) for s in ("delay100", "delay500")]
     cells += [(s, "mlflow", top) for s in ("flotilla", "python")]
+    # Two workers, nothing pinned: server and wrk share both cores.
+    cells += [(s, "oip", top) for s in ("flotilla-2w", "nobatch-2w")]
     samples = {cell: [] for cell in cells}
     servers = start_servers(model)
     try:
@@ -172,7 +179,8 @@ def main():
                 server, protocol, c = cell
                 port = servers[server].port
                 if protocol == "oip":
-                    result = wrk(port, "/v2/models/bench/infer", oip_body, c, args.duration)
+                    result = wrk(port, "/v2/models/bench/infer", oip_body, c, args.duration,
+                                 pinned=not server.endswith("-2w"))
                 elif protocol == "live":
                     result = wrk(port, "/v2/health/live", None, c, args.duration)
                 else:
@@ -212,6 +220,9 @@ def main():
               f"includes wrk and loopback TCP: a GET /v2/health/live round trip is {live:.0f} us)")
     gain = median(("flotilla", "oip", top), "rps") / median(("nobatch", "oip", top), "rps")
     print(f"dynamic batching at c={top}: {gain:.2f}x the throughput of --no-batching")
+    gain2 = (median(("flotilla-2w", "oip", top), "rps") /
+             median(("nobatch-2w", "oip", top), "rps"))
+    print(f"dynamic batching at c={top} with 2 workers, unpinned: {gain2:.2f}x")
 
 
 if __name__ == "__main__":

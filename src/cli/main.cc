@@ -4,6 +4,7 @@
 #include <iostream>
 
 #include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
 #include <spdlog/spdlog.h>
 
 #include "common/common.h"
@@ -127,13 +128,16 @@ int run_replica(const ReplicaFlags& flags) {
   auto replica = replica::Replica::create(std::move(runtime).value(), options, registry);
   if (!replica.is_ok()) {
     std::cerr << "flotilla replica: " << replica.status().message() << "\n";
-    return kExitCannotListen;
+    return replica.status().code() == StatusCode::kInvalidArgument ? kExitBadInput
+                                                                   : kExitCannotListen;
   }
   // The first stdout line is for orchestrators: where to reach this replica.
-  std::printf("{\"event\":\"listening\",\"host\":\"%s\",\"port\":%u,\"model\":\"%s\"}\n",
-              flags.host.c_str(), static_cast<unsigned>((*replica)->port()),
-              runtime_options.name.c_str());
-  std::fflush(stdout);
+  const nlohmann::json listening = {{"event", "listening"},
+                                    {"host", flags.host},
+                                    {"port", (*replica)->port()},
+                                    {"model", runtime_options.name}};
+  std::cout << listening.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace)
+            << std::endl;
   spdlog::info("serving model '{}' on {}:{} (model loaded in {:.3f} s)", runtime_options.name,
                flags.host, (*replica)->port(), options.model_load_seconds);
   const bool clean = (*replica)->run();

@@ -60,7 +60,8 @@ class Responder {
  public:
   explicit Responder(std::shared_ptr<detail::Exchange> exchange);
   Responder(Responder&&) noexcept;
-  Responder& operator=(Responder&&) noexcept;
+  // No move-assignment: it would drop the request the target still held.
+  Responder& operator=(Responder&&) = delete;
   Responder(const Responder&) = delete;
   Responder& operator=(const Responder&) = delete;
   ~Responder();
@@ -79,6 +80,10 @@ using Handler = std::function<void(Request&& request, Responder&& responder)>;
 // server worker, runs `task` inline.
 void defer_on_current_loop(std::function<void()> task,
                            std::chrono::microseconds delay = std::chrono::microseconds(0));
+
+// The index of the server worker whose thread is running, in [0, Server::worker_count()), or
+// -1 on any other thread. Lets a handler keep per-worker state without locks.
+int current_worker_index();
 
 class Server {
  public:
@@ -100,6 +105,7 @@ class Server {
   virtual size_t open_connections() const = 0;
   // True once a drain has started (readiness should then answer "not ready").
   virtual bool draining() const = 0;
+  virtual int worker_count() const = 0;
 };
 
 }  // namespace flotilla::http

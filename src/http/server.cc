@@ -6,6 +6,8 @@
 //   → handler → ... the Responder posts the response back → write → wait_for_request or close.
 // Drain: acceptors close, sessions waiting idle close, the others close after their response;
 // when the last session is gone, every loop stops and run() returns.
+#include <unistd.h>
+
 #include <array>
 #include <atomic>
 #include <optional>
@@ -41,8 +43,9 @@ struct Worker {
 
 namespace {
 
-// The event loop of the worker thread running now; null on other threads.
+// The event loop and index of the worker thread running now; null and -1 on other threads.
 thread_local asio::io_context* current_loop = nullptr;
+thread_local int current_worker = -1;
 
 Method to_method(bhttp::verb verb) {
   switch (verb) {
@@ -87,6 +90,7 @@ class ServerImpl final : public Server {
   const Handler& handler() const { return handler_; }
   bool draining() const override { return draining_.load(std::memory_order_relaxed); }
   bool stopped() const { return stopped_.load(); }
+  int worker_count() const override { return static_cast<int>(workers_.size()); }
   void session_closed();
 
  private:
@@ -135,14 +139,19 @@ class Session : public std::enable_shared_from_this<Session> {
   void write(Response&& response) {
     auto& out = response_;
     out = {};
-    out.version(11);
     out.result(static_cast<unsigned>(response.status));
     out.set(bhttp::field::content_type, response.content_type);
     for (auto& [name, value] : response.headers) {
       out.set(name, value);
     }
     out.body() = std::move(response.body);
-    keep_alive_ = keep_alive_ && !server_.draining();
+    if (head_request_) {
+      out.body().clear();  // a HEAD response has no body
+    }
+    out.version(request_version_);
+    // While draining, requests the client already pipelined behind this one are still served;
+    // the connection closes after the last of them.
+    keep_alive_ = keep_alive_ && (!server_.draining() || buffer_.size() > 0);
     out.keep_alive(keep_alive_);
     out.prepare_payload();
     stream_.expires_after(server_.options().body_timeout);
@@ -275,13 +284,21 @@ class Session : public std::enable_shared_from_this<Session> {
     auto message = parser_->release();
     parser_.reset();
     keep_alive_ = message.keep_alive();
+    request_version_ = message.version();
+    head_request_ = message.method() == bhttp::verb::head;
     Request request;
     request.method = to_method(message.method());
     request.target = std::string(message.target());
     request.content_type = std::string(message[bhttp::field::content_type]);
     request.body = std::move(message.body());
     auto exchange = std::make_shared<detail::Exchange>(shared_from_this());
-    server_.handler()(std::move(request), Responder(std::move(exchange)));
+    try {
+      server_.handler()(std::move(request), Responder(std::move(exchange)));
+    } catch (const std::exception& e) {
+      // Handlers must not throw (STYLE.md §3); if one does (say, bad_alloc), the Responder it
+      // dropped on the way out has answered 500, and this worker keeps serving.
+      spdlog::error("request handler threw: {}", e.what());
+    }
   }
 
   void on_write(beast::error_code ec) {
@@ -344,6 +361,8 @@ class Session : public std::enable_shared_from_this<Session> {
   std::unique_ptr<std::array<char, 4096>> linger_buffer_;
   size_t lingered_bytes_ = 0;
   bool unread_input_ = false;
+  bool head_request_ = false;
+  unsigned request_version_ = 11;
   bool idle_ = false;
   bool keep_alive_ = true;
   bool finished_ = false;
@@ -378,7 +397,6 @@ class Exchange {
 
 Responder::Responder(std::shared_ptr<detail::Exchange> exchange) : exchange_(std::move(exchange)) {}
 Responder::Responder(Responder&&) noexcept = default;
-Responder& Responder::operator=(Responder&&) noexcept = default;
 Responder::~Responder() {
   if (exchange_ && !exchange_->sent()) {
     // After a drain timed out, work still held somewhere is dropped on purpose.
@@ -413,32 +431,34 @@ Status ServerImpl::bind() {
   if (ec) {
     return invalid_argument("invalid listen address '" + options_.host + "': " + ec.message());
   }
-  uint16_t port = options_.port;
+  // One listening socket, shared by every worker through a dup() of its descriptor: the
+  // port stays exclusive (SO_REUSEPORT would let a second server silently share it), and the
+  // kernel hands each connection to whichever worker accepts first.
   for (int i = 0; i < count; ++i) {
-    auto worker = std::make_unique<Worker>();
-    tcp::acceptor& acceptor = worker->acceptor.emplace(worker->context);
-    tcp::endpoint endpoint(address, port);
-    acceptor.open(endpoint.protocol(), ec);
-    if (!ec)
-      acceptor.set_option(asio::socket_base::reuse_address(true), ec);
-    if (!ec) {
-      // Every worker listens on the same port; the kernel spreads connections across them.
-      int one = 1;
-      if (setsockopt(acceptor.native_handle(), SOL_SOCKET, SO_REUSEPORT, &one, sizeof(one)) != 0) {
-        ec.assign(errno, boost::system::system_category());
-      }
-    }
-    if (!ec)
-      acceptor.bind(endpoint, ec);
-    if (!ec)
-      acceptor.listen(asio::socket_base::max_listen_connections, ec);
-    if (ec) {
-      return unavailable("cannot listen on " + options_.host + ":" + std::to_string(port) + ": " +
-                         ec.message());
-    }
-    port = acceptor.local_endpoint().port();
-    workers_.push_back(std::move(worker));
+    workers_.push_back(std::make_unique<Worker>());
   }
+  tcp::acceptor& first = workers_[0]->acceptor.emplace(workers_[0]->context);
+  const tcp::endpoint endpoint(address, options_.port);
+  first.open(endpoint.protocol(), ec);
+  if (!ec)
+    first.set_option(asio::socket_base::reuse_address(true), ec);
+  if (!ec)
+    first.bind(endpoint, ec);
+  if (!ec)
+    first.listen(asio::socket_base::max_listen_connections, ec);
+  for (int i = 1; i < count && !ec; ++i) {
+    const int descriptor = ::dup(first.native_handle());
+    if (descriptor < 0) {
+      ec.assign(errno, boost::system::system_category());
+      break;
+    }
+    workers_[i]->acceptor.emplace(workers_[i]->context).assign(endpoint.protocol(), descriptor, ec);
+  }
+  if (ec) {
+    return unavailable("cannot listen on " + options_.host + ":" + std::to_string(options_.port) +
+                       ": " + ec.message());
+  }
+  const uint16_t port = first.local_endpoint().port();
   port_ = port;
   return Status::ok();
 }
@@ -464,6 +484,10 @@ void ServerImpl::accept(Worker& worker) {
       });
 }
 
+int current_worker_index() {
+  return current_worker;
+}
+
 void defer_on_current_loop(std::function<void()> task, std::chrono::microseconds delay) {
   if (current_loop == nullptr) {
     task();
@@ -482,16 +506,18 @@ bool ServerImpl::run() {
   for (auto& worker : workers_) {
     accept(*worker);
   }
-  auto run_loop = [](Worker& worker) {
+  auto run_loop = [](Worker& worker, int index) {
     current_loop = &worker.context;
+    current_worker = index;
     worker.context.run();
     current_loop = nullptr;
+    current_worker = -1;
   };
   for (size_t i = 1; i < workers_.size(); ++i) {
     Worker& worker = *workers_[i];
-    worker.thread = std::thread([&worker, run_loop] { run_loop(worker); });
+    worker.thread = std::thread([&worker, run_loop, i] { run_loop(worker, static_cast<int>(i)); });
   }
-  run_loop(*workers_[0]);
+  run_loop(*workers_[0], 0);
   for (size_t i = 1; i < workers_.size(); ++i) {
     workers_[i]->thread.join();
   }

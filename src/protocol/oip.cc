@@ -1,4 +1,5 @@
 // Open Inference Protocol v2 REST codec (PROTOCOLS.md §1.3).
+#include <algorithm>
 #include <limits>
 
 #include "protocol/json_util.h"
@@ -47,7 +48,7 @@ Result<Parameters> decode_parameters(element value, const std::string& where) {
   return parameters;
 }
 
-Result<Tensor> decode_input(element value, size_t index) {
+Result<Tensor> decode_input(element value, size_t index, size_t body_size) {
   const std::string where = "inputs[" + std::to_string(index) + "]";
   simdjson::dom::object object;
   if (value.get_object().get(object)) {
@@ -106,7 +107,10 @@ Result<Tensor> decode_input(element value, size_t index) {
   if (object["data"].get(data)) {
     return invalid_argument(named + ": 'data' is required");
   }
-  tensor.data.reserve(static_cast<size_t>(expected) * element_size(tensor.datatype));
+  // Reserve by the declared shape, but never more elements than the body can hold (each
+  // takes at least one byte of JSON): a tiny body must not allocate gigabytes.
+  const int64_t plausible = std::min<int64_t>(expected, static_cast<int64_t>(body_size));
+  tensor.data.reserve(static_cast<size_t>(plausible) * element_size(tensor.datatype));
   FLOTILLA_RETURN_IF_ERROR(detail::append_data(data, tensor, named));
   const int64_t got = static_cast<int64_t>(tensor.data.size() / element_size(tensor.datatype));
   if (got != expected) {
@@ -154,7 +158,7 @@ Result<InferRequest> decode_oip_infer_request(std::string& body) {
   }
   size_t index = 0;
   for (element input : inputs) {
-    FLOTILLA_ASSIGN_OR_RETURN(Tensor tensor, decode_input(input, index++));
+    FLOTILLA_ASSIGN_OR_RETURN(Tensor tensor, decode_input(input, index++, body.size()));
     request.inputs.push_back(std::move(tensor));
   }
   element outputs;
@@ -167,6 +171,11 @@ Result<InferRequest> decode_oip_infer_request(std::string& body) {
       std::string_view name;
       if (output["name"].get_string().get(name)) {
         return invalid_argument("each requested output needs a string 'name'");
+      }
+      for (const std::string& seen : request.requested_outputs) {
+        if (seen == name) {
+          return invalid_argument("output '" + std::string(name) + "' is requested twice");
+        }
       }
       request.requested_outputs.emplace_back(name);
     }

@@ -12,48 +12,31 @@ Batcher::Batcher(runtime::Runtime& runtime, int64_t max_batch_rows,
       schedule_(std::move(schedule)) {}
 
 void Batcher::submit(runtime::ModelInput&& input, runtime::RunCallback done) {
-  bool full = false;
-  bool schedule = false;
-  {
-    std::lock_guard lock(mutex_);
-    queued_rows_ += input.rows;
-    queue_.push_back(Item{std::move(input), std::move(done)});
-    if (flushing_) {
-      return;  // the running flush takes it
-    }
-    full = queued_rows_ >= max_batch_rows_;
-    if (!full && !flush_scheduled_) {
-      flush_scheduled_ = true;
-      schedule = true;
-    }
+  queued_rows_ += input.rows;
+  queue_.push_back(Item{std::move(input), std::move(done)});
+  if (flushing_) {
+    return;  // the running flush takes it
   }
-  // Outside the lock: the scheduler may run the flush inline.
-  if (full) {
+  if (queued_rows_ >= max_batch_rows_) {
     flush();  // a full batch need not wait
-  } else if (schedule) {
-    schedule_([this] { scheduled_flush(); }, max_queue_delay_);
+  } else if (!flush_scheduled_) {
+    flush_scheduled_ = true;
+    schedule_(
+        [this] {
+          flush_scheduled_ = false;
+          flush();
+        },
+        max_queue_delay_);
   }
-}
-
-void Batcher::scheduled_flush() {
-  {
-    std::lock_guard lock(mutex_);
-    flush_scheduled_ = false;
-  }
-  flush();
 }
 
 void Batcher::flush() {
-  std::unique_lock lock(mutex_);
   if (flushing_) {
     return;
   }
   flushing_ = true;
   while (!queue_.empty()) {
-    std::vector<Item> batch = take_batch();
-    lock.unlock();
-    run_batch(std::move(batch));
-    lock.lock();
+    run_batch(take_batch());
   }
   flushing_ = false;
 }

@@ -1,21 +1,19 @@
 // Dynamic batching: merges the rows of concurrent requests into one model call.
 //
-// No batcher thread. A request is queued; the first request queued while no flush is
-// scheduled schedules one, max_queue_delay later (the replica defers it on the submitting
-// event loop, behind the requests that loop has already read, without blocking the loop). A
-// request that fills the queue to max_batch_rows flushes at once. A flush runs batches,
-// leader/follower style after leveldb's DBImpl::Write, until the queue is empty; requests
-// submitted meanwhile from any thread only queue. At low load a request runs on its own
-// thread with no hand-off; under load, requests read in one event-loop pass, or during one
-// model call, form one batch.
+// One batcher per event-loop worker, confined to that worker's thread: no lock, and each
+// worker runs its own model calls, so several cores predict at once. A request is queued; the
+// first request queued while no flush is scheduled schedules one, max_queue_delay later (the
+// replica defers it on the worker's event loop, behind the requests that loop has already
+// read, without blocking the loop). A request that fills the queue to max_batch_rows flushes
+// at once. At low load a request therefore runs alone after one cheap post; under load, the
+// requests read in one event-loop pass form one batch.
 //
-// Thread-safe. Callbacks run on the flushing thread, without the lock held.
+// Not thread-safe: every call, and every scheduled flush, on the owning thread.
 #pragma once
 
 #include <chrono>
 #include <deque>
 #include <functional>
-#include <mutex>
 
 #include "common/common.h"
 #include "runtime/runtime.h"
@@ -27,7 +25,7 @@ class Batcher {
   using Scheduler = std::function<void(std::function<void()>, std::chrono::microseconds)>;
 
   // `runtime` and `batch_rows` must outlive the batcher. `schedule(task, delay)` runs a flush
-  // after about `delay`, on the calling thread (inline, or later on its event loop).
+  // after about `delay` on the owning thread (inline, or later on its event loop).
   Batcher(runtime::Runtime& runtime, int64_t max_batch_rows,
           std::chrono::microseconds max_queue_delay, Histogram& batch_rows, Scheduler schedule);
   Batcher(const Batcher&) = delete;
@@ -41,14 +39,12 @@ class Batcher {
     runtime::ModelInput input;
     runtime::RunCallback done;
   };
-  using Clock = std::chrono::steady_clock;
 
-  // Takes up to max_batch_rows_ rows of queued items (always at least one). Requires mutex_.
+  // Runs batches until the queue is empty.
+  void flush();
+  // Takes up to max_batch_rows_ rows of queued items (always at least one).
   std::vector<Item> take_batch();
   void run_batch(std::vector<Item>&& batch);
-  // Runs batches until the queue is empty, unless another thread is already doing so.
-  void flush();
-  void scheduled_flush();
 
   runtime::Runtime& runtime_;
   const int64_t max_batch_rows_;
@@ -56,11 +52,10 @@ class Batcher {
   Histogram& batch_rows_;
   Scheduler schedule_;
 
-  std::mutex mutex_;
-  std::deque<Item> queue_;        // guarded by mutex_
-  int64_t queued_rows_ = 0;       // guarded by mutex_
-  bool flush_scheduled_ = false;  // guarded by mutex_
-  bool flushing_ = false;         // guarded by mutex_
+  std::deque<Item> queue_;
+  int64_t queued_rows_ = 0;
+  bool flush_scheduled_ = false;
+  bool flushing_ = false;  // guards against a callback submitting from inside flush()
 };
 
 }  // namespace flotilla::replica

@@ -110,7 +110,7 @@ class ReplicaImpl final : public Replica {
               MetricsRegistry& registry);
 
   // Queued batches hold responders: drop them while the server's event loops still exist.
-  ~ReplicaImpl() override { batcher_.reset(); }
+  ~ReplicaImpl() override { batchers_.clear(); }
 
   Status start();
   uint16_t port() const override { return server_->port(); }
@@ -135,10 +135,11 @@ class ReplicaImpl final : public Replica {
 
   ReplicaOptions options_;
   MetricsRegistry& registry_;
-  std::unique_ptr<Batcher> batcher_;
+  std::vector<std::unique_ptr<Batcher>> batchers_;  // [worker index]
   std::unique_ptr<http::Server> server_;
   std::string metadata_json_;
   std::string ready_json_;
+  std::string not_ready_json_;
   std::array<RouteMetrics, static_cast<size_t>(Route::kCount)> route_metrics_;
   Gauge& in_flight_;
   Histogram& batch_rows_;
@@ -176,14 +177,8 @@ ReplicaImpl::ReplicaImpl(std::unique_ptr<runtime::Runtime> runtime, const Replic
   metadata_json_ = protocol::encode_oip_model_metadata(metadata);
   ready_json_ = "{\"name\":";
   protocol::append_json_string(metadata.name, ready_json_);
+  not_ready_json_ = ready_json_ + ",\"ready\":false}";
   ready_json_ += ",\"ready\":true}";
-  if (options.batching.enabled && runtime_->can_batch()) {
-    batcher_ = std::make_unique<Batcher>(
-        *runtime_, options.batching.max_batch_rows, options.batching.max_queue_delay, batch_rows_,
-        [](std::function<void()> flush, std::chrono::microseconds delay) {
-          http::defer_on_current_loop(std::move(flush), delay);
-        });
-  }
 }
 
 Status ReplicaImpl::start() {
@@ -193,6 +188,16 @@ Status ReplicaImpl::start() {
                                       handle(std::move(request), std::move(responder));
                                     }));
   server_->drain_on_signals(options_.drain_timeout);
+  if (options_.batching.enabled && runtime_->can_batch()) {
+    // One batcher per worker, used only on that worker's thread.
+    for (int i = 0; i < server_->worker_count(); ++i) {
+      batchers_.push_back(std::make_unique<Batcher>(
+          *runtime_, options_.batching.max_batch_rows, options_.batching.max_queue_delay,
+          batch_rows_, [](std::function<void()> flush, std::chrono::microseconds delay) {
+            http::defer_on_current_loop(std::move(flush), delay);
+          }));
+    }
+  }
   return Status::ok();
 }
 
@@ -269,7 +274,9 @@ void ReplicaImpl::handle(http::Request&& request, http::Responder&& responder) {
                                  : json_response(200, "{\"ready\":true}"));
       return;
     case Route::kModelReady:
-      finish(route, start, responder, json_response(server_->draining() ? 503 : 200, ready_json_));
+      finish(route, start, responder,
+             server_->draining() ? json_response(503, not_ready_json_)
+                                 : json_response(200, ready_json_));
       return;
     case Route::kServerMetadata:
       finish(route, start, responder,
@@ -303,8 +310,9 @@ void ReplicaImpl::handle(http::Request&& request, http::Responder&& responder) {
 }
 
 void ReplicaImpl::execute(runtime::ModelInput&& input, runtime::RunCallback done) {
-  if (batcher_) {
-    batcher_->submit(std::move(input), std::move(done));
+  const int worker = http::current_worker_index();
+  if (worker >= 0 && worker < static_cast<int>(batchers_.size())) {
+    batchers_[worker]->submit(std::move(input), std::move(done));
     return;
   }
   batch_rows_.observe(static_cast<double>(input.rows));
@@ -360,7 +368,7 @@ void ReplicaImpl::handle_infer(http::Request&& request, std::shared_ptr<http::Re
               response.outputs = std::move(outputs).value();
             } else {
               for (size_t index : selected) {
-                response.outputs.push_back(std::move(outputs.value()[index]));
+                response.outputs.push_back(outputs.value()[index]);
               }
             }
             http::Response reply;

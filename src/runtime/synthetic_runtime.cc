@@ -139,6 +139,8 @@ class SyntheticRuntime final : public Runtime {
     if (spec_.saturation > 0 && in_flight > spec_.saturation) {
       wait_ms *= static_cast<double>(in_flight) / static_cast<double>(spec_.saturation);
     }
+    // A lognormal tail can draw absurd values; an hour bounds the wait (and the cast).
+    wait_ms = std::min(wait_ms, 3'600'000.0);
     auto timer = std::make_shared<asio::steady_timer>(
         context_, std::chrono::microseconds(static_cast<int64_t>(wait_ms * 1000)));
     timer->async_wait(

@@ -280,16 +280,15 @@ Result<ModelInput> XgboostRuntime::prepare_matrix(const InferRequest& request) c
   if (rows == 0) {
     return invalid_argument("the input has no rows");
   }
-  ModelInput input{rows, features_, {}};
-  input.values.resize(static_cast<size_t>(rows * features_));
   const bool named = !request.column_names.empty() && !feature_names_.empty();
+  if (!request.column_names.empty() &&
+      static_cast<int64_t>(request.column_names.size()) != columns) {
+    return invalid_argument("the input names " + std::to_string(request.column_names.size()) +
+                            " columns but has " + std::to_string(columns));
+  }
   if (!named && columns != features_) {
     return invalid_argument("the model expects " + std::to_string(features_) +
                             " features per row, got " + std::to_string(columns));
-  }
-  if (!named && tensor.datatype == DataType::kFp32) {
-    std::copy_n(tensor.values<float>().data(), input.values.size(), input.values.data());
-    return input;
   }
   std::vector<int64_t> order(features_);
   if (named) {
@@ -299,6 +298,13 @@ Result<ModelInput> XgboostRuntime::prepare_matrix(const InferRequest& request) c
     for (int64_t i = 0; i < features_; ++i) {
       order[i] = i;
     }
+  }
+  // Allocated only now: rows x columns elements exist in the request, and every feature maps
+  // to one of the columns, so the size is bounded by what the client sent.
+  ModelInput input{rows, features_, std::vector<float>(static_cast<size_t>(rows * features_))};
+  if (!named && tensor.datatype == DataType::kFp32) {
+    std::copy_n(tensor.values<float>().data(), input.values.size(), input.values.data());
+    return input;
   }
   for (int64_t row = 0; row < rows; ++row) {
     for (int64_t feature = 0; feature < features_; ++feature) {

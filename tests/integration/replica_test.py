@@ -2095,3 +2095,85 @@ class Robustness(ReplicaTestCase):
 
 if __name__ == "__main__":
     unittest.main(verbosity=2)
+
+
+# --------------------------------------------------------------------------- review regressions
+
+class ReviewRegressions(ReplicaTestCase):
+    """Cases found in review of the first replica change; each once crashed, hung or broke
+    the contract."""
+
+    def test_same_output_requested_twice_is_400(self):
+        srv = start_server(self, model_path("binary.json"))
+        X = dataset("breast_cancer").X32[:1]
+        body = oip_body(X)
+        body["outputs"] = [{"name": "predict"}, {"name": "predict"}]
+        r = req(srv.port, "POST", "/v2/models/binary/infer", body)
+        self.assertOipError(r, 400)
+        self.assertIn("twice", r.json()["error"])
+        self.assertEqual(req(srv.port, "POST", "/v2/models/binary/infer", oip_body(X)).status, 200)
+
+    def test_huge_declared_shapes_are_rejected_without_allocating(self):
+        srv = start_server(self, model_path("binary.json"))
+        for shape, datatype in (([2147483648, 0], "FP32"), ([2147483647], "FP64"),
+                                ([0, 2147483647], "FP32")):
+            body = {"inputs": [{"name": "x", "datatype": datatype, "shape": shape, "data": []}]}
+            r = req(srv.port, "POST", "/v2/models/binary/infer", body)
+            self.assertOipError(r, 400)
+        self.assertTrue(srv.alive())
+
+    def test_csv_with_missing_columns_is_rejected_before_allocating(self):
+        srv = start_server(self, model_path("multiclass.ubj"))
+        body = "sepal_length\n" + "1.0\n" * 200000
+        r = req(srv.port, "POST", "/invocations", body, {"Content-Type": "text/csv"})
+        self.assertMlflowError(r, 400)
+        self.assertIn("missing input for feature", r.json()["message"])
+
+    def test_port_in_use_is_an_error(self):
+        first = start_server(self, model_path("binary.json"))
+        proc = subprocess.run([FLOTILLA_BIN, "replica", "--model", model_path("binary.json"),
+                               "--port", str(first.port)],
+                              capture_output=True, text=True, timeout=STARTUP_DEADLINE_S)
+        self.assertEqual(proc.returncode, 3, proc.stderr)
+        self.assertIn("cannot listen", proc.stderr)
+
+    def test_head_gets_no_body(self):
+        srv = start_server(self, model_path("binary.json"))
+        conn = RawConn(srv.port)
+        self.addCleanup(conn.close)
+        conn.send(b"HEAD /v2/health/live HTTP/1.1\r\nHost: x\r\n\r\n"
+                  b"GET /v2/health/live HTTP/1.1\r\nHost: x\r\n\r\n")
+        status_line = conn._read_until(b"\r\n\r\n")
+        self.assertIn(b"405", status_line.split(b"\r\n")[0])
+        self.assertIn(b"content-length: 0", status_line.lower())
+        r = conn.read_response()  # the next response starts right after the HEAD headers
+        self.assertEqual(r.status, 200, r)
+
+    def test_pipelined_requests_are_answered_during_drain(self):
+        model = write_yaml("pipeline-drain.yaml", "service_time: {dist: fixed, mean_ms: 400}\n")
+        srv = start_server(self, model, "--runtime", "synthetic")
+        body = oip_body(np.zeros((1, 3), np.float32))
+        conn = RawConn(srv.port)
+        self.addCleanup(conn.close)
+        path = f"/v2/models/{srv.name}/infer"
+        conn.send(raw_request("POST", path, body) + raw_request("POST", path, body))
+        wait_until(lambda: in_flight(srv.port) >= 1, 5, what="first request in flight")
+        srv.proc.send_signal(signal.SIGTERM)
+        first, second = conn.read_response(), conn.read_response()
+        self.assertEqual((first.status, second.status), (200, 200))
+        self.assertEqual(second.headers.get("connection", "").lower(), "close")
+        srv.reaped(srv.proc.wait(timeout=10))
+        self.assertEqual(srv.proc.returncode, 0)
+
+    def test_http10_keep_alive_is_confirmed(self):
+        srv = start_server(self, model_path("binary.json"))
+        conn = RawConn(srv.port)
+        self.addCleanup(conn.close)
+        conn.send(b"GET /ping HTTP/1.0\r\nConnection: keep-alive\r\n\r\n")
+        r = conn.read_response()
+        self.assertEqual(r.status, 200)
+        self.assertEqual(r.headers.get("connection", "").lower(), "keep-alive")
+
+    def test_listening_line_is_json_for_any_name(self):
+        srv = start_server(self, model_path("binary.json"), "--name", 'odd "name"\\x')
+        self.assertEqual(srv.name, 'odd "name"\\x')

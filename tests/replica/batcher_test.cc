@@ -1,16 +1,14 @@
 #include "replica/batcher.h"
 
-#include <atomic>
-#include <condition_variable>
-#include <thread>
+#include <map>
 
 #include <gtest/gtest.h>
 
 namespace flotilla::replica {
 namespace {
 
-// An in-memory runtime (a fake): output row i = 2 * the first feature of row i; records the
-// size of every call. `block` makes the first call wait, so others queue up behind it.
+// An in-memory runtime (a fake): output row i = 2 * the first feature of row i, and an error
+// when a batch starts with a negative value. Records the rows of every call.
 class DoublingRuntime final : public runtime::Runtime {
  public:
   const ModelMetadata& metadata() const override { return metadata_; }
@@ -19,14 +17,8 @@ class DoublingRuntime final : public runtime::Runtime {
     return internal_error("unused");
   }
   void run(runtime::ModelInput&& input, runtime::RunCallback done) override {
-    {
-      std::unique_lock lock(mutex_);
-      call_rows_.push_back(input.rows);
-      running_ = true;
-      started_.notify_all();
-      release_.wait(lock, [this] { return !block_; });
-    }
-    if (input.values.size() > 0 && input.values[0] < 0) {
+    call_rows.push_back(input.rows);
+    if (!input.values.empty() && input.values[0] < 0) {
       done(internal_error("negative input"));
       return;
     }
@@ -37,33 +29,11 @@ class DoublingRuntime final : public runtime::Runtime {
     done(std::vector<Tensor>{std::move(output)});
   }
 
-  void set_block(bool block) {
-    std::lock_guard lock(mutex_);
-    block_ = block;
-    release_.notify_all();
-  }
-  void wait_running() {
-    std::unique_lock lock(mutex_);
-    started_.wait(lock, [this] { return running_; });
-  }
-  std::vector<int64_t> call_rows() {
-    std::lock_guard lock(mutex_);
-    return call_rows_;
-  }
+  std::vector<int64_t> call_rows;
 
  private:
   ModelMetadata metadata_;
-  std::mutex mutex_;
-  std::condition_variable started_;
-  std::condition_variable release_;
-  bool block_ = false;
-  bool running_ = false;
-  std::vector<int64_t> call_rows_;
 };
-
-void run_inline(std::function<void()> flush, std::chrono::microseconds) {
-  flush();
-}
 
 runtime::ModelInput rows_of(std::initializer_list<float> first_features) {
   runtime::ModelInput input;
@@ -76,149 +46,141 @@ runtime::ModelInput rows_of(std::initializer_list<float> first_features) {
   return input;
 }
 
-TEST(BatcherTest, RunsAloneAtLowLoadOnTheCallingThread) {
+// Collects the answers per request id.
+struct Answers {
+  std::map<int, std::vector<float>> values;
+  int errors = 0;
+  runtime::RunCallback for_request(int id) {
+    return [this, id](Result<std::vector<Tensor>> result) {
+      if (!result.is_ok()) {
+        ++errors;
+        return;
+      }
+      auto out = result->at(0).values<float>();
+      values[id].assign(out.begin(), out.end());
+    };
+  }
+};
+
+// A scheduler that keeps flushes until the test runs them, like an event loop would.
+struct DeferredScheduler {
+  std::vector<std::function<void()>> tasks;
+  std::vector<std::chrono::microseconds> delays;
+  Batcher::Scheduler scheduler() {
+    return [this](std::function<void()> task, std::chrono::microseconds delay) {
+      tasks.push_back(std::move(task));
+      delays.push_back(delay);
+    };
+  }
+  void run_all() {
+    auto pending = std::move(tasks);
+    tasks.clear();
+    for (auto& task : pending) {
+      task();
+    }
+  }
+};
+
+TEST(BatcherTest, RunsAloneAtLowLoad) {
   DoublingRuntime runtime;
   Histogram rows({1, 2, 4, 8});
-  Batcher batcher(runtime, 64, std::chrono::microseconds(0), rows, run_inline);
-  std::vector<float> got;
-  batcher.submit(rows_of({3, 4}), [&](Result<std::vector<Tensor>> result) {
-    ASSERT_TRUE(result.is_ok());
-    auto values = result->at(0).values<float>();
-    got.assign(values.begin(), values.end());
-  });
-  EXPECT_EQ(got, (std::vector<float>{6, 8}));  // answered before submit returned
-  EXPECT_EQ(runtime.call_rows(), std::vector<int64_t>{2});
-}
-
-TEST(BatcherTest, MergesRequestsQueuedWhileTheModelRuns) {
-  DoublingRuntime runtime;
-  Histogram rows({1, 2, 4, 8, 16});
-  Batcher batcher(runtime, 8, std::chrono::microseconds(0), rows, run_inline);
-  runtime.set_block(true);
-
-  std::mutex mutex;
-  std::map<int, std::vector<float>> answers;
-  auto submit = [&](int id, runtime::ModelInput input) {
-    batcher.submit(std::move(input), [&, id](Result<std::vector<Tensor>> result) {
-      ASSERT_TRUE(result.is_ok());
-      auto values = result->at(0).values<float>();
-      std::lock_guard lock(mutex);
-      answers[id].assign(values.begin(), values.end());
-    });
-  };
-  // The leader blocks inside the model; the others queue behind it.
-  std::thread leader([&] { submit(0, rows_of({1})); });
-  runtime.wait_running();
-  for (int id = 1; id <= 5; ++id) {
-    submit(id, rows_of({static_cast<float>(id * 10), static_cast<float>(id * 10 + 1)}));
-  }
-  runtime.set_block(false);
-  leader.join();
-
-  // 1 row alone, then 10 queued rows in batches of at most 8 rows (whole requests only).
-  EXPECT_EQ(runtime.call_rows(), (std::vector<int64_t>{1, 8, 2}));
-  ASSERT_EQ(answers.size(), 6u);
-  EXPECT_EQ(answers[0], std::vector<float>{2});
-  for (int id = 1; id <= 5; ++id) {
-    EXPECT_EQ(answers[id], (std::vector<float>{id * 20.0f, id * 20.0f + 2})) << id;
-  }
-  EXPECT_EQ(rows.count(), 3u);
-}
-
-TEST(BatcherTest, ReportsModelErrorsToEveryRequestOfTheBatch) {
-  DoublingRuntime runtime;
-  Histogram rows({1, 2, 4});
-  Batcher batcher(runtime, 8, std::chrono::microseconds(0), rows, run_inline);
-  runtime.set_block(true);
-  std::atomic<int> errors{0};
-  std::thread leader([&] {
-    batcher.submit(rows_of({1}), [](Result<std::vector<Tensor>> r) { EXPECT_TRUE(r.is_ok()); });
-  });
-  runtime.wait_running();
-  for (float value : {-1.0f, 5.0f}) {  // merged: the batch starts with -1, so it fails
-    batcher.submit(rows_of({value}), [&](Result<std::vector<Tensor>> result) {
-      EXPECT_FALSE(result.is_ok());
-      ++errors;
-    });
-  }
-  runtime.set_block(false);
-  leader.join();
-  EXPECT_EQ(errors.load(), 2);
+  Batcher batcher(runtime, 64, std::chrono::microseconds(0), rows,
+                  [](std::function<void()> flush, std::chrono::microseconds) { flush(); });
+  Answers answers;
+  batcher.submit(rows_of({3, 4}), answers.for_request(0));
+  EXPECT_EQ(answers.values[0], (std::vector<float>{6, 8}));
+  EXPECT_EQ(runtime.call_rows, std::vector<int64_t>{2});
+  EXPECT_EQ(rows.count(), 1u);
 }
 
 TEST(BatcherTest, DeferredFlushTakesEverythingQueuedBeforeIt) {
   DoublingRuntime runtime;
   Histogram rows({1, 2, 4, 8});
-  std::vector<std::function<void()>> deferred;
-  Batcher batcher(runtime, 64, std::chrono::microseconds(0), rows,
-                  [&deferred](std::function<void()> flush, std::chrono::microseconds) {
-                    deferred.push_back(std::move(flush));
-                  });
-  int answered = 0;
-  for (float value : {1.0f, 2.0f, 3.0f}) {
-    batcher.submit(rows_of({value}), [&](Result<std::vector<Tensor>> result) {
-      EXPECT_TRUE(result.is_ok());
-      ++answered;
-    });
+  DeferredScheduler loop;
+  Batcher batcher(runtime, 64, std::chrono::microseconds(0), rows, loop.scheduler());
+  Answers answers;
+  for (int id = 0; id < 3; ++id) {
+    batcher.submit(rows_of({static_cast<float>(id)}), answers.for_request(id));
   }
-  ASSERT_EQ(deferred.size(), 1u);  // one flush scheduled for the three requests
-  EXPECT_EQ(answered, 0);
-  deferred[0]();
-  EXPECT_EQ(answered, 3);
-  EXPECT_EQ(runtime.call_rows(), std::vector<int64_t>{3});
+  ASSERT_EQ(loop.tasks.size(), 1u);  // one flush scheduled for the three requests
+  EXPECT_TRUE(answers.values.empty());
+  loop.run_all();
+  EXPECT_EQ(runtime.call_rows, std::vector<int64_t>{3});
+  for (int id = 0; id < 3; ++id) {
+    EXPECT_EQ(answers.values[id], std::vector<float>{2.0f * id}) << id;
+  }
 }
 
-TEST(BatcherTest, FullBatchFlushesWithoutWaitingForTheSchedule) {
+TEST(BatcherTest, SplitsTheQueueIntoWholeRequestsOfAtMostMaxRows) {
+  DoublingRuntime runtime;
+  Histogram rows({1, 2, 4, 8, 16});
+  DeferredScheduler loop;
+  Batcher batcher(runtime, 8, std::chrono::microseconds(0), rows, loop.scheduler());
+  Answers answers;
+  batcher.submit(rows_of({1}), answers.for_request(0));
+  for (int id = 1; id <= 5; ++id) {
+    const float base = static_cast<float>(id * 10);
+    batcher.submit(rows_of({base, base + 1}), answers.for_request(id));
+  }
+  // The 5th request brought the queue to 9 rows: it flushed at once, 7 rows (1+2+2+2, the next
+  // request would pass 8), then 2; the 6th request waits for the scheduled flush.
+  EXPECT_EQ(runtime.call_rows, (std::vector<int64_t>{7, 2}));
+  loop.run_all();
+  EXPECT_EQ(runtime.call_rows, (std::vector<int64_t>{7, 2, 2}));
+  EXPECT_EQ(answers.values[0], std::vector<float>{2});
+  for (int id = 1; id <= 5; ++id) {
+    EXPECT_EQ(answers.values[id], (std::vector<float>{id * 20.0f, id * 20.0f + 2})) << id;
+  }
+  EXPECT_EQ(rows.count(), 3u);
+}
+
+TEST(BatcherTest, FullBatchFlushesWithoutWaitingForTheDelay) {
   DoublingRuntime runtime;
   Histogram rows({1, 2, 4, 8});
-  std::vector<std::function<void()>> deferred;
-  std::vector<std::chrono::microseconds> delays;
-  Batcher batcher(runtime, 4, std::chrono::microseconds(500), rows,
-                  [&](std::function<void()> flush, std::chrono::microseconds delay) {
-                    deferred.push_back(std::move(flush));
-                    delays.push_back(delay);
-                  });
-  int answered = 0;
-  auto count = [&](Result<std::vector<Tensor>> result) {
-    EXPECT_TRUE(result.is_ok());
-    ++answered;
-  };
-  batcher.submit(rows_of({1}), count);
-  batcher.submit(rows_of({2, 3}), count);
-  EXPECT_EQ(answered, 0);
-  batcher.submit(rows_of({4}), count);  // 4 rows: the batch is full
-  EXPECT_EQ(answered, 3);
-  EXPECT_EQ(runtime.call_rows(), std::vector<int64_t>{4});
-  ASSERT_EQ(delays, std::vector<std::chrono::microseconds>{std::chrono::microseconds(500)});
-  deferred[0]();  // the scheduled flush finds nothing left
-  EXPECT_EQ(runtime.call_rows(), std::vector<int64_t>{4});
+  DeferredScheduler loop;
+  Batcher batcher(runtime, 4, std::chrono::microseconds(500), rows, loop.scheduler());
+  Answers answers;
+  batcher.submit(rows_of({1}), answers.for_request(0));
+  batcher.submit(rows_of({2, 3}), answers.for_request(1));
+  EXPECT_TRUE(answers.values.empty());
+  batcher.submit(rows_of({4}), answers.for_request(2));  // 4 rows: the batch is full
+  EXPECT_EQ(answers.values.size(), 3u);
+  EXPECT_EQ(runtime.call_rows, std::vector<int64_t>{4});
+  ASSERT_EQ(loop.delays, std::vector<std::chrono::microseconds>{std::chrono::microseconds(500)});
+  loop.run_all();  // the scheduled flush finds nothing left
+  EXPECT_EQ(runtime.call_rows, std::vector<int64_t>{4});
 }
 
-TEST(BatcherTest, ManyThreadsEachGetTheirOwnRows) {
+TEST(BatcherTest, ReportsModelErrorsToEveryRequestOfTheBatch) {
+  DoublingRuntime runtime;
+  Histogram rows({1, 2, 4});
+  DeferredScheduler loop;
+  Batcher batcher(runtime, 8, std::chrono::microseconds(0), rows, loop.scheduler());
+  Answers answers;
+  batcher.submit(rows_of({-1}), answers.for_request(0));  // the merged batch starts with -1
+  batcher.submit(rows_of({5}), answers.for_request(1));
+  loop.run_all();
+  EXPECT_EQ(answers.errors, 2);
+  EXPECT_TRUE(answers.values.empty());
+}
+
+TEST(BatcherTest, ManyRoundsKeepEveryRequestsRows) {
   DoublingRuntime runtime;
   Histogram rows(exponential_buckets(1, 2, 8));
-  Batcher batcher(runtime, 16, std::chrono::microseconds(0), rows, run_inline);
-  std::atomic<int> wrong{0};
-  std::atomic<int> answered{0};
-  std::vector<std::thread> threads;
-  for (int t = 0; t < 4; ++t) {
-    threads.emplace_back([&, t] {
-      for (int i = 0; i < 500; ++i) {
-        const float value = static_cast<float>(t * 1000 + i);
-        batcher.submit(rows_of({value}), [&, value](Result<std::vector<Tensor>> result) {
-          if (!result.is_ok() || result->at(0).values<float>()[0] != 2 * value) {
-            ++wrong;
-          }
-          ++answered;
-        });
-      }
-    });
+  DeferredScheduler loop;
+  Batcher batcher(runtime, 16, std::chrono::microseconds(0), rows, loop.scheduler());
+  Answers answers;
+  for (int id = 0; id < 1000; ++id) {
+    batcher.submit(rows_of({static_cast<float>(id)}), answers.for_request(id));
+    if (id % 7 == 0) {
+      loop.run_all();
+    }
   }
-  for (auto& thread : threads) {
-    thread.join();
+  loop.run_all();
+  ASSERT_EQ(answers.values.size(), 1000u);
+  for (int id = 0; id < 1000; ++id) {
+    ASSERT_EQ(answers.values[id], std::vector<float>{2.0f * id}) << id;
   }
-  EXPECT_EQ(answered.load(), 2000);
-  EXPECT_EQ(wrong.load(), 0);
 }
 
 }  // namespace
