@@ -6,8 +6,6 @@
 //   → handler → ... the Responder posts the response back → write → wait_for_request or close.
 // Drain: acceptors close, sessions waiting idle close, the others close after their response;
 // when the last session is gone, every loop stops and run() returns.
-#include <unistd.h>
-
 #include <array>
 #include <atomic>
 #include <optional>
@@ -20,6 +18,7 @@
 #include <boost/beast/http.hpp>
 #include <nlohmann/json.hpp>
 #include <spdlog/spdlog.h>
+#include <unistd.h>
 
 #include "http/http.h"
 
