@@ -176,6 +176,18 @@ TEST(OipEncodeTest, MatchesGoldenMetadata) {
             compact_json(read_test_data("oip/model_metadata.json")));
 }
 
+TEST(OipEncodeTest, ReplacesInvalidUtf8InMessages) {
+  // Valid 2-, 3- and 4-byte sequences pass; a lone continuation byte, a truncated sequence,
+  // an overlong form and a surrogate become U+FFFD.
+  EXPECT_EQ(encode_oip_error("\xc3\xa9\xe2\x82\xac\xf0\x9f\x98\x80"),
+            "{\"error\":\"\xc3\xa9\xe2\x82\xac\xf0\x9f\x98\x80\"}");
+  EXPECT_EQ(encode_oip_error("a\x80"
+                             "b\xe2\x82"),
+            R"({"error":"a\ufffdb\ufffd\ufffd"})");
+  EXPECT_EQ(encode_oip_error("\xc0\xaf\xed\xa0\x80"),
+            R"({"error":"\ufffd\ufffd\ufffd\ufffd\ufffd"})");
+}
+
 TEST(OipEncodeTest, EscapesErrorMessages) {
   EXPECT_EQ(encode_oip_error("bad \"x\"\n\x01"), R"({"error":"bad \"x\"\n\u0001"})");
 }
