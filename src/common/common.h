@@ -141,6 +141,29 @@ void bug(const char* what, const char* file, int line);
 #define FLOTILLA_BUG(what) ::flotilla::detail::bug(what, __FILE__, __LINE__)
 
 // ---------------------------------------------------------------------------------------------
+// Randomness for policies (STYLE.md §5): policy code takes a Random& so tests and the simulator
+// can drive it with a seed or a script.
+
+class Random {
+ public:
+  virtual ~Random() = default;
+  // A uniformly distributed 64-bit value.
+  virtual uint64_t next() = 0;
+  // Uniform in [0, n); n must be > 0. Virtual so a test can script the draws.
+  virtual uint64_t uniform(uint64_t n);
+};
+
+// A fast seeded generator (SplitMix64). Not thread-safe: one per thread or per owner.
+class SeededRandom final : public Random {
+ public:
+  explicit SeededRandom(uint64_t seed) : state_(seed) {}
+  uint64_t next() override;
+
+ private:
+  uint64_t state_;
+};
+
+// ---------------------------------------------------------------------------------------------
 // Logging
 
 // Sends spdlog's default logger to stderr at `level` ("trace" .. "off"). Returns an error for
