@@ -1,14 +1,19 @@
 // The gateway module's contract (DESIGN.md §1 "Request path", §2). This first part holds the
 // balancing policies: pure functions of the replicas' load and a Random&, so that unit tests
 // and the fleet simulator drive the same code the gateway runs. The HTTP proxy, endpoint
-// table, admission queue, retries and auth build on it (issue #3).
+// table, retries and auth build on it (issue #3). The admission queue below is its waiting
+// room.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
+#include <deque>
 #include <memory>
 #include <optional>
 #include <span>
 #include <string_view>
+#include <utility>
+#include <vector>
 
 #include "common/common.h"
 
@@ -48,5 +53,64 @@ std::unique_ptr<Balancer> make_balancer(BalancerKind kind);
 // Picks a version by traffic weight: index i with probability weights[i] / sum. Weights of
 // zero or less are never picked; nullopt when no weight is positive.
 std::optional<size_t> pick_by_weight(std::span<const int64_t> weights, Random& random);
+
+// The per-endpoint queue of requests waiting for a replica slot (DESIGN.md §1): bounded, FIFO,
+// each entry with a deadline. Deadlines must not decrease in push order (an endpoint has one
+// queue timeout), so the oldest entry always expires first. Pure: time comes in as an argument.
+// Not thread-safe: confined to its owner's thread.
+template <typename T>
+class AdmissionQueue {
+ public:
+  using TimePoint = std::chrono::steady_clock::time_point;
+
+  explicit AdmissionQueue(size_t capacity) : capacity_(capacity) {}
+
+  // Queues `item` until `deadline`. When the queue is full the item is not taken: it comes
+  // back so the caller can still answer its client (429).
+  std::optional<T> push(T&& item, TimePoint deadline) {
+    if (entries_.size() >= capacity_) {
+      return std::move(item);
+    }
+    FLOTILLA_DCHECK(entries_.empty() || entries_.back().deadline <= deadline);
+    entries_.push_back(Entry{std::move(item), deadline});
+    return std::nullopt;
+  }
+
+  // The oldest waiting item, to dispatch the moment a slot frees; nullopt when empty.
+  std::optional<T> pop() {
+    if (entries_.empty()) {
+      return std::nullopt;
+    }
+    T item = std::move(entries_.front().item);
+    entries_.pop_front();
+    return item;
+  }
+
+  // Removes the items whose deadline is at or before `now`, oldest first.
+  std::vector<T> expire(TimePoint now) {
+    std::vector<T> expired;
+    while (!entries_.empty() && entries_.front().deadline <= now) {
+      expired.push_back(std::move(entries_.front().item));
+      entries_.pop_front();
+    }
+    return expired;
+  }
+
+  // When the next expiry is due (one timer per queue suffices); nullopt when empty.
+  std::optional<TimePoint> next_deadline() const {
+    return entries_.empty() ? std::nullopt : std::optional<TimePoint>(entries_.front().deadline);
+  }
+
+  size_t size() const { return entries_.size(); }
+  size_t capacity() const { return capacity_; }
+
+ private:
+  struct Entry {
+    T item;
+    TimePoint deadline;
+  };
+  size_t capacity_;
+  std::deque<Entry> entries_;
+};
 
 }  // namespace flotilla::gateway

@@ -1,0 +1,62 @@
+#include <memory>
+
+#include <gtest/gtest.h>
+
+#include "gateway/gateway.h"
+
+namespace flotilla::gateway {
+namespace {
+
+using TimePoint = AdmissionQueue<int>::TimePoint;
+
+TimePoint at_ms(int64_t ms) {
+  return TimePoint(std::chrono::milliseconds(ms));
+}
+
+TEST(AdmissionQueueTest, DispatchesInArrivalOrder) {
+  AdmissionQueue<int> queue(8);
+  for (int id = 1; id <= 3; ++id) {
+    EXPECT_EQ(queue.push(int{id}, at_ms(100)), std::nullopt);
+  }
+  EXPECT_EQ(queue.size(), 3u);
+  EXPECT_EQ(queue.pop(), 1);
+  EXPECT_EQ(queue.pop(), 2);
+  EXPECT_EQ(queue.pop(), 3);
+  EXPECT_EQ(queue.pop(), std::nullopt);
+}
+
+TEST(AdmissionQueueTest, GivesTheItemBackWhenFull) {
+  AdmissionQueue<std::unique_ptr<int>> queue(2);
+  EXPECT_EQ(queue.push(std::make_unique<int>(1), at_ms(10)), std::nullopt);
+  EXPECT_EQ(queue.push(std::make_unique<int>(2), at_ms(10)), std::nullopt);
+  auto rejected = queue.push(std::make_unique<int>(3), at_ms(10));
+  ASSERT_TRUE(rejected.has_value());
+  ASSERT_NE(*rejected, nullptr);
+  EXPECT_EQ(**rejected, 3);  // still the caller's, to answer 429
+  EXPECT_EQ(queue.size(), 2u);
+  queue.pop();
+  EXPECT_EQ(queue.push(std::make_unique<int>(4), at_ms(20)), std::nullopt);  // room again
+}
+
+TEST(AdmissionQueueTest, ExpiresOnlyWhatIsDue) {
+  AdmissionQueue<int> queue(8);
+  queue.push(1, at_ms(10));
+  queue.push(2, at_ms(20));
+  queue.push(3, at_ms(20));
+  queue.push(4, at_ms(30));
+  EXPECT_EQ(queue.next_deadline(), at_ms(10));
+  EXPECT_TRUE(queue.expire(at_ms(9)).empty());
+  EXPECT_EQ(queue.expire(at_ms(20)), (std::vector<int>{1, 2, 3}));
+  EXPECT_EQ(queue.next_deadline(), at_ms(30));
+  EXPECT_EQ(queue.pop(), 4);
+  EXPECT_EQ(queue.next_deadline(), std::nullopt);
+}
+
+TEST(AdmissionQueueTest, ZeroCapacityRejectsEverything) {
+  AdmissionQueue<int> queue(0);
+  EXPECT_EQ(queue.push(7, at_ms(1)), 7);
+  EXPECT_EQ(queue.size(), 0u);
+}
+
+}  // namespace
+}  // namespace flotilla::gateway
