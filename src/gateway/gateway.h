@@ -11,6 +11,7 @@
 #include <memory>
 #include <optional>
 #include <span>
+#include <string>
 #include <string_view>
 #include <utility>
 #include <vector>
@@ -53,6 +54,43 @@ std::unique_ptr<Balancer> make_balancer(BalancerKind kind);
 // Picks a version by traffic weight: index i with probability weights[i] / sum. Weights of
 // zero or less are never picked; nullopt when no weight is positive.
 std::optional<size_t> pick_by_weight(std::span<const int64_t> weights, Random& random);
+
+// ---- Endpoint table: endpoint → versions with traffic weights → replicas ----------------------
+
+enum class ReplicaState { kReady, kStarting, kDraining };
+
+struct ReplicaEntry {
+  std::string id;
+  std::string host;
+  uint16_t port = 0;
+  int64_t max_in_flight = 0;  // the per-replica cap; 0 means none
+  ReplicaState state = ReplicaState::kReady;
+};
+
+struct VersionEntry {
+  std::string name;
+  int64_t traffic = 0;  // percent; an endpoint's versions sum to 100
+  std::vector<ReplicaEntry> replicas;
+};
+
+struct EndpointEntry {
+  std::string name;
+  std::vector<VersionEntry> versions;
+};
+
+// An immutable snapshot of every endpoint, swapped as a whole (std::shared_ptr<const ...>).
+struct EndpointTable {
+  std::vector<EndpointEntry> endpoints;
+  const EndpointEntry* find(std::string_view name) const;
+};
+
+// Checks a table: names present and unique, traffic in [0, 100] summing to 100 per endpoint,
+// replica ids unique per endpoint, addresses with a host and a port, caps >= 0. Errors name
+// the field ("endpoints[0].versions[1].traffic: ...").
+Status validate_endpoint_table(const EndpointTable& table);
+
+// Reads the YAML form used by `flotilla gateway --config` (docs/gateway.md) and validates it.
+Result<EndpointTable> parse_endpoint_table_yaml(std::string_view text);
 
 // The per-endpoint queue of requests waiting for a replica slot (DESIGN.md §1): bounded, FIFO,
 // each entry with a deadline. Deadlines must not decrease in push order (an endpoint has one

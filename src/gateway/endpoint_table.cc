@@ -1,0 +1,202 @@
+// The endpoint table's YAML form and validation.
+#include <set>
+
+#include <yaml-cpp/yaml.h>
+
+#include "gateway/gateway.h"
+
+namespace flotilla::gateway {
+namespace {
+
+constexpr size_t kMaxNameLength = 128;
+
+Status check_name(const std::string& name, const std::string& where) {
+  if (name.empty() || name.size() > kMaxNameLength) {
+    return invalid_argument(where + ": must be 1 to 128 characters");
+  }
+  for (char c : name) {
+    const bool allowed = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') ||
+                         (c >= '0' && c <= '9') || c == '-' || c == '_' || c == '.';
+    if (!allowed) {
+      return invalid_argument(where + ": '" + name +
+                              "' may hold only letters, digits, '-', '_' and '.'");
+    }
+  }
+  return Status::ok();
+}
+
+Result<ReplicaState> parse_state(const std::string& state, const std::string& where) {
+  if (state == "ready")
+    return ReplicaState::kReady;
+  if (state == "starting")
+    return ReplicaState::kStarting;
+  if (state == "draining")
+    return ReplicaState::kDraining;
+  return invalid_argument(where + ": unknown state '" + state +
+                          "' (use ready, starting or draining)");
+}
+
+// "host:port" → host and port.
+Status parse_address(const std::string& address, const std::string& where, ReplicaEntry& replica) {
+  const size_t colon = address.rfind(':');
+  if (colon == std::string::npos || colon == 0) {
+    return invalid_argument(where + ": '" + address + "' is not host:port");
+  }
+  replica.host = address.substr(0, colon);
+  const std::string port = address.substr(colon + 1);
+  if (port.empty() || port.size() > 5 ||
+      port.find_first_not_of("0123456789") != std::string::npos || std::stoi(port) < 1 ||
+      std::stoi(port) > 65535) {
+    return invalid_argument(where + ": port in '" + address + "' must be 1 to 65535");
+  }
+  replica.port = static_cast<uint16_t>(std::stoi(port));
+  return Status::ok();
+}
+
+Status check_keys(const YAML::Node& node, std::initializer_list<const char*> known,
+                  const std::string& where) {
+  if (!node.IsMap()) {
+    return invalid_argument(where + ": must be a mapping");
+  }
+  for (const auto& entry : node) {
+    const std::string key = entry.first.as<std::string>();
+    bool found = false;
+    for (const char* name : known) {
+      found = found || key == name;
+    }
+    if (!found) {
+      return invalid_argument(where + ": unknown field '" + key + "'");
+    }
+  }
+  return Status::ok();
+}
+
+Result<EndpointTable> read_table(const YAML::Node& root) {
+  EndpointTable table;
+  FLOTILLA_RETURN_IF_ERROR(check_keys(root, {"endpoints"}, "config"));
+  const YAML::Node endpoints = root["endpoints"];
+  if (!endpoints || !endpoints.IsSequence()) {
+    return invalid_argument("endpoints: must be a list");
+  }
+  for (size_t e = 0; e < endpoints.size(); ++e) {
+    const std::string where = "endpoints[" + std::to_string(e) + "]";
+    const YAML::Node endpoint = endpoints[e];
+    FLOTILLA_RETURN_IF_ERROR(check_keys(endpoint, {"name", "versions"}, where));
+    EndpointEntry entry;
+    entry.name = endpoint["name"] ? endpoint["name"].as<std::string>() : "";
+    const YAML::Node versions = endpoint["versions"];
+    if (!versions || !versions.IsSequence()) {
+      return invalid_argument(where + ".versions: must be a list");
+    }
+    for (size_t v = 0; v < versions.size(); ++v) {
+      const std::string vwhere = where + ".versions[" + std::to_string(v) + "]";
+      const YAML::Node version = versions[v];
+      FLOTILLA_RETURN_IF_ERROR(check_keys(version, {"name", "traffic", "replicas"}, vwhere));
+      VersionEntry ventry;
+      ventry.name = version["name"] ? version["name"].as<std::string>() : "";
+      ventry.traffic = version["traffic"] ? version["traffic"].as<int64_t>() : 100;
+      const YAML::Node replicas = version["replicas"];
+      if (replicas && !replicas.IsSequence()) {
+        return invalid_argument(vwhere + ".replicas: must be a list");
+      }
+      for (size_t r = 0; replicas && r < replicas.size(); ++r) {
+        const std::string rwhere = vwhere + ".replicas[" + std::to_string(r) + "]";
+        const YAML::Node replica = replicas[r];
+        FLOTILLA_RETURN_IF_ERROR(
+            check_keys(replica, {"id", "address", "max_in_flight", "state"}, rwhere));
+        ReplicaEntry rentry;
+        rentry.id = replica["id"] ? replica["id"].as<std::string>() : "";
+        if (!replica["address"]) {
+          return invalid_argument(rwhere + ".address: is required");
+        }
+        FLOTILLA_RETURN_IF_ERROR(
+            parse_address(replica["address"].as<std::string>(), rwhere + ".address", rentry));
+        rentry.max_in_flight =
+            replica["max_in_flight"] ? replica["max_in_flight"].as<int64_t>() : 0;
+        if (replica["state"]) {
+          FLOTILLA_ASSIGN_OR_RETURN(
+              rentry.state, parse_state(replica["state"].as<std::string>(), rwhere + ".state"));
+        }
+        ventry.replicas.push_back(std::move(rentry));
+      }
+      entry.versions.push_back(std::move(ventry));
+    }
+    table.endpoints.push_back(std::move(entry));
+  }
+  return table;
+}
+
+}  // namespace
+
+const EndpointEntry* EndpointTable::find(std::string_view name) const {
+  for (const EndpointEntry& endpoint : endpoints) {
+    if (endpoint.name == name) {
+      return &endpoint;
+    }
+  }
+  return nullptr;
+}
+
+Status validate_endpoint_table(const EndpointTable& table) {
+  std::set<std::string> endpoint_names;
+  for (size_t e = 0; e < table.endpoints.size(); ++e) {
+    const EndpointEntry& endpoint = table.endpoints[e];
+    const std::string where = "endpoints[" + std::to_string(e) + "]";
+    FLOTILLA_RETURN_IF_ERROR(check_name(endpoint.name, where + ".name"));
+    if (!endpoint_names.insert(endpoint.name).second) {
+      return invalid_argument(where + ".name: endpoint '" + endpoint.name + "' appears twice");
+    }
+    if (endpoint.versions.empty()) {
+      return invalid_argument(where + ".versions: needs at least one version");
+    }
+    int64_t traffic = 0;
+    std::set<std::string> version_names;
+    std::set<std::string> replica_ids;
+    for (size_t v = 0; v < endpoint.versions.size(); ++v) {
+      const VersionEntry& version = endpoint.versions[v];
+      const std::string vwhere = where + ".versions[" + std::to_string(v) + "]";
+      FLOTILLA_RETURN_IF_ERROR(check_name(version.name, vwhere + ".name"));
+      if (!version_names.insert(version.name).second) {
+        return invalid_argument(vwhere + ".name: version '" + version.name + "' appears twice");
+      }
+      if (version.traffic < 0 || version.traffic > 100) {
+        return invalid_argument(vwhere + ".traffic: must be a percentage in [0, 100]");
+      }
+      traffic += version.traffic;
+      for (size_t r = 0; r < version.replicas.size(); ++r) {
+        const ReplicaEntry& replica = version.replicas[r];
+        const std::string rwhere = vwhere + ".replicas[" + std::to_string(r) + "]";
+        FLOTILLA_RETURN_IF_ERROR(check_name(replica.id, rwhere + ".id"));
+        if (!replica_ids.insert(replica.id).second) {
+          return invalid_argument(rwhere + ".id: replica '" + replica.id +
+                                  "' appears twice in endpoint '" + endpoint.name + "'");
+        }
+        if (replica.host.empty() || replica.port == 0) {
+          return invalid_argument(rwhere + ".address: needs a host and a port");
+        }
+        if (replica.max_in_flight < 0) {
+          return invalid_argument(rwhere + ".max_in_flight: must be >= 0 (0: no cap)");
+        }
+      }
+    }
+    if (traffic != 100) {
+      return invalid_argument(where + ": traffic of the versions sums to " +
+                              std::to_string(traffic) + ", not 100");
+    }
+  }
+  return Status::ok();
+}
+
+Result<EndpointTable> parse_endpoint_table_yaml(std::string_view text) {
+  EndpointTable table;
+  try {
+    FLOTILLA_ASSIGN_OR_RETURN(table, read_table(YAML::Load(std::string(text))));
+  } catch (const std::exception& e) {
+    // yaml-cpp throws on syntax errors and on scalars of the wrong type.
+    return invalid_argument(std::string("invalid endpoint config: ") + e.what());
+  }
+  FLOTILLA_RETURN_IF_ERROR(validate_endpoint_table(table));
+  return table;
+}
+
+}  // namespace flotilla::gateway
