@@ -90,14 +90,6 @@ Status append_element(simdjson::dom::element value, Tensor& tensor, const char* 
 
 namespace {
 
-std::string shape_text(const std::vector<int64_t>& shape) {
-  std::string text = "[";
-  for (size_t i = 0; i < shape.size(); ++i) {
-    text += (i ? "," : "") + std::to_string(shape[i]);
-  }
-  return text + "]";
-}
-
 // Nested data must follow the shape exactly: dimension `dim` has shape[dim] entries, arrays
 // above the last dimension and scalars in it.
 Status append_shaped(simdjson::dom::array array, Tensor& tensor, const std::string& where,
@@ -125,6 +117,14 @@ Status append_shaped(simdjson::dom::array array, Tensor& tensor, const std::stri
 }
 
 }  // namespace
+
+std::string shape_text(const std::vector<int64_t>& shape) {
+  std::string text = "[";
+  for (size_t i = 0; i < shape.size(); ++i) {
+    text += (i ? "," : "") + std::to_string(shape[i]);
+  }
+  return text + "]";
+}
 
 Status append_data(simdjson::dom::element value, Tensor& tensor, const std::string& where) {
   simdjson::dom::array array;

@@ -20,6 +20,9 @@ Result<simdjson::dom::element> parse_json(std::string& body);
 Status append_element(simdjson::dom::element value, Tensor& tensor, const char* where_prefix,
                       int64_t index);
 
+// "[2,30]": a shape as messages show it.
+std::string shape_text(const std::vector<int64_t>& shape);
+
 // Appends a tensor's `data` to `tensor` in row-major order: a flat array of any length (the
 // caller checks the count), or arrays nested exactly as tensor.shape says.
 Status append_data(simdjson::dom::element value, Tensor& tensor, const std::string& where);

@@ -114,15 +114,8 @@ Result<Tensor> decode_input(element value, size_t index, size_t body_size) {
   FLOTILLA_RETURN_IF_ERROR(detail::append_data(data, tensor, named));
   const int64_t got = static_cast<int64_t>(tensor.data.size() / element_size(tensor.datatype));
   if (got != expected) {
-    return invalid_argument(named + ": shape " +
-                            [&] {
-                              std::string text = "[";
-                              for (size_t i = 0; i < tensor.shape.size(); ++i) {
-                                text += (i ? "," : "") + std::to_string(tensor.shape[i]);
-                              }
-                              return text + "]";
-                            }() +
-                            " needs " + std::to_string(expected) + " elements but data has " +
+    return invalid_argument(named + ": shape " + detail::shape_text(tensor.shape) + " needs " +
+                            std::to_string(expected) + " elements but data has " +
                             std::to_string(got));
   }
   return tensor;
