@@ -12,6 +12,8 @@ PACKAGES=(
   libyaml-cpp-dev libxgboost-dev libssl-dev libgtest-dev libgmock-dev libbenchmark-dev
   # tests, fixtures and benchmarks
   python3 python3-xgboost python3-sklearn python3-numpy python3-aiohttp prometheus wrk curl
+  # peer proxies and load generators for bench/gateway (../shared/bench/peers)
+  nginx haproxy hey
 )
 
 missing=()
@@ -30,5 +32,18 @@ if [ "$(id -u)" -ne 0 ]; then
 fi
 echo "setup: installing ${missing[*]}" >&2
 $SUDO apt-get update -qq
-# The prometheus package is installed only for promtool; it must not start a server here.
-DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >&2
+# prometheus (for promtool), nginx and haproxy are installed as tools: their services must not
+# start here. A policy-rc.d that refuses every start keeps them down during the install.
+policy=/usr/sbin/policy-rc.d
+own_policy=0
+if [ ! -e "$policy" ]; then
+  printf '#!/bin/sh\nexit 101\n' | $SUDO tee "$policy" >/dev/null
+  $SUDO chmod +x "$policy"
+  own_policy=1
+fi
+status=0
+DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >&2 || status=$?
+if [ "$own_policy" -eq 1 ]; then
+  $SUDO rm -f "$policy"
+fi
+exit "$status"

@@ -1,4 +1,4 @@
-// `flotilla`: the command-line entry point. Subcommands: replica.
+// `flotilla`: the command-line entry point. Subcommands: replica, gateway.
 #include <chrono>
 #include <cstdio>
 #include <iostream>
@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 #include <spdlog/spdlog.h>
 
+#include "cli/commands.h"
 #include "common/common.h"
 #include "replica/replica.h"
 #include "runtime/runtime.h"
@@ -14,10 +15,9 @@
 namespace flotilla {
 namespace {
 
-// Exit codes: 0 clean, 1 drain timed out, 2 bad arguments or model, 3 cannot listen.
-constexpr int kExitDrainTimeout = 1;
-constexpr int kExitBadInput = 2;
-constexpr int kExitCannotListen = 3;
+using cli::kExitBadInput;
+using cli::kExitCannotListen;
+using cli::kExitDrainTimeout;
 
 struct ReplicaFlags {
   std::string model;
@@ -154,6 +154,7 @@ int main(int argc, char** argv) {
   app.set_version_flag("--version", FLOTILLA_VERSION);
   flotilla::ReplicaFlags replica_flags;
   flotilla::add_replica_command(app, replica_flags);
+  auto run_gateway = flotilla::cli::add_gateway_command(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -161,6 +162,9 @@ int main(int argc, char** argv) {
   }
   if (app.got_subcommand("replica")) {
     return flotilla::run_replica(replica_flags);
+  }
+  if (app.got_subcommand("gateway")) {
+    return run_gateway();
   }
   return 0;
 }

@@ -164,6 +164,26 @@ class SeededRandom final : public Random {
 };
 
 // ---------------------------------------------------------------------------------------------
+// Text
+
+// ASCII case-insensitive equality (HTTP header names, auth schemes).
+inline bool equals_ignore_case(std::string_view a, std::string_view b) {
+  if (a.size() != b.size()) {
+    return false;
+  }
+  for (size_t i = 0; i < a.size(); ++i) {
+    char x = a[i];
+    char y = b[i];
+    x = (x >= 'A' && x <= 'Z') ? static_cast<char>(x + 32) : x;
+    y = (y >= 'A' && y <= 'Z') ? static_cast<char>(y + 32) : y;
+    if (x != y) {
+      return false;
+    }
+  }
+  return true;
+}
+
+// ---------------------------------------------------------------------------------------------
 // Logging
 
 // Sends spdlog's default logger to stderr at `level` ("trace" .. "off"). Returns an error for

@@ -73,7 +73,7 @@ Status check_keys(const YAML::Node& node, std::initializer_list<const char*> kno
 
 Result<EndpointTable> read_table(const YAML::Node& root) {
   EndpointTable table;
-  FLOTILLA_RETURN_IF_ERROR(check_keys(root, {"endpoints"}, "config"));
+  FLOTILLA_RETURN_IF_ERROR(check_keys(root, {"endpoints", "auth"}, "config"));
   const YAML::Node endpoints = root["endpoints"];
   if (!endpoints || !endpoints.IsSequence()) {
     return invalid_argument("endpoints: must be a list");

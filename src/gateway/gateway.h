@@ -17,6 +17,8 @@
 #include <vector>
 
 #include "common/common.h"
+#include "gateway/auth.h"
+#include "http/http.h"
 
 namespace flotilla::gateway {
 
@@ -139,6 +141,11 @@ class AdmissionQueue {
     return entries_.empty() ? std::nullopt : std::optional<TimePoint>(entries_.front().deadline);
   }
 
+  // The newest entry's deadline: a later push must not be earlier. nullopt when empty.
+  std::optional<TimePoint> last_deadline() const {
+    return entries_.empty() ? std::nullopt : std::optional<TimePoint>(entries_.back().deadline);
+  }
+
   size_t size() const { return entries_.size(); }
   size_t capacity() const { return capacity_; }
 
@@ -149,6 +156,108 @@ class AdmissionQueue {
   };
   size_t capacity_;
   std::deque<Entry> entries_;
+};
+
+// ---- Routing: which endpoint a request is for, and where it goes on the replica ---------------
+
+enum class RouteKind {
+  kInvocations,  // /serving-endpoints/{endpoint}/invocations → /invocations
+  kOip,          // /v2/models/{endpoint}[/...] → the same path
+  kOpenAi,       // /v1/completions, /v1/chat/completions; endpoint from the body's "model"
+  kCatchAll,     // any other path, to the default endpoint when one is set
+  kListModels,   // GET /v1/models
+  kHealth,       // /v2/health/live, /v2/health/ready
+  kMetrics,      // /metrics
+  kStats,        // /gateway/stats
+  kNotFound,
+  kBadRequest,  // an OpenAI body without a string "model"
+};
+
+struct Route {
+  RouteKind kind = RouteKind::kNotFound;
+  std::string endpoint;
+  std::string upstream_target;  // path and query to send to the replica
+  std::string error;            // for kBadRequest
+};
+
+// Classifies a request. `default_endpoint` (may be empty) receives paths no route claims.
+// Pure; the body is only scanned for the top-level "model" field of OpenAI routes.
+Route route_request(http::Method method, std::string_view target, std::string_view body,
+                    std::string_view default_endpoint);
+
+// ---- The gateway server ------------------------------------------------------------------------
+
+// Asked for capacity when a request arrives for an endpoint with no ready replica (scale from
+// zero). Called from a worker thread at most once per second per endpoint; must not block.
+// The autoscaler (issue #5) implements it.
+class CapacityRequester {
+ public:
+  virtual ~CapacityRequester() = default;
+  virtual void request_capacity(const std::string& endpoint) = 0;
+};
+
+// One second of an endpoint's load, as the autoscaler reads it (DESIGN.md §4).
+struct EndpointSample {
+  int64_t unix_ms = 0;       // the end of the second
+  double concurrency = 0;    // mean in-flight requests at the replicas over the second
+  double queued = 0;         // mean requests waiting in the admission queue
+  uint64_t arrivals = 0;     // requests admitted for the endpoint (after auth and routing)
+  uint64_t completions = 0;  // responses sent, any code
+  uint64_t rejected = 0;     // 429s from the queue
+};
+
+struct GatewayOptions {
+  http::ServerOptions server;
+  BalancerKind balancer = BalancerKind::kPowerOfTwo;
+  size_t queue_capacity = 1024;  // per endpoint
+  std::chrono::milliseconds queue_timeout{5'000};
+  // How long a request waits for an endpoint with no ready replica (scale from zero).
+  std::chrono::milliseconds cold_start_timeout{60'000};
+  std::chrono::milliseconds upstream_timeout{60'000};
+  http::ClientOptions client;
+  // Outlier detection: this many consecutive failures eject a replica; it is probed back in
+  // after `ejection_time`, doubling per repeated ejection up to `max_ejection_time`.
+  int eject_after_failures = 3;
+  std::chrono::milliseconds ejection_time{1'000};
+  std::chrono::milliseconds max_ejection_time{30'000};
+  // Paths that no route claims go to this endpoint (empty: 404). `flotilla gateway
+  // --upstreams` uses it to front plain HTTP servers.
+  std::string default_endpoint;
+  // JSON access log: a file path, "-" for stderr, "" for none.
+  std::string access_log;
+  uint64_t seed = 0;  // 0: seeded from the clock
+};
+
+// An HTTP gateway in front of the endpoints' replicas (DESIGN.md §1). Thread-safety: create()
+// and run() on one thread; update_table(), update_auth(), drain(), samples() from any thread.
+class Gateway {
+ public:
+  // Binds the listening socket. `table` must be valid (validate_endpoint_table). `auth`
+  // disabled lets every request through. `capacity` may be null; if not, it must outlive
+  // the gateway. `registry` must outlive the gateway.
+  static Result<std::unique_ptr<Gateway>> create(const GatewayOptions& options, EndpointTable table,
+                                                 AuthConfig auth, CapacityRequester* capacity,
+                                                 MetricsRegistry& registry);
+  virtual ~Gateway() = default;
+
+  virtual uint16_t port() const = 0;
+  // Serves until a drain completes; blocks. True when every in-flight request finished.
+  virtual bool run() = 0;
+  virtual void drain(std::chrono::milliseconds timeout) = 0;
+  virtual void drain_on_signals(std::chrono::milliseconds timeout) = 0;
+
+  // Swaps the endpoint table atomically. An invalid table is refused (the old one stays).
+  // Requests in flight finish where they are; removed replicas get no new requests, and
+  // queued requests of endpoints that gained room are dispatched.
+  virtual Status update_table(EndpointTable table) = 0;
+  virtual void update_auth(AuthConfig auth) = 0;
+  // Reloads `path` (YAML with `endpoints:` and optionally `auth:`) whenever it changes,
+  // checking every `interval`. A file that does not parse is logged and ignored.
+  virtual void watch_config(const std::string& path, std::chrono::milliseconds interval) = 0;
+
+  // The last `seconds` one-second samples of an endpoint, oldest first (at most 600 kept).
+  virtual std::vector<EndpointSample> samples(const std::string& endpoint,
+                                              size_t seconds) const = 0;
 };
 
 }  // namespace flotilla::gateway

@@ -32,15 +32,27 @@ struct ServerOptions {
   std::chrono::milliseconds header_timeout{10'000};
   std::chrono::milliseconds body_timeout{30'000};
   std::chrono::milliseconds idle_timeout{60'000};
+  // Copy every request header into Request::headers (a proxy forwards them); off by default so
+  // servers that do not need them pay nothing.
+  bool capture_headers = false;
 };
 
 enum class Method { kGet, kHead, kPost, kPut, kDelete, kOther };
+
+std::string_view method_name(Method method);  // "GET", ...; "" for kOther
+
+using Headers = std::vector<std::pair<std::string, std::string>>;
+
+// The value of header `name` (case-insensitive) in `headers`, or "" when absent.
+std::string_view find_header(const Headers& headers, std::string_view name);
 
 struct Request {
   Method method = Method::kOther;
   std::string target;  // path and query, as sent
   std::string content_type;
   std::string body;
+  // Every header as received, in order, when ServerOptions::capture_headers is set; else empty.
+  Headers headers;
 };
 
 struct Response {
@@ -68,6 +80,11 @@ class Responder {
 
   void send(Response&& response);
 
+  // Runs `on_gone` on the connection's worker thread if the client closes its connection before
+  // the response is sent (a proxy cancels the upstream request). Call at most once, from the
+  // handler's thread, before send(). Costs no system call while the client stays.
+  void on_client_gone(std::function<void()> on_gone);
+
  private:
   std::shared_ptr<detail::Exchange> exchange_;
 };
@@ -84,6 +101,25 @@ void defer_on_current_loop(std::function<void()> task,
 // The index of the server worker whose thread is running, in [0, Server::worker_count()), or
 // -1 on any other thread. Lets a handler keep per-worker state without locks.
 int current_worker_index();
+
+// The event loop of a server worker: tasks posted to it run on that worker's thread. Cheap to
+// copy; valid while the server runs (tasks posted after it stopped are dropped).
+class Loop {
+ public:
+  Loop() = default;
+  // The loop of the calling worker thread; a null Loop on other threads.
+  static Loop current();
+  bool valid() const { return context_ != nullptr; }
+  void post(std::function<void()> task) const;
+  // Runs `task` on this loop after `delay`.
+  void post_after(std::chrono::microseconds delay, std::function<void()> task) const;
+  // The underlying boost::asio::io_context, for module-internal code (the http client).
+  void* native() const { return context_; }
+
+ private:
+  explicit Loop(void* context) : context_(context) {}
+  void* context_ = nullptr;
+};
 
 class Server {
  public:
@@ -106,6 +142,76 @@ class Server {
   // True once a drain has started (readiness should then answer "not ready").
   virtual bool draining() const = 0;
   virtual int worker_count() const = 0;
+};
+
+// ---- Client: keep-alive connections to upstream servers -----------------------------------------
+
+struct ClientOptions {
+  std::chrono::milliseconds connect_timeout{2'000};
+  size_t max_idle_per_upstream = 512;  // idle keep-alive connections kept per host:port
+  size_t max_response_bytes = 64 * 1024 * 1024;
+};
+
+// Why an upstream exchange failed. kConnect and kClosedBeforeResponse are safe to retry on
+// another server: no byte of the response was seen.
+enum class UpstreamFailure {
+  kNone,
+  kConnect,               // connect refused, unreachable or timed out
+  kClosedBeforeResponse,  // reset or closed before the first response byte
+  kClosedDuringResponse,  // reset or closed mid-response
+  kTimeout,               // no complete response within the request's timeout
+  kBadResponse,           // unparsable or over-large response
+  kCancelled,             // cancel() was called
+};
+
+std::string_view failure_name(UpstreamFailure failure);
+
+struct ClientRequest {
+  Method method = Method::kPost;
+  std::string target;
+  Headers headers;  // sent as given, plus Host, Content-Length and keep-alive
+  std::string body;
+};
+
+struct ClientResponse {
+  UpstreamFailure failure = UpstreamFailure::kNone;
+  std::string error;  // why, when failure != kNone
+  int status = 0;
+  // End-to-end headers; hop-by-hop ones (Connection, Keep-Alive, Transfer-Encoding,
+  // Content-Length, ...) are left out. Content-Type is in content_type.
+  Headers headers;
+  std::string content_type;
+  std::string body;
+  // The request, handed back when failure is kConnect or kClosedBeforeResponse so the caller
+  // can send it elsewhere.
+  ClientRequest unsent;
+};
+
+// A pool of keep-alive HTTP/1.1 connections to any number of upstreams, confined to one event
+// loop: create it, call it and destroy it on that loop's thread. A connection carries one
+// request at a time; finished ones go back to the pool, idle ones are reused newest first.
+// A request on a reused connection that fails before any response byte (the upstream closed
+// it while idle) is retried once on a fresh connection, so callers see kClosedBeforeResponse
+// only when the upstream itself failed.
+class ClientPool {
+ public:
+  using Callback = std::function<void(ClientResponse&& response)>;
+  // A cancellation handle for one call; a default one, or one whose call ended, does nothing.
+  struct CallHandle {
+    std::weak_ptr<void> connection;
+    uint64_t generation = 0;
+  };
+
+  static std::unique_ptr<ClientPool> create(Loop loop, const ClientOptions& options);
+  virtual ~ClientPool() = default;
+
+  // Sends `request` to host:port and calls `done` exactly once on the loop's thread, never
+  // inline. `timeout` bounds the whole exchange after the connection is made.
+  virtual CallHandle send(const std::string& host, uint16_t port, ClientRequest&& request,
+                          std::chrono::milliseconds timeout, Callback done) = 0;
+  // Aborts a call: its connection is closed and `done` gets kCancelled.
+  virtual void cancel(const CallHandle& handle) = 0;
+  virtual size_t idle_connections() const = 0;
 };
 
 }  // namespace flotilla::http

@@ -1,0 +1,298 @@
+// `flotilla gateway`: the gateway as its own process, fronting the replicas of a YAML endpoint
+// table (--config, reloaded when it changes) or a plain list of upstreams (--upstreams).
+#include <fstream>
+#include <iostream>
+#include <memory>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+#include <spdlog/spdlog.h>
+
+#include "cli/commands.h"
+#include "common/common.h"
+#include "gateway/gateway.h"
+
+namespace flotilla::cli {
+namespace {
+
+struct GatewayFlags {
+  std::string listen = "127.0.0.1:8080";
+  std::string config;
+  std::string upstreams;
+  std::string default_endpoint;
+  int64_t max_in_flight = 0;
+  int workers = 0;
+  std::string balancer = "p2c";
+  size_t queue_size = 1024;
+  int64_t queue_timeout_ms = 5'000;
+  int64_t cold_start_timeout_ms = 60'000;
+  int64_t upstream_timeout_ms = 60'000;
+  int eject_after = 3;
+  size_t max_body_bytes = 8 * 1024 * 1024;
+  size_t max_header_bytes = 16 * 1024;
+  size_t max_connections = 10'000;
+  int64_t header_timeout_ms = 10'000;
+  int64_t body_timeout_ms = 30'000;
+  int64_t idle_timeout_ms = 60'000;
+  int64_t drain_timeout_ms = 30'000;
+  int64_t config_poll_ms = 1'000;
+  std::string access_log;
+  std::string log_level = "info";
+};
+
+struct MintFlags {
+  std::string id;
+  std::vector<std::string> endpoints;
+};
+
+// "host:port" → host and port.
+Result<std::pair<std::string, uint16_t>> split_address(const std::string& address) {
+  const size_t colon = address.rfind(':');
+  if (colon == std::string::npos || colon == 0 || colon + 1 == address.size()) {
+    return invalid_argument("'" + address + "' is not host:port");
+  }
+  try {
+    const int port = std::stoi(address.substr(colon + 1));
+    if (port < 0 || port > 65535) {
+      return invalid_argument("port in '" + address + "' must be 0 to 65535");
+    }
+    return std::make_pair(address.substr(0, colon), static_cast<uint16_t>(port));
+  } catch (const std::exception&) {
+    return invalid_argument("port in '" + address + "' is not a number");
+  }
+}
+
+// --upstreams a:1,b:2 → one endpoint "default" with one version whose replicas are those.
+Result<gateway::EndpointTable> table_from_upstreams(const std::string& list, int64_t cap) {
+  gateway::EndpointEntry endpoint;
+  endpoint.name = "default";
+  gateway::VersionEntry& version = endpoint.versions.emplace_back();
+  version.name = "v1";
+  version.traffic = 100;
+  std::stringstream stream(list);
+  std::string item;
+  while (std::getline(stream, item, ',')) {
+    FLOTILLA_ASSIGN_OR_RETURN(auto address, split_address(item));
+    gateway::ReplicaEntry& replica = version.replicas.emplace_back();
+    replica.id = "r" + std::to_string(version.replicas.size());
+    replica.host = address.first;
+    replica.port = address.second;
+    replica.max_in_flight = cap;
+  }
+  gateway::EndpointTable table;
+  table.endpoints.push_back(std::move(endpoint));
+  FLOTILLA_RETURN_IF_ERROR(gateway::validate_endpoint_table(table));
+  return table;
+}
+
+Result<std::string> read_file(const std::string& path) {
+  std::ifstream file(path);
+  if (!file) {
+    return invalid_argument("cannot read '" + path + "'");
+  }
+  std::stringstream text;
+  text << file.rdbuf();
+  return text.str();
+}
+
+int fail(const std::string& message) {
+  std::cerr << "flotilla gateway: " << message << "\n";
+  return kExitBadInput;
+}
+
+int run_gateway(const GatewayFlags& flags) {
+  if (Status status = init_logging(flags.log_level); !status.is_ok()) {
+    return fail(status.message());
+  }
+  if (flags.config.empty() == flags.upstreams.empty()) {
+    return fail("give exactly one of --config FILE or --upstreams HOST:PORT,...");
+  }
+  auto listen = split_address(flags.listen);
+  if (!listen.is_ok()) {
+    return fail("--listen: " + listen.status().message());
+  }
+  auto balancer = gateway::parse_balancer_kind(flags.balancer);
+  if (!balancer.is_ok()) {
+    return fail("--balancer: " + balancer.status().message());
+  }
+  gateway::EndpointTable table;
+  gateway::AuthConfig auth;
+  std::string default_endpoint = flags.default_endpoint;
+  if (!flags.config.empty()) {
+    auto text = read_file(flags.config);
+    if (!text.is_ok()) {
+      return fail(text.status().message());
+    }
+    auto parsed = gateway::parse_endpoint_table_yaml(*text);
+    if (!parsed.is_ok()) {
+      return fail(flags.config + ": " + parsed.status().message());
+    }
+    auto parsed_auth = gateway::parse_auth_config_yaml(*text);
+    if (!parsed_auth.is_ok()) {
+      return fail(flags.config + ": " + parsed_auth.status().message());
+    }
+    table = std::move(parsed).value();
+    auth = std::move(parsed_auth).value();
+  } else {
+    auto parsed = table_from_upstreams(flags.upstreams, flags.max_in_flight);
+    if (!parsed.is_ok()) {
+      return fail("--upstreams: " + parsed.status().message());
+    }
+    table = std::move(parsed).value();
+    if (default_endpoint.empty()) {
+      default_endpoint = "default";
+    }
+  }
+
+  gateway::GatewayOptions options;
+  options.server.host = listen->first;
+  options.server.port = listen->second;
+  options.server.workers = flags.workers;
+  options.server.max_body_bytes = flags.max_body_bytes;
+  options.server.max_header_bytes = flags.max_header_bytes;
+  options.server.max_connections = flags.max_connections;
+  options.server.header_timeout = std::chrono::milliseconds(flags.header_timeout_ms);
+  options.server.body_timeout = std::chrono::milliseconds(flags.body_timeout_ms);
+  options.server.idle_timeout = std::chrono::milliseconds(flags.idle_timeout_ms);
+  options.balancer = *balancer;
+  options.queue_capacity = flags.queue_size;
+  options.queue_timeout = std::chrono::milliseconds(flags.queue_timeout_ms);
+  options.cold_start_timeout = std::chrono::milliseconds(flags.cold_start_timeout_ms);
+  options.upstream_timeout = std::chrono::milliseconds(flags.upstream_timeout_ms);
+  options.eject_after_failures = flags.eject_after;
+  options.default_endpoint = default_endpoint;
+  options.access_log = flags.access_log;
+
+  MetricsRegistry& registry = default_registry();
+  register_process_metrics(registry);
+  auto created =
+      gateway::Gateway::create(options, std::move(table), std::move(auth), nullptr, registry);
+  if (!created.is_ok()) {
+    std::cerr << "flotilla gateway: " << created.status().message() << "\n";
+    return created.status().code() == StatusCode::kInvalidArgument ? kExitBadInput
+                                                                   : kExitCannotListen;
+  }
+  gateway::Gateway& gw = **created;
+  if (!flags.config.empty()) {
+    gw.watch_config(flags.config, std::chrono::milliseconds(flags.config_poll_ms));
+  }
+  gw.drain_on_signals(std::chrono::milliseconds(flags.drain_timeout_ms));
+  // The first stdout line is for scripts and orchestrators: where to reach the gateway.
+  const nlohmann::json listening = {
+      {"event", "listening"}, {"host", listen->first}, {"port", gw.port()}};
+  std::cout << listening.dump() << std::endl;
+  spdlog::info("gateway listening on {}:{}", listen->first, gw.port());
+  const bool clean = gw.run();
+  spdlog::info(clean ? "drained, exiting" : "drain timed out, exiting");
+  return clean ? 0 : kExitDrainTimeout;
+}
+
+int run_mint_token(const MintFlags& flags) {
+  auto minted = gateway::generate_token(flags.id, flags.endpoints);
+  if (!minted.is_ok()) {
+    return fail(minted.status().message());
+  }
+  // The token goes to stdout once; only the record (a salted hash) belongs in the config.
+  std::cout << "token: " << minted->token << "\n"
+            << "config (under auth.tokens):\n  - " << gateway::token_record_yaml(minted->record)
+            << "\n";
+  return 0;
+}
+
+}  // namespace
+
+std::function<int()> add_gateway_command(CLI::App& app) {
+  auto flags = std::make_shared<GatewayFlags>();
+  auto mint = std::make_shared<MintFlags>();
+  CLI::App* cmd = app.add_subcommand(
+      "gateway",
+      "Serve the gateway: auth, routing, power-of-two-choices balancing, admission queue, "
+      "retries, in front of the replicas of an endpoint table.");
+  cmd->add_option("--listen", flags->listen, "Address to listen on; port 0 picks a free one")
+      ->capture_default_str();
+  cmd->add_option("--config", flags->config,
+                  "YAML endpoint table (and auth); reloaded when the file changes");
+  cmd->add_option("--upstreams", flags->upstreams,
+                  "Comma-separated host:port list served as endpoint 'default' on every path");
+  cmd->add_option("--default-endpoint", flags->default_endpoint,
+                  "Endpoint that receives paths no route claims (default: none, 404)");
+  cmd->add_option("--max-in-flight", flags->max_in_flight,
+                  "With --upstreams: per-upstream concurrency cap (0: none)")
+      ->check(CLI::Range(int64_t{0}, int64_t{1'000'000}))
+      ->capture_default_str();
+  cmd->add_option("--workers", flags->workers, "Event-loop threads (0: one per core)")
+      ->check(CLI::Range(0, 256))
+      ->capture_default_str();
+  cmd->add_option("--balancer", flags->balancer,
+                  "p2c (power of two choices); round_robin and least_request for comparisons")
+      ->check(CLI::IsMember({"p2c", "round_robin", "least_request"}))
+      ->capture_default_str();
+  cmd->add_option("--queue-size", flags->queue_size,
+                  "Requests that may wait per endpoint when every replica is at its cap")
+      ->check(CLI::Range(size_t{0}, size_t{1'000'000}))
+      ->capture_default_str();
+  cmd->add_option("--queue-timeout-ms", flags->queue_timeout_ms,
+                  "How long a request may wait for a replica before 429")
+      ->check(CLI::Range(int64_t{0}, int64_t{3'600'000}))
+      ->capture_default_str();
+  cmd->add_option("--cold-start-timeout-ms", flags->cold_start_timeout_ms,
+                  "How long a request waits for an endpoint with no ready replica before 503")
+      ->check(CLI::Range(int64_t{0}, int64_t{3'600'000}))
+      ->capture_default_str();
+  cmd->add_option("--upstream-timeout-ms", flags->upstream_timeout_ms,
+                  "How long a replica may take to answer before 504")
+      ->check(CLI::Range(int64_t{1}, int64_t{3'600'000}))
+      ->capture_default_str();
+  cmd->add_option("--eject-after", flags->eject_after,
+                  "Consecutive failures that eject a replica until it answers a probe")
+      ->check(CLI::Range(1, 1000))
+      ->capture_default_str();
+  cmd->add_option("--max-body-bytes", flags->max_body_bytes, "Largest request body (413 above)")
+      ->check(CLI::Range(size_t{1}, size_t{1} << 32))
+      ->capture_default_str();
+  cmd->add_option("--max-header-bytes", flags->max_header_bytes,
+                  "Largest request header (431 above)")
+      ->check(CLI::Range(size_t{256}, size_t{1} << 20))
+      ->capture_default_str();
+  cmd->add_option("--max-connections", flags->max_connections,
+                  "Open client connections at most (503 above)")
+      ->check(CLI::Range(size_t{1}, size_t{1'000'000}))
+      ->capture_default_str();
+  cmd->add_option("--header-timeout-ms", flags->header_timeout_ms,
+                  "Time to receive a request header")
+      ->check(CLI::Range(int64_t{1}, int64_t{3'600'000}))
+      ->capture_default_str();
+  cmd->add_option("--body-timeout-ms", flags->body_timeout_ms, "Time to receive a request body")
+      ->check(CLI::Range(int64_t{1}, int64_t{3'600'000}))
+      ->capture_default_str();
+  cmd->add_option("--idle-timeout-ms", flags->idle_timeout_ms,
+                  "Idle keep-alive connection lifetime")
+      ->check(CLI::Range(int64_t{1}, int64_t{3'600'000}))
+      ->capture_default_str();
+  cmd->add_option("--drain-timeout-ms", flags->drain_timeout_ms,
+                  "On SIGTERM, how long in-flight requests may take before exit")
+      ->check(CLI::Range(int64_t{0}, int64_t{3'600'000}))
+      ->capture_default_str();
+  cmd->add_option("--config-poll-ms", flags->config_poll_ms, "How often --config is checked")
+      ->check(CLI::Range(int64_t{10}, int64_t{3'600'000}))
+      ->capture_default_str();
+  cmd->add_option("--access-log", flags->access_log,
+                  "JSON access log: a file path, or - for stderr (default: none)");
+  cmd->add_option("--log-level", flags->log_level, "trace, debug, info, warn, error or off")
+      ->capture_default_str();
+
+  CLI::App* mint_cmd = cmd->add_subcommand(
+      "mint-token", "Create an API token: prints it once, with the salted hash for the config");
+  mint_cmd->add_option("--id", mint->id, "Public token id ([A-Za-z0-9-], up to 64)")->required();
+  mint_cmd->add_option("--endpoint", mint->endpoints,
+                       "Endpoint the token may call (repeat; none: all)");
+
+  return [cmd, mint_cmd, flags, mint]() -> int {
+    if (mint_cmd->parsed()) {
+      return run_mint_token(*mint);
+    }
+    return run_gateway(*flags);
+  };
+}
+
+}  // namespace flotilla::cli

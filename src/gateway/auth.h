@@ -1,0 +1,112 @@
+// Bearer-token authentication for the gateway (issue #3): minting tokens, the `auth:` section of
+// the gateway config, and the per-request check.
+//
+// A client sends `Authorization: Bearer flt_<id>_<secret>`. The gateway stores only a salted
+// SHA-256 of the secret (TokenRecord), finds the record by its public id, and compares digests in
+// constant time, so a request costs one map lookup and one SHA-256 however many tokens exist.
+// Everything here is a value type or immutable after construction; nothing throws.
+#pragma once
+
+#include <cstddef>
+#include <functional>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <vector>
+
+#include "common/common.h"
+
+namespace flotilla::gateway {
+
+// A stored API token: never the token itself, only a salted SHA-256.
+struct TokenRecord {
+  std::string id;                      // public part, [A-Za-z0-9-]{1,64}
+  std::string salt;                    // lowercase hex, 16 random bytes
+  std::string sha256;                  // lowercase hex of SHA-256(salt bytes || secret text)
+  std::vector<std::string> endpoints;  // the endpoints it may call; empty = all
+
+  bool operator==(const TokenRecord&) const = default;
+};
+
+// A freshly minted token: `token` is shown to the user once and then forgotten; only `record`
+// is stored. Token text: "flt_<id>_<secret>", the secret being 32 random bytes as 64 lowercase
+// hex characters.
+struct NewToken {
+  std::string token;
+  TokenRecord record;
+};
+
+// Mints a token for `id` scoped to `endpoints` (empty: all), drawing salt and secret from
+// OpenSSL's RAND_bytes. Errors: kInvalidArgument naming `id` or `endpoints[i]` when one is not a
+// valid name; kInternal when the RNG fails. Thread-safe; does not block beyond RAND_bytes.
+Result<NewToken> generate_token(std::string id, std::vector<std::string> endpoints);
+
+// The lowercase hex SHA-256 of the bytes that `salt_hex` encodes followed by the bytes of
+// `secret` as given (for a token, the 64 hex characters after "flt_<id>_"). Returns "" when
+// `salt_hex` is not hex (so it can never equal a stored digest) or OpenSSL fails. Thread-safe.
+std::string hash_secret(std::string_view salt_hex, std::string_view secret);
+
+// The outcome of checking one request; the HTTP status to answer with follows each value.
+enum class AuthResult {
+  kAllowed,    // 200: go on
+  kMissing,    // 401: no Authorization header
+  kInvalid,    // 401: a header that is not a well-formed bearer token we know (wrong scheme,
+               //      malformed token, unknown id, wrong secret)
+  kForbidden,  // 403: a valid token that is not scoped to the requested endpoint
+};
+
+// Checks bearer tokens against a fixed set of records. Immutable after construction: check() is
+// thread-safe and lock-free, so one instance may be shared by all workers (for example as a
+// std::shared_ptr<const Authenticator> snapshot swapped on reload).
+class Authenticator {
+ public:
+  // Indexes `tokens` by id. The records are expected to be valid (from parse_auth_config_yaml
+  // or generate_token): for a duplicate id the first record wins, and a record whose salt or
+  // digest is malformed never matches.
+  explicit Authenticator(std::vector<TokenRecord> tokens);
+
+  // `authorization`: the raw Authorization header value, "" when absent. `endpoint`: the
+  // endpoint the request targets, or "" for routes not tied to one (any valid token passes).
+  // The scheme "Bearer" is matched case-insensitively and followed by one or more spaces; the
+  // token must be the rest of the value. Costs one SHA-256 for a known id, none otherwise;
+  // digests are compared in constant time.
+  AuthResult check(std::string_view authorization, std::string_view endpoint) const;
+
+  // The number of distinct token ids indexed.
+  size_t size() const { return tokens_.size(); }
+
+ private:
+  // Lets find() take a string_view without building a std::string per request.
+  struct Hash {
+    using is_transparent = void;
+    size_t operator()(std::string_view text) const { return std::hash<std::string_view>{}(text); }
+  };
+  std::unordered_map<std::string, TokenRecord, Hash, std::equal_to<>> tokens_;
+};
+
+// The `auth:` section of the gateway config (docs/gateway.md).
+struct AuthConfig {
+  bool enabled = false;  // whether the section is present
+  std::vector<TokenRecord> tokens;
+  std::vector<std::string> open_routes;  // served without a token: health, metrics, stats, models
+};
+
+// Reads the `auth:` section of the gateway's YAML config text; other top-level sections (such as
+// `endpoints:`) are ignored:
+//   auth:
+//     tokens:
+//       - {id: ci, salt: "<32 hex>", sha256: "<64 hex>", endpoints: [fraud]}
+//     open_routes: [health, metrics]
+// Both keys are optional; `endpoints` may be omitted (all endpoints). Hex is stored lower case.
+// Returns enabled = false when there is no `auth:` section. Errors: kInvalidArgument naming the
+// field ("auth.tokens[1].sha256: must be 64 hex characters") for a YAML syntax error, a wrong
+// type, an unknown key, a bad id, salt, digest, endpoint or route, or a duplicate id.
+// Thread-safe.
+Result<AuthConfig> parse_auth_config_yaml(std::string_view text);
+
+// One YAML flow mapping for `record`, as parse_auth_config_yaml reads it under `tokens:` (no
+// leading "- ", no newline); `endpoints` is left out when empty. Used by the CLI that mints
+// tokens. Thread-safe.
+std::string token_record_yaml(const TokenRecord& record);
+
+}  // namespace flotilla::gateway

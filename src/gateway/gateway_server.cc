@@ -1,0 +1,1244 @@
+// The gateway server: routing, auth, admission, balancing, retries and outlier ejection around
+// the http module's server and client pools. docs/gateway.md describes the behaviour.
+//
+// Threads and ownership:
+// - Worker threads (one event loop each) run the handler. A request stays on the worker that
+//   read it; its upstream call goes through that worker's ClientPool.
+// - Per-replica and per-endpoint counters are atomics shared by all workers: a replica's cap
+//   must hold across workers. The fast path (a replica has room) takes no lock.
+// - The admission queue of an endpoint is the slow path: a mutex guards it. A slot freed on
+//   any thread hands itself to the oldest waiter, whose continuation is posted to its worker.
+// - The control thread samples load every 100 ms (1 s samples for the autoscaler) and reloads
+//   the config file. Table swaps publish a new immutable Snapshot; workers pick it up with one
+//   atomic load per request.
+#include <algorithm>
+#include <array>
+#include <atomic>
+#include <condition_variable>
+#include <deque>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <mutex>
+#include <sstream>
+#include <thread>
+#include <unordered_map>
+
+#include <nlohmann/json.hpp>
+#include <spdlog/spdlog.h>
+
+#include "gateway/access_log.h"
+#include "gateway/gateway.h"
+
+namespace flotilla::gateway {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using TimePoint = Clock::time_point;
+
+constexpr size_t kSamplesKept = 600;
+constexpr auto kSampleTick = std::chrono::milliseconds(100);
+constexpr int kTicksPerSample = 10;
+
+int64_t unix_ms_now() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+double seconds_between(TimePoint from, TimePoint to) {
+  return std::chrono::duration<double>(to - from).count();
+}
+
+http::Response json_error(int status, std::string_view message) {
+  http::Response response;
+  response.status = status;
+  response.body = nlohmann::json{{"error", message}}.dump();
+  return response;
+}
+
+// Counters by HTTP status code, registered on first use of each code so the output lists only
+// codes that occurred. inc() is lock-free once a code has been seen.
+class CodeCounters {
+ public:
+  CodeCounters(MetricsRegistry& registry, std::string name, std::string help, Labels labels)
+      : registry_(registry),
+        name_(std::move(name)),
+        help_(std::move(help)),
+        labels_(std::move(labels)) {}
+
+  void inc(int code) {
+    if (code < 100 || code > 599) {
+      code = 0;
+    }
+    Counter* counter = counters_[code].load(std::memory_order_acquire);
+    if (counter == nullptr) {
+      Labels labels = labels_;
+      labels.emplace_back("code", std::to_string(code));
+      counter = &registry_.counter(name_, help_, labels);
+      counters_[code].store(counter, std::memory_order_release);
+    }
+    counter->inc();
+  }
+
+ private:
+  MetricsRegistry& registry_;
+  std::string name_;
+  std::string help_;
+  Labels labels_;
+  std::array<std::atomic<Counter*>, 600> counters_{};
+};
+
+std::vector<double> latency_buckets() {
+  return exponential_buckets(0.0001, 2, 18);  // 100 µs .. 13 s
+}
+
+std::vector<double> added_latency_buckets() {
+  return exponential_buckets(0.000005, 2, 16);  // 5 µs .. 164 ms
+}
+
+// ---- Live state, kept across table swaps ------------------------------------------------------
+
+struct ReplicaRuntime {
+  ReplicaRuntime(const std::string& endpoint_name, const std::string& version_name,
+                 const ReplicaEntry& entry, MetricsRegistry& registry)
+      : endpoint(endpoint_name),
+        version(version_name),
+        id(entry.id),
+        host(entry.host),
+        port(entry.port),
+        address(entry.host + ":" + std::to_string(entry.port)),
+        codes(registry, "flotilla_gateway_replica_requests_total",
+              "Requests answered by a replica, by status code.",
+              {{"endpoint", endpoint_name}, {"replica", entry.id}}),
+        latency(registry.histogram("flotilla_gateway_replica_request_duration_seconds",
+                                   "Time from sending to a replica to its full response.",
+                                   latency_buckets(),
+                                   {{"endpoint", endpoint_name}, {"replica", entry.id}})),
+        in_flight_gauge(registry.gauge("flotilla_gateway_replica_in_flight_requests",
+                                       "Requests sent to a replica and not yet answered.",
+                                       {{"endpoint", endpoint_name}, {"replica", entry.id}})),
+        ejections(registry.counter("flotilla_gateway_replica_ejections_total",
+                                   "Times a replica was ejected by outlier detection.",
+                                   {{"endpoint", endpoint_name}, {"replica", entry.id}})) {
+    apply(entry);
+  }
+
+  void apply(const ReplicaEntry& entry) {
+    cap.store(entry.max_in_flight);
+    state.store(entry.state);
+  }
+
+  // Ready, not ejected and still in the table; the cap is checked separately.
+  bool eligible() const {
+    return state.load(std::memory_order_relaxed) == ReplicaState::kReady &&
+           !ejected.load(std::memory_order_relaxed) && !removed.load(std::memory_order_relaxed);
+  }
+
+  // Takes one slot below the cap. Sequentially consistent with the queue counter, so a slot
+  // freed while a request is being queued is never missed (see enqueue()).
+  bool try_acquire() {
+    const int64_t limit = cap.load();
+    int64_t current = in_flight.load();
+    while (limit <= 0 || current < limit) {
+      if (in_flight.compare_exchange_weak(current, current + 1)) {
+        in_flight_gauge.add(1);
+        return true;
+      }
+    }
+    return false;
+  }
+
+  void release() {
+    in_flight.fetch_sub(1);
+    in_flight_gauge.add(-1);
+  }
+
+  const std::string endpoint;
+  const std::string version;
+  const std::string id;
+  const std::string host;
+  const uint16_t port;
+  const std::string address;
+  std::atomic<int64_t> cap{0};
+  std::atomic<ReplicaState> state{ReplicaState::kReady};
+  std::atomic<bool> removed{false};
+  std::atomic<int64_t> in_flight{0};
+  std::atomic<int> consecutive_failures{0};
+  std::atomic<bool> ejected{false};
+  std::atomic<int> ejection_count{0};
+  CodeCounters codes;
+  Histogram& latency;
+  Gauge& in_flight_gauge;
+  Counter& ejections;
+};
+
+struct ProxyCall;
+struct EndpointView;
+
+struct EndpointRuntime {
+  EndpointRuntime(const std::string& endpoint_name, size_t queue_capacity,
+                  MetricsRegistry& registry)
+      : name(endpoint_name),
+        queue(queue_capacity),
+        codes(registry, "flotilla_gateway_requests_total",
+              "Requests answered by the gateway for an endpoint, by status code.",
+              {{"endpoint", endpoint_name}}),
+        latency(registry.histogram("flotilla_gateway_request_duration_seconds",
+                                   "Time from a request's arrival to its response.",
+                                   latency_buckets(), {{"endpoint", endpoint_name}})),
+        added_latency(registry.histogram(
+            "flotilla_gateway_added_latency_seconds",
+            "Time a request spent in the gateway itself: total minus time at replicas, "
+            "including time in the admission queue.",
+            added_latency_buckets(), {{"endpoint", endpoint_name}})),
+        in_flight_gauge(registry.gauge("flotilla_gateway_in_flight_requests",
+                                       "Requests of an endpoint at its replicas.",
+                                       {{"endpoint", endpoint_name}})),
+        queue_gauge(registry.gauge("flotilla_gateway_queue_depth",
+                                   "Requests waiting in an endpoint's admission queue.",
+                                   {{"endpoint", endpoint_name}})),
+        retries(registry.counter("flotilla_gateway_retries_total",
+                                 "Requests retried on another replica after a failure.",
+                                 {{"endpoint", endpoint_name}})) {}
+
+  const std::string name;
+  std::mutex mutex;
+  AdmissionQueue<std::shared_ptr<ProxyCall>> queue;  // guarded by mutex
+  std::shared_ptr<const EndpointView> view;          // guarded by mutex; the latest table's
+  std::atomic<bool> removed{false};
+  std::atomic<int64_t> queued{0};  // entries in `queue`, read without the lock
+  std::atomic<int64_t> in_flight{0};
+  std::atomic<uint64_t> arrivals{0};
+  std::atomic<uint64_t> completions{0};
+  std::atomic<uint64_t> rejected{0};
+  std::atomic<int64_t> last_capacity_request_ms{0};
+  CodeCounters codes;
+  Histogram& latency;
+  Histogram& added_latency;
+  Gauge& in_flight_gauge;
+  Gauge& queue_gauge;
+  Counter& retries;
+
+  // Registry of replica state by "version/id@host:port"; touched only under the gateway's
+  // swap mutex.
+  std::map<std::string, std::shared_ptr<ReplicaRuntime>> replicas;
+
+  // Sampling, on the control thread; `samples` also read by samples() under samples_mutex.
+  double concurrency_sum = 0;
+  double queued_sum = 0;
+  int ticks = 0;
+  uint64_t last_arrivals = 0;
+  uint64_t last_completions = 0;
+  uint64_t last_rejected = 0;
+  mutable std::mutex samples_mutex;
+  std::deque<EndpointSample> samples;  // guarded by samples_mutex
+};
+
+struct VersionView {
+  std::string name;
+  std::vector<std::shared_ptr<ReplicaRuntime>> replicas;
+};
+
+// One endpoint as one table snapshot describes it.
+struct EndpointView {
+  std::shared_ptr<EndpointRuntime> runtime;
+  std::vector<VersionView> versions;
+  std::vector<int64_t> weights;
+};
+
+struct Snapshot {
+  std::unordered_map<std::string, std::shared_ptr<const EndpointView>> endpoints;
+  std::vector<std::string> names;  // sorted
+  bool auth_enabled = false;
+  std::shared_ptr<const Authenticator> auth;
+  std::vector<std::string> open_routes;
+
+  const EndpointView* find(const std::string& name) const {
+    auto it = endpoints.find(name);
+    return it == endpoints.end() ? nullptr : it->second.get();
+  }
+  bool is_open(std::string_view route) const {
+    return !auth_enabled ||
+           std::find(open_routes.begin(), open_routes.end(), route) != open_routes.end();
+  }
+};
+
+// ---- One proxied request ------------------------------------------------------------------------
+
+enum class CallState { kNew, kQueued, kDispatched, kExpired, kCancelled };
+
+struct ProxyCall {
+  ProxyCall(http::Responder&& responder_in, http::Loop loop_in)
+      : responder(std::move(responder_in)), loop(loop_in) {}
+
+  http::Responder responder;
+  http::Loop loop;  // the worker that owns the client connection
+  http::Method method = http::Method::kPost;
+  std::string path;  // as the client sent it, for the log
+  http::ClientRequest request;
+  std::string request_id;
+  std::shared_ptr<const Snapshot> snapshot;  // keeps `view` alive
+  const EndpointView* view = nullptr;
+  std::shared_ptr<EndpointRuntime> endpoint;
+  std::shared_ptr<ReplicaRuntime> replica;
+  const ReplicaRuntime* excluded = nullptr;  // the replica that failed the first attempt
+  http::ClientPool::CallHandle handle;
+  std::atomic<CallState> state{CallState::kNew};
+  bool cold = false;  // queued for lack of any ready replica
+  bool watching = false;
+  bool client_gone = false;
+  bool answered = false;
+  int attempts = 0;
+  TimePoint start;
+  TimePoint upstream_start;
+  Clock::duration upstream_time{0};
+};
+
+struct WorkerState {
+  std::unique_ptr<http::ClientPool> pool;  // created on first use, on the worker's thread
+  std::unique_ptr<Balancer> balancer;
+  std::unique_ptr<SeededRandom> random;
+  std::shared_ptr<const Snapshot> snapshot;
+  uint64_t snapshot_version = 0;
+  uint64_t request_counter = 0;
+};
+
+bool valid_request_id(std::string_view id) {
+  if (id.empty() || id.size() > 128) {
+    return false;
+  }
+  for (char c : id) {
+    const bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+                    c == '-' || c == '_' || c == '.' || c == ':';
+    if (!ok) {
+      return false;
+    }
+  }
+  return true;
+}
+
+bool forwardable(std::string_view name) {
+  static constexpr std::string_view kDropped[] = {
+      "connection", "keep-alive",    "proxy-connection", "transfer-encoding",
+      "te",         "trailer",       "upgrade",          "content-length",
+      "host",       "authorization", "expect",           "x-request-id"};
+  for (std::string_view dropped : kDropped) {
+    if (equals_ignore_case(name, dropped)) {
+      return false;
+    }
+  }
+  return true;
+}
+
+// ---------------------------------------------------------------------------------------------
+
+class GatewayImpl final : public Gateway {
+ public:
+  GatewayImpl(const GatewayOptions& options, CapacityRequester* capacity, MetricsRegistry& registry)
+      : options_(options),
+        capacity_(capacity),
+        registry_(registry),
+        control_random_(options.seed != 0
+                            ? options.seed
+                            : static_cast<uint64_t>(Clock::now().time_since_epoch().count())),
+        control_balancer_(make_balancer(options.balancer)),
+        unrouted_(registry, "flotilla_gateway_unrouted_requests_total",
+                  "Requests answered without reaching an endpoint (auth, unknown routes), by "
+                  "status code.",
+                  {}) {}
+
+  ~GatewayImpl() override {
+    {
+      std::lock_guard lock(control_mutex_);
+      stop_control_ = true;
+    }
+    control_wake_.notify_all();
+    if (control_thread_.joinable()) {
+      control_thread_.join();
+    }
+    server_.reset();  // stops the loops before the worker state they use goes away
+  }
+
+  Status init(EndpointTable table, AuthConfig auth) {
+    if (!options_.access_log.empty()) {
+      FLOTILLA_ASSIGN_OR_RETURN(access_log_, AccessLog::open(options_.access_log));
+    }
+    http::ServerOptions server_options = options_.server;
+    server_options.capture_headers = true;
+    FLOTILLA_ASSIGN_OR_RETURN(
+        server_, http::Server::create(server_options,
+                                      [this](http::Request&& request, http::Responder&& responder) {
+                                        handle(std::move(request), std::move(responder));
+                                      }));
+    const uint64_t seed = control_random_.next();
+    for (int i = 0; i < server_->worker_count(); ++i) {
+      auto worker = std::make_unique<WorkerState>();
+      worker->balancer = make_balancer(options_.balancer);
+      worker->random = std::make_unique<SeededRandom>(seed + 0x9E3779B97F4A7C15ULL * (i + 1));
+      workers_.push_back(std::move(worker));
+    }
+    auth_ = std::move(auth);
+    FLOTILLA_RETURN_IF_ERROR(update_table(std::move(table)));
+    control_thread_ = std::thread([this] { control_loop(); });
+    return Status::ok();
+  }
+
+  uint16_t port() const override { return server_->port(); }
+  bool run() override { return server_->run(); }
+  void drain(std::chrono::milliseconds timeout) override { server_->drain(timeout); }
+  void drain_on_signals(std::chrono::milliseconds timeout) override {
+    server_->drain_on_signals(timeout);
+  }
+
+  Status update_table(EndpointTable table) override;
+  void update_auth(AuthConfig auth) override {
+    std::lock_guard lock(swap_mutex_);
+    auth_ = std::move(auth);
+    publish_locked();
+  }
+  void watch_config(const std::string& path, std::chrono::milliseconds interval) override {
+    std::lock_guard lock(control_mutex_);
+    config_path_ = path;
+    config_interval_ = interval;
+    config_stamp_.clear();
+  }
+  std::vector<EndpointSample> samples(const std::string& endpoint, size_t seconds) const override;
+
+ private:
+  void handle(http::Request&& request, http::Responder&& responder);
+  void answer_local(RouteKind kind, const http::Request& request, const Snapshot& snapshot,
+                    http::Responder&& responder);
+  WorkerState& worker();
+  const std::shared_ptr<const Snapshot>& current_snapshot(WorkerState& worker);
+
+  void admit(const std::shared_ptr<ProxyCall>& call);
+  std::shared_ptr<ReplicaRuntime> acquire(const EndpointView& view, Balancer& balancer,
+                                          Random& random, const ReplicaRuntime* excluded);
+  void enqueue(const std::shared_ptr<ProxyCall>& call);
+  void dispatch_waiting(EndpointRuntime& endpoint, Balancer& balancer, Random& random);
+  void expire_waiting(const std::shared_ptr<EndpointRuntime>& endpoint);
+  void forward(const std::shared_ptr<ProxyCall>& call, std::shared_ptr<ReplicaRuntime> replica);
+  void on_upstream(const std::shared_ptr<ProxyCall>& call, http::ClientResponse&& response);
+  void on_client_gone(const std::shared_ptr<ProxyCall>& call);
+  void release(ProxyCall& call);
+  void respond(ProxyCall& call, http::Response&& response);
+
+  void record_success(ReplicaRuntime& replica);
+  void record_failure(const std::shared_ptr<ReplicaRuntime>& replica);
+  void probe_later(std::shared_ptr<ReplicaRuntime> replica, std::chrono::milliseconds delay);
+
+  void publish_locked();
+  void control_loop();
+  void sample_all();
+  void check_config();
+
+  GatewayOptions options_;
+  CapacityRequester* capacity_;
+  MetricsRegistry& registry_;
+  std::unique_ptr<http::Server> server_;
+  std::vector<std::unique_ptr<WorkerState>> workers_;
+  std::unique_ptr<AccessLog> access_log_;
+
+  // Table swaps: serialized by swap_mutex_, which also guards the runtime registries, auth_
+  // and the control thread's balancer and random source.
+  std::mutex swap_mutex_;
+  std::map<std::string, std::shared_ptr<EndpointRuntime>> endpoints_;  // guarded by swap_mutex_
+  EndpointTable table_;                                                // guarded by swap_mutex_
+  AuthConfig auth_;                                                    // guarded by swap_mutex_
+  SeededRandom control_random_;                                        // guarded by swap_mutex_
+  std::unique_ptr<Balancer> control_balancer_;                         // guarded by swap_mutex_
+
+  // The published snapshot; workers re-read it when the version moves.
+  mutable std::mutex snapshot_mutex_;
+  std::shared_ptr<const Snapshot> snapshot_;  // guarded by snapshot_mutex_
+  std::atomic<uint64_t> snapshot_version_{0};
+
+  // Control thread.
+  std::mutex control_mutex_;
+  std::condition_variable control_wake_;
+  bool stop_control_ = false;                     // guarded by control_mutex_
+  std::string config_path_;                       // guarded by control_mutex_
+  std::chrono::milliseconds config_interval_{0};  // guarded by control_mutex_
+  std::string config_stamp_;                      // control thread only
+  std::thread control_thread_;
+
+  CodeCounters unrouted_;
+};
+
+WorkerState& GatewayImpl::worker() {
+  const int index = http::current_worker_index();
+  FLOTILLA_CHECK(index >= 0 && static_cast<size_t>(index) < workers_.size());
+  WorkerState& state = *workers_[index];
+  if (!state.pool) {
+    state.pool = http::ClientPool::create(http::Loop::current(), options_.client);
+  }
+  return state;
+}
+
+const std::shared_ptr<const Snapshot>& GatewayImpl::current_snapshot(WorkerState& worker) {
+  const uint64_t version = snapshot_version_.load(std::memory_order_acquire);
+  if (version != worker.snapshot_version) {
+    std::lock_guard lock(snapshot_mutex_);
+    worker.snapshot = snapshot_;
+    worker.snapshot_version = snapshot_version_.load(std::memory_order_acquire);
+  }
+  return worker.snapshot;
+}
+
+// ---- Table swaps
+// ---------------------------------------------------------------------------------
+
+Status GatewayImpl::update_table(EndpointTable table) {
+  FLOTILLA_RETURN_IF_ERROR(validate_endpoint_table(table));
+  std::lock_guard lock(swap_mutex_);
+  table_ = std::move(table);
+  publish_locked();
+  return Status::ok();
+}
+
+void GatewayImpl::publish_locked() {
+  auto snapshot = std::make_shared<Snapshot>();
+  std::map<std::string, std::shared_ptr<EndpointRuntime>> endpoints;
+  for (const EndpointEntry& entry : table_.endpoints) {
+    auto found = endpoints_.find(entry.name);
+    std::shared_ptr<EndpointRuntime> runtime =
+        found != endpoints_.end()
+            ? found->second
+            : std::make_shared<EndpointRuntime>(entry.name, options_.queue_capacity, registry_);
+    auto view = std::make_shared<EndpointView>();
+    view->runtime = runtime;
+    std::map<std::string, std::shared_ptr<ReplicaRuntime>> replicas;
+    for (const VersionEntry& version : entry.versions) {
+      VersionView& version_view = view->versions.emplace_back();
+      version_view.name = version.name;
+      view->weights.push_back(version.traffic);
+      for (const ReplicaEntry& replica : version.replicas) {
+        const std::string key = version.name + "/" + replica.id + "@" + replica.host + ":" +
+                                std::to_string(replica.port);
+        auto existing = runtime->replicas.find(key);
+        std::shared_ptr<ReplicaRuntime> replica_runtime;
+        if (existing != runtime->replicas.end()) {
+          replica_runtime = existing->second;
+          replica_runtime->apply(replica);
+        } else {
+          replica_runtime =
+              std::make_shared<ReplicaRuntime>(entry.name, version.name, replica, registry_);
+        }
+        replicas[key] = replica_runtime;
+        version_view.replicas.push_back(std::move(replica_runtime));
+      }
+    }
+    // Replicas that left the table take no new requests; those in flight finish (the calls
+    // hold them), which is the drain.
+    for (auto& [key, old] : runtime->replicas) {
+      if (!replicas.contains(key)) {
+        old->removed.store(true);
+      }
+    }
+    runtime->replicas = std::move(replicas);
+    {
+      std::lock_guard endpoint_lock(runtime->mutex);
+      runtime->view = view;
+    }
+    snapshot->endpoints.emplace(entry.name, std::move(view));
+    snapshot->names.push_back(entry.name);
+    endpoints.emplace(entry.name, std::move(runtime));
+  }
+  std::sort(snapshot->names.begin(), snapshot->names.end());
+  snapshot->auth_enabled = auth_.enabled;
+  snapshot->auth = std::make_shared<const Authenticator>(auth_.tokens);
+  snapshot->open_routes = auth_.open_routes;
+
+  // Endpoints that left the table: their waiting requests are answered now.
+  for (auto& [name, old] : endpoints_) {
+    if (endpoints.contains(name)) {
+      continue;
+    }
+    old->removed.store(true);
+    for (auto& [key, replica] : old->replicas) {
+      replica->removed.store(true);
+    }
+    std::vector<std::shared_ptr<ProxyCall>> waiting;
+    {
+      std::lock_guard endpoint_lock(old->mutex);
+      waiting = old->queue.expire(TimePoint::max());
+      old->queued.fetch_sub(static_cast<int64_t>(waiting.size()));
+      old->queue_gauge.set(0);
+    }
+    for (auto& call : waiting) {
+      CallState expected = CallState::kQueued;
+      if (call->state.compare_exchange_strong(expected, CallState::kExpired)) {
+        call->loop.post([this, call] {
+          respond(*call, json_error(404, "endpoint '" + call->endpoint->name + "' was removed"));
+        });
+      }
+    }
+  }
+  endpoints_ = std::move(endpoints);
+  {
+    std::lock_guard snapshot_lock(snapshot_mutex_);
+    snapshot_ = std::move(snapshot);
+    snapshot_version_.fetch_add(1, std::memory_order_release);
+  }
+  // New or freed capacity goes to requests that were waiting for it.
+  for (auto& [name, runtime] : endpoints_) {
+    if (runtime->queued.load() > 0) {
+      dispatch_waiting(*runtime, *control_balancer_, control_random_);
+    }
+  }
+}
+
+// ---- The request path
+// ----------------------------------------------------------------------------
+
+void GatewayImpl::handle(http::Request&& request, http::Responder&& responder) {
+  WorkerState& state = worker();
+  const std::shared_ptr<const Snapshot>& snapshot = current_snapshot(state);
+  Route route =
+      route_request(request.method, request.target, request.body, options_.default_endpoint);
+  const std::string_view authorization = http::find_header(request.headers, "authorization");
+
+  switch (route.kind) {
+    case RouteKind::kHealth:
+    case RouteKind::kMetrics:
+    case RouteKind::kStats:
+    case RouteKind::kListModels: {
+      static constexpr std::string_view kRouteNames[] = {"",       "",       "",        "",
+                                                         "models", "health", "metrics", "stats"};
+      const std::string_view name = kRouteNames[static_cast<int>(route.kind)];
+      if (!snapshot->is_open(name)) {
+        const AuthResult result = snapshot->auth->check(authorization, "");
+        if (result != AuthResult::kAllowed) {
+          unrouted_.inc(401);
+          responder.send(json_error(401, result == AuthResult::kMissing ? "missing bearer token"
+                                                                        : "invalid bearer token"));
+          return;
+        }
+      }
+      answer_local(route.kind, request, *snapshot, std::move(responder));
+      return;
+    }
+    case RouteKind::kNotFound:
+      unrouted_.inc(404);
+      responder.send(json_error(404, "no route for " + request.target));
+      return;
+    case RouteKind::kBadRequest:
+      unrouted_.inc(400);
+      responder.send(json_error(400, route.error));
+      return;
+    default:
+      break;
+  }
+
+  if (snapshot->auth_enabled) {
+    const AuthResult result = snapshot->auth->check(authorization, route.endpoint);
+    if (result != AuthResult::kAllowed) {
+      const int status = result == AuthResult::kForbidden ? 403 : 401;
+      unrouted_.inc(status);
+      responder.send(
+          json_error(status, result == AuthResult::kForbidden
+                                 ? "the token may not call endpoint '" + route.endpoint + "'"
+                                 : (result == AuthResult::kMissing ? "missing bearer token"
+                                                                   : "invalid bearer token")));
+      return;
+    }
+  }
+  const EndpointView* view = snapshot->find(route.endpoint);
+  if (view == nullptr) {
+    unrouted_.inc(404);
+    responder.send(json_error(404, "endpoint '" + route.endpoint + "' not found"));
+    return;
+  }
+  if (request.method == http::Method::kOther) {
+    unrouted_.inc(405);
+    responder.send(json_error(405, "method not allowed"));
+    return;
+  }
+
+  auto call = std::make_shared<ProxyCall>(std::move(responder), http::Loop::current());
+  call->start = Clock::now();
+  call->method = request.method;
+  call->path = std::move(request.target);
+  call->snapshot = snapshot;
+  call->view = view;
+  call->endpoint = view->runtime;
+  const std::string_view client_id = http::find_header(request.headers, "x-request-id");
+  if (valid_request_id(client_id)) {
+    call->request_id = std::string(client_id);
+  } else {
+    char id[24];
+    std::snprintf(id, sizeof(id), "%016llx", static_cast<unsigned long long>(state.random->next()));
+    call->request_id = id;
+  }
+  http::ClientRequest& upstream = call->request;
+  upstream.method = request.method;
+  upstream.target = std::move(route.upstream_target);
+  upstream.body = std::move(request.body);
+  upstream.headers.reserve(request.headers.size() + 1);
+  for (auto& header : request.headers) {
+    if (forwardable(header.first)) {
+      upstream.headers.push_back(std::move(header));
+    }
+  }
+  upstream.headers.emplace_back("X-Request-Id", call->request_id);
+  call->endpoint->arrivals.fetch_add(1, std::memory_order_relaxed);
+  admit(call);
+}
+
+void GatewayImpl::admit(const std::shared_ptr<ProxyCall>& call) {
+  WorkerState& state = worker();
+  auto replica = acquire(*call->view, *state.balancer, *state.random, call->excluded);
+  if (replica) {
+    forward(call, std::move(replica));
+    return;
+  }
+  enqueue(call);
+}
+
+std::shared_ptr<ReplicaRuntime> GatewayImpl::acquire(const EndpointView& view, Balancer& balancer,
+                                                     Random& random,
+                                                     const ReplicaRuntime* excluded) {
+  thread_local std::vector<Candidate> candidates;
+  const auto first = pick_by_weight(view.weights, random);
+  if (!first) {
+    return nullptr;
+  }
+  // The version drawn by weight first; when it has no room, the others in order, so a full
+  // version does not make requests wait while another has capacity.
+  for (size_t n = 0; n < view.versions.size(); ++n) {
+    const size_t v = (*first + n) % view.versions.size();
+    if (n > 0 && view.weights[v] <= 0) {
+      continue;
+    }
+    const auto& replicas = view.versions[v].replicas;
+    for (int attempt = 0; attempt < 3; ++attempt) {
+      candidates.clear();
+      for (const auto& replica : replicas) {
+        candidates.push_back(Candidate{replica->eligible() && replica.get() != excluded,
+                                       replica->in_flight.load(std::memory_order_relaxed),
+                                       replica->cap.load(std::memory_order_relaxed)});
+      }
+      const auto index = balancer.pick(candidates, random);
+      if (!index) {
+        break;
+      }
+      // Another worker may have taken the last slot since the counts were read.
+      if (replicas[*index]->try_acquire()) {
+        return replicas[*index];
+      }
+    }
+  }
+  return nullptr;
+}
+
+void GatewayImpl::enqueue(const std::shared_ptr<ProxyCall>& call) {
+  EndpointRuntime& endpoint = *call->endpoint;
+  bool any_eligible = false;
+  for (const auto& version : call->view->versions) {
+    for (const auto& replica : version.replicas) {
+      any_eligible = any_eligible || replica->eligible();
+    }
+  }
+  call->cold = !any_eligible;
+  const TimePoint now = Clock::now();
+  TimePoint deadline = now + (call->cold ? options_.cold_start_timeout : options_.queue_timeout);
+  call->state.store(CallState::kQueued);
+  bool full = false;
+  {
+    std::lock_guard lock(endpoint.mutex);
+    // Deadlines in one queue never decrease (AdmissionQueue's contract); a request behind a
+    // cold-start waiter waits as long as it.
+    deadline = std::max(deadline, endpoint.queue.last_deadline().value_or(deadline));
+    if (endpoint.queue.push(std::shared_ptr<ProxyCall>(call), deadline)) {
+      full = true;
+    } else {
+      endpoint.queued.fetch_add(1);
+      endpoint.queue_gauge.add(1);
+    }
+  }
+  if (full) {
+    call->state.store(CallState::kExpired);
+    endpoint.rejected.fetch_add(1, std::memory_order_relaxed);
+    http::Response response =
+        json_error(429, "endpoint '" + endpoint.name + "' is at capacity and its queue is full");
+    response.headers.emplace_back("Retry-After", "1");
+    respond(*call, std::move(response));
+    return;
+  }
+  if (call->cold && capacity_ != nullptr) {
+    const int64_t now_ms = unix_ms_now();
+    int64_t last = endpoint.last_capacity_request_ms.load();
+    if (now_ms - last >= 1000 &&
+        endpoint.last_capacity_request_ms.compare_exchange_strong(last, now_ms)) {
+      capacity_->request_capacity(endpoint.name);
+    }
+  }
+  if (!call->watching) {
+    call->watching = true;
+    call->responder.on_client_gone([this, call] { on_client_gone(call); });
+  }
+  call->loop.post_after(std::chrono::duration_cast<std::chrono::microseconds>(deadline - now),
+                        [this, endpoint = call->endpoint] { expire_waiting(endpoint); });
+  // A slot freed between the failed acquire and the push saw an empty queue and dispatched
+  // nothing; look once more now that the queue counter shows this request.
+  WorkerState& state = worker();
+  dispatch_waiting(endpoint, *state.balancer, *state.random);
+}
+
+// Hands free slots to the oldest waiters: take a slot first, then a waiter, so a slot is never
+// promised to a waiter that then finds none (and a waiter never sees a slot vanish).
+void GatewayImpl::dispatch_waiting(EndpointRuntime& endpoint, Balancer& balancer, Random& random) {
+  while (endpoint.queued.load() > 0) {
+    std::shared_ptr<const EndpointView> view;
+    {
+      std::lock_guard lock(endpoint.mutex);
+      view = endpoint.view;
+    }
+    if (!view || endpoint.removed.load()) {
+      return;
+    }
+    auto replica = acquire(*view, balancer, random, nullptr);
+    if (!replica) {
+      return;
+    }
+    std::shared_ptr<ProxyCall> call;
+    {
+      std::lock_guard lock(endpoint.mutex);
+      while (auto next = endpoint.queue.pop()) {
+        endpoint.queued.fetch_sub(1);
+        endpoint.queue_gauge.add(-1);
+        CallState expected = CallState::kQueued;
+        if ((*next)->state.compare_exchange_strong(expected, CallState::kDispatched)) {
+          call = std::move(*next);
+          break;
+        }
+      }
+    }
+    if (!call) {
+      replica->release();  // the loop looks again: a push may have raced with this pop
+      continue;
+    }
+    call->loop.post([this, call, replica = std::move(replica)]() mutable {
+      forward(call, std::move(replica));
+    });
+  }
+}
+
+void GatewayImpl::expire_waiting(const std::shared_ptr<EndpointRuntime>& endpoint) {
+  std::vector<std::shared_ptr<ProxyCall>> expired;
+  {
+    std::lock_guard lock(endpoint->mutex);
+    expired = endpoint->queue.expire(Clock::now());
+    endpoint->queued.fetch_sub(static_cast<int64_t>(expired.size()));
+    endpoint->queue_gauge.add(-static_cast<double>(expired.size()));
+  }
+  for (auto& call : expired) {
+    CallState expected = CallState::kQueued;
+    if (!call->state.compare_exchange_strong(expected, CallState::kExpired)) {
+      continue;  // its client left; already answered
+    }
+    endpoint->rejected.fetch_add(1, std::memory_order_relaxed);
+    call->loop.post([this, call] {
+      const auto waited = options_.queue_timeout.count();
+      http::Response response =
+          call->cold
+              ? json_error(503, "endpoint '" + call->endpoint->name +
+                                    "' has no ready replica; none became ready within " +
+                                    std::to_string(options_.cold_start_timeout.count()) + " ms")
+              : json_error(429, "endpoint '" + call->endpoint->name +
+                                    "' is at capacity; no replica was free within " +
+                                    std::to_string(waited) + " ms");
+      response.headers.emplace_back("Retry-After", "1");
+      respond(*call, std::move(response));
+    });
+  }
+}
+
+void GatewayImpl::forward(const std::shared_ptr<ProxyCall>& call,
+                          std::shared_ptr<ReplicaRuntime> replica) {
+  if (call->client_gone) {
+    replica->release();
+    dispatch_waiting(*call->endpoint, *worker().balancer, *worker().random);
+    respond(*call, json_error(499, "client closed the connection"));
+    return;
+  }
+  call->state.store(CallState::kDispatched);
+  call->replica = std::move(replica);
+  ++call->attempts;
+  call->endpoint->in_flight.fetch_add(1);
+  call->endpoint->in_flight_gauge.add(1);
+  call->upstream_start = Clock::now();
+  ReplicaRuntime& target = *call->replica;
+  call->handle = worker().pool->send(
+      target.host, target.port, std::move(call->request), options_.upstream_timeout,
+      [this, call](http::ClientResponse&& response) { on_upstream(call, std::move(response)); });
+  if (!call->watching) {
+    call->watching = true;
+    call->responder.on_client_gone([this, call] { on_client_gone(call); });
+  }
+}
+
+void GatewayImpl::release(ProxyCall& call) {
+  ReplicaRuntime& replica = *call.replica;
+  replica.release();
+  call.endpoint->in_flight.fetch_sub(1);
+  call.endpoint->in_flight_gauge.add(-1);
+  if (call.endpoint->queued.load() > 0) {
+    WorkerState& state = worker();
+    dispatch_waiting(*call.endpoint, *state.balancer, *state.random);
+  }
+}
+
+void GatewayImpl::on_upstream(const std::shared_ptr<ProxyCall>& call,
+                              http::ClientResponse&& response) {
+  const TimePoint now = Clock::now();
+  call->upstream_time += now - call->upstream_start;
+  ReplicaRuntime& replica = *call->replica;
+  replica.latency.observe(seconds_between(call->upstream_start, now));
+  release(*call);
+
+  if (response.failure == http::UpstreamFailure::kNone) {
+    replica.codes.inc(response.status);
+    if (response.status == 502 || response.status == 503 || response.status == 504) {
+      record_failure(call->replica);
+    } else {
+      record_success(replica);
+    }
+    http::Response out;
+    out.status = response.status;
+    out.content_type = std::move(response.content_type);
+    out.body = std::move(response.body);
+    out.headers = std::move(response.headers);
+    respond(*call, std::move(out));
+    return;
+  }
+  if (response.failure == http::UpstreamFailure::kCancelled) {
+    respond(*call, json_error(499, "client closed the connection"));
+    return;
+  }
+  record_failure(call->replica);
+  const bool retryable = response.failure == http::UpstreamFailure::kConnect ||
+                         response.failure == http::UpstreamFailure::kClosedBeforeResponse;
+  spdlog::debug("request {}: replica {} of '{}' failed ({}): {}", call->request_id, replica.id,
+                replica.endpoint, http::failure_name(response.failure), response.error);
+  if (retryable && call->attempts == 1 && !call->client_gone) {
+    call->endpoint->retries.inc();
+    call->excluded = call->replica.get();
+    call->request = std::move(response.unsent);
+    admit(call);
+    return;
+  }
+  if (response.failure == http::UpstreamFailure::kTimeout) {
+    respond(*call, json_error(504, "replica '" + replica.id + "' of endpoint '" + replica.endpoint +
+                                       "' did not respond within " +
+                                       std::to_string(options_.upstream_timeout.count()) + " ms"));
+    return;
+  }
+  respond(*call, json_error(502, "replica '" + replica.id + "' of endpoint '" + replica.endpoint +
+                                     "' failed: " + response.error));
+}
+
+void GatewayImpl::on_client_gone(const std::shared_ptr<ProxyCall>& call) {
+  call->client_gone = true;
+  CallState expected = CallState::kQueued;
+  if (call->state.compare_exchange_strong(expected, CallState::kCancelled)) {
+    // Still in the queue: it is skipped when its turn comes.
+    respond(*call, json_error(499, "client closed the connection"));
+    return;
+  }
+  worker().pool->cancel(call->handle);
+}
+
+void GatewayImpl::respond(ProxyCall& call, http::Response&& response) {
+  if (call.answered) {
+    return;
+  }
+  call.answered = true;
+  const TimePoint now = Clock::now();
+  const double total = seconds_between(call.start, now);
+  const double added = total - std::chrono::duration<double>(call.upstream_time).count();
+  EndpointRuntime& endpoint = *call.endpoint;
+  endpoint.codes.inc(response.status);
+  endpoint.latency.observe(total);
+  endpoint.added_latency.observe(std::max(0.0, added));
+  endpoint.completions.fetch_add(1, std::memory_order_relaxed);
+  if (access_log_) {
+    nlohmann::json line{{"ts", unix_ms_now()},
+                        {"request_id", call.request_id},
+                        {"method", http::method_name(call.method)},
+                        {"path", call.path},
+                        {"endpoint", endpoint.name},
+                        {"version", call.replica ? call.replica->version : ""},
+                        {"replica", call.replica ? call.replica->id : ""},
+                        {"code", response.status},
+                        {"latency_ms", total * 1e3},
+                        {"added_ms", added * 1e3},
+                        {"attempts", call.attempts}};
+    access_log_->append(line.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace));
+  }
+  response.headers.emplace_back("X-Request-Id", call.request_id);
+  call.responder.send(std::move(response));
+}
+
+// ---- Outlier detection -----------------------------------------------------------------------
+
+void GatewayImpl::record_success(ReplicaRuntime& replica) {
+  // Read first: a healthy replica's counters are zero and stay unwritten (no shared-line stores).
+  if (replica.consecutive_failures.load(std::memory_order_relaxed) != 0) {
+    replica.consecutive_failures.store(0, std::memory_order_relaxed);
+  }
+  if (replica.ejection_count.load(std::memory_order_relaxed) != 0) {
+    replica.ejection_count.store(0, std::memory_order_relaxed);
+  }
+}
+
+void GatewayImpl::record_failure(const std::shared_ptr<ReplicaRuntime>& replica) {
+  const int failures = replica->consecutive_failures.fetch_add(1) + 1;
+  if (failures < options_.eject_after_failures || replica->ejected.exchange(true)) {
+    return;
+  }
+  replica->ejections.inc();
+  const int count = std::min(replica->ejection_count.fetch_add(1), 16);
+  const auto delay =
+      std::min(options_.ejection_time * (int64_t{1} << count), options_.max_ejection_time);
+  spdlog::warn("replica '{}' of '{}' at {} ejected for {} ms after {} consecutive failures",
+               replica->id, replica->endpoint, replica->address, delay.count(), failures);
+  probe_later(replica, delay);
+}
+
+// While ejected, a replica is probed (GET /v2/health/ready) instead of being sent requests;
+// any answer below 500 brings it back.
+void GatewayImpl::probe_later(std::shared_ptr<ReplicaRuntime> replica,
+                              std::chrono::milliseconds delay) {
+  http::Loop::current().post_after(
+      std::chrono::duration_cast<std::chrono::microseconds>(delay),
+      [this, replica = std::move(replica), delay] {
+        if (replica->removed.load()) {
+          replica->ejected.store(false);
+          return;
+        }
+        http::ClientRequest probe;
+        probe.method = http::Method::kGet;
+        probe.target = "/v2/health/ready";
+        worker().pool->send(
+            replica->host, replica->port, std::move(probe), options_.client.connect_timeout,
+            [this, replica, delay](http::ClientResponse&& response) {
+              if (response.failure == http::UpstreamFailure::kNone && response.status < 500) {
+                spdlog::info("replica '{}' of '{}' answered its probe; back in", replica->id,
+                             replica->endpoint);
+                replica->consecutive_failures.store(0);
+                replica->ejected.store(false);
+                return;
+              }
+              probe_later(replica, std::min(delay * 2, options_.max_ejection_time));
+            });
+      });
+}
+
+// ---- Local routes ------------------------------------------------------------------------------
+
+void GatewayImpl::answer_local(RouteKind kind, const http::Request& request,
+                               const Snapshot& snapshot, http::Responder&& responder) {
+  http::Response response;
+  switch (kind) {
+    case RouteKind::kHealth: {
+      const bool ready = !server_->draining();
+      const bool live_route = request.target.starts_with("/v2/health/live");
+      response.status = live_route || ready ? 200 : 503;
+      response.body =
+          live_route ? R"({"live":true})" : (ready ? R"({"ready":true})" : R"({"ready":false})");
+      break;
+    }
+    case RouteKind::kMetrics:
+      response.content_type = "text/plain; version=0.0.4; charset=utf-8";
+      response.body = registry_.render();
+      break;
+    case RouteKind::kListModels: {
+      const std::string_view authorization = http::find_header(request.headers, "authorization");
+      nlohmann::json data = nlohmann::json::array();
+      for (const std::string& name : snapshot.names) {
+        if (snapshot.auth_enabled && !snapshot.is_open("models") &&
+            snapshot.auth->check(authorization, name) != AuthResult::kAllowed) {
+          continue;  // list only what the token may call
+        }
+        data.push_back(
+            {{"id", name}, {"object", "model"}, {"created", 0}, {"owned_by", "flotilla"}});
+      }
+      response.body = nlohmann::json{{"object", "list"}, {"data", data}}.dump();
+      break;
+    }
+    case RouteKind::kStats: {
+      nlohmann::json endpoints = nlohmann::json::array();
+      for (const std::string& name : snapshot.names) {
+        const EndpointView& view = *snapshot.find(name);
+        nlohmann::json replicas = nlohmann::json::array();
+        for (const auto& version : view.versions) {
+          for (const auto& replica : version.replicas) {
+            replicas.push_back({{"id", replica->id},
+                                {"version", replica->version},
+                                {"address", replica->address},
+                                {"in_flight", replica->in_flight.load()},
+                                {"cap", replica->cap.load()},
+                                {"eligible", replica->eligible()},
+                                {"ejected", replica->ejected.load()}});
+          }
+        }
+        nlohmann::json samples = nlohmann::json::array();
+        for (const EndpointSample& sample : this->samples(name, 60)) {
+          samples.push_back({{"unix_ms", sample.unix_ms},
+                             {"concurrency", sample.concurrency},
+                             {"queued", sample.queued},
+                             {"arrivals", sample.arrivals},
+                             {"completions", sample.completions},
+                             {"rejected", sample.rejected}});
+        }
+        endpoints.push_back({{"name", name},
+                             {"in_flight", view.runtime->in_flight.load()},
+                             {"queued", view.runtime->queued.load()},
+                             {"replicas", replicas},
+                             {"samples", samples}});
+      }
+      response.body = nlohmann::json{{"endpoints", endpoints}}.dump();
+      break;
+    }
+    default:
+      response = json_error(404, "no route");
+  }
+  unrouted_.inc(response.status);
+  responder.send(std::move(response));
+}
+
+// ---- Control thread: samples and config reloads ---------------------------------------------
+
+std::vector<EndpointSample> GatewayImpl::samples(const std::string& endpoint,
+                                                 size_t seconds) const {
+  std::shared_ptr<const Snapshot> snapshot;
+  {
+    std::lock_guard lock(snapshot_mutex_);
+    snapshot = snapshot_;
+  }
+  const EndpointView* view = snapshot ? snapshot->find(endpoint) : nullptr;
+  if (view == nullptr) {
+    return {};
+  }
+  const EndpointRuntime& runtime = *view->runtime;
+  std::lock_guard lock(runtime.samples_mutex);
+  const size_t count = std::min(seconds, runtime.samples.size());
+  return {runtime.samples.end() - static_cast<std::ptrdiff_t>(count), runtime.samples.end()};
+}
+
+void GatewayImpl::sample_all() {
+  std::vector<std::shared_ptr<EndpointRuntime>> endpoints;
+  {
+    std::lock_guard lock(swap_mutex_);
+    for (auto& [name, runtime] : endpoints_) {
+      endpoints.push_back(runtime);
+    }
+  }
+  for (auto& runtime : endpoints) {
+    EndpointRuntime& endpoint = *runtime;
+    endpoint.concurrency_sum += static_cast<double>(endpoint.in_flight.load());
+    endpoint.queued_sum += static_cast<double>(std::max<int64_t>(0, endpoint.queued.load()));
+    if (++endpoint.ticks < kTicksPerSample) {
+      continue;
+    }
+    EndpointSample sample;
+    sample.unix_ms = unix_ms_now();
+    sample.concurrency = endpoint.concurrency_sum / endpoint.ticks;
+    sample.queued = endpoint.queued_sum / endpoint.ticks;
+    const uint64_t arrivals = endpoint.arrivals.load();
+    const uint64_t completions = endpoint.completions.load();
+    const uint64_t rejected = endpoint.rejected.load();
+    sample.arrivals = arrivals - endpoint.last_arrivals;
+    sample.completions = completions - endpoint.last_completions;
+    sample.rejected = rejected - endpoint.last_rejected;
+    endpoint.last_arrivals = arrivals;
+    endpoint.last_completions = completions;
+    endpoint.last_rejected = rejected;
+    endpoint.concurrency_sum = 0;
+    endpoint.queued_sum = 0;
+    endpoint.ticks = 0;
+    std::lock_guard lock(endpoint.samples_mutex);
+    endpoint.samples.push_back(sample);
+    if (endpoint.samples.size() > kSamplesKept) {
+      endpoint.samples.pop_front();
+    }
+  }
+}
+
+void GatewayImpl::check_config() {
+  std::string path;
+  {
+    std::lock_guard lock(control_mutex_);
+    path = config_path_;
+  }
+  if (path.empty()) {
+    return;
+  }
+  std::error_code ec;
+  const auto size = std::filesystem::file_size(path, ec);
+  const auto mtime = std::filesystem::last_write_time(path, ec);
+  if (ec) {
+    if (config_stamp_ != "missing") {
+      spdlog::error("config '{}' cannot be read: {}; keeping the current table", path,
+                    ec.message());
+      config_stamp_ = "missing";
+    }
+    return;
+  }
+  const std::string stamp =
+      std::to_string(size) + "/" + std::to_string(mtime.time_since_epoch().count());
+  if (stamp == config_stamp_) {
+    return;
+  }
+  config_stamp_ = stamp;
+  std::ifstream file(path);
+  std::stringstream text;
+  text << file.rdbuf();
+  auto table = parse_endpoint_table_yaml(text.str());
+  auto auth = parse_auth_config_yaml(text.str());
+  if (!table.is_ok() || !auth.is_ok()) {
+    spdlog::error("config '{}' not applied: {}", path,
+                  (!table.is_ok() ? table.status() : auth.status()).message());
+    return;
+  }
+  {
+    std::lock_guard lock(swap_mutex_);
+    table_ = std::move(table).value();
+    auth_ = std::move(auth).value();
+    publish_locked();
+  }
+  spdlog::info("config '{}' applied", path);
+}
+
+void GatewayImpl::control_loop() {
+  auto next_config_check = Clock::now();
+  std::unique_lock lock(control_mutex_);
+  while (!stop_control_) {
+    control_wake_.wait_for(lock, kSampleTick);
+    if (stop_control_) {
+      return;
+    }
+    const auto interval = config_interval_;
+    lock.unlock();
+    sample_all();
+    if (interval.count() > 0 && Clock::now() >= next_config_check) {
+      check_config();
+      next_config_check = Clock::now() + interval;
+    }
+    lock.lock();
+  }
+}
+
+}  // namespace
+
+Result<std::unique_ptr<Gateway>> Gateway::create(const GatewayOptions& options, EndpointTable table,
+                                                 AuthConfig auth, CapacityRequester* capacity,
+                                                 MetricsRegistry& registry) {
+  auto gateway = std::make_unique<GatewayImpl>(options, capacity, registry);
+  FLOTILLA_RETURN_IF_ERROR(gateway->init(std::move(table), std::move(auth)));
+  return std::unique_ptr<Gateway>(std::move(gateway));
+}
+
+}  // namespace flotilla::gateway

@@ -1,0 +1,391 @@
+// HTTP/1.1 client with keep-alive connection pools, confined to one event loop.
+//
+// A connection carries one exchange at a time: connect (first use only) → write the request
+// (head serialized into a reused buffer, body as a second buffer: one gather write) → read the
+// response with a Beast parser → back to the idle list when both sides keep the connection
+// alive. Everything runs on the loop thread, so the pool takes no lock.
+#include <deque>
+#include <optional>
+#include <unordered_map>
+#include <utility>  // Boost 1.74 asio uses std::exchange without including it
+
+#include <boost/asio.hpp>
+#include <boost/beast/core.hpp>
+#include <boost/beast/http.hpp>
+#include <spdlog/spdlog.h>
+
+#include "http/http.h"
+
+namespace flotilla::http {
+
+namespace asio = boost::asio;
+namespace beast = boost::beast;
+namespace bhttp = boost::beast::http;
+using tcp = asio::ip::tcp;
+
+namespace {
+
+bool is_hop_by_hop(std::string_view name) {
+  static constexpr std::string_view kHopByHop[] = {
+      "connection", "keep-alive", "proxy-connection", "transfer-encoding",
+      "te",         "trailer",    "upgrade",          "content-length",
+      "host"};
+  for (std::string_view hop : kHopByHop) {
+    if (equals_ignore_case(name, hop)) {
+      return true;
+    }
+  }
+  return false;
+}
+
+}  // namespace
+
+std::string_view failure_name(UpstreamFailure failure) {
+  switch (failure) {
+    case UpstreamFailure::kNone:
+      return "none";
+    case UpstreamFailure::kConnect:
+      return "connect";
+    case UpstreamFailure::kClosedBeforeResponse:
+      return "closed_before_response";
+    case UpstreamFailure::kClosedDuringResponse:
+      return "closed_during_response";
+    case UpstreamFailure::kTimeout:
+      return "timeout";
+    case UpstreamFailure::kBadResponse:
+      return "bad_response";
+    case UpstreamFailure::kCancelled:
+      return "cancelled";
+  }
+  return "unknown";
+}
+
+class PoolCore;
+
+class Connection : public std::enable_shared_from_this<Connection> {
+ public:
+  Connection(asio::io_context& context, std::shared_ptr<PoolCore> pool, std::string key,
+             std::string host, uint16_t port)
+      : stream_(context),
+        pool_(std::move(pool)),
+        key_(std::move(key)),
+        host_(std::move(host)),
+        port_(port) {}
+
+  const std::string& key() const { return key_; }
+  uint64_t generation() const { return generation_; }
+  bool busy() const { return static_cast<bool>(done_); }
+
+  // Starts one exchange. `reused`: the connection was idle in the pool before.
+  void start(ClientRequest&& request, std::chrono::milliseconds timeout, ClientPool::Callback done,
+             bool reused);
+  void cancel();
+
+ private:
+  void connect();
+  void write();
+  void read();
+  void on_read(beast::error_code ec);
+  void fail(UpstreamFailure failure, const std::string& error);
+  void finish(ClientResponse&& response, bool keep);
+
+  beast::tcp_stream stream_;
+  std::shared_ptr<PoolCore> pool_;
+  std::string key_;
+  std::string host_;
+  uint16_t port_;
+  bool connected_ = false;
+  bool reused_ = false;
+  bool cancelled_ = false;
+  uint64_t generation_ = 0;
+  ClientRequest request_;
+  std::chrono::milliseconds timeout_{0};
+  ClientPool::Callback done_;
+  std::string head_;
+  beast::flat_buffer buffer_;
+  std::optional<bhttp::response_parser<bhttp::string_body>> parser_;
+};
+
+// The pool's state, shared with its connections so an operation completing during shutdown
+// never touches freed memory.
+class PoolCore : public std::enable_shared_from_this<PoolCore> {
+ public:
+  PoolCore(asio::io_context& context, const ClientOptions& options)
+      : context_(context), options_(options) {}
+
+  asio::io_context& context() { return context_; }
+  const ClientOptions& options() const { return options_; }
+
+  ClientPool::CallHandle send(const std::string& host, uint16_t port, ClientRequest&& request,
+                              std::chrono::milliseconds timeout, ClientPool::Callback done) {
+    key_buffer_.assign(host);
+    key_buffer_.push_back(':');
+    key_buffer_.append(std::to_string(port));
+    std::shared_ptr<Connection> connection;
+    bool reused = false;
+    auto it = idle_.find(key_buffer_);
+    if (it != idle_.end() && !it->second.empty()) {
+      connection = std::move(it->second.back());
+      it->second.pop_back();
+      --idle_count_;
+      reused = true;
+    } else {
+      connection =
+          std::make_shared<Connection>(context_, shared_from_this(), key_buffer_, host, port);
+    }
+    connection->start(std::move(request), timeout, std::move(done), reused);
+    return {connection, connection->generation()};
+  }
+
+  // A fresh connection for a request whose pooled connection turned out closed.
+  void resend_fresh(const std::string& key, const std::string& host, uint16_t port,
+                    ClientRequest&& request, std::chrono::milliseconds timeout,
+                    ClientPool::Callback done) {
+    auto connection = std::make_shared<Connection>(context_, shared_from_this(), key, host, port);
+    connection->start(std::move(request), timeout, std::move(done), false);
+  }
+
+  void release(std::shared_ptr<Connection>&& connection) {
+    auto& idle = idle_[connection->key()];
+    if (idle.size() >= options_.max_idle_per_upstream) {
+      return;  // dropped: closes the socket
+    }
+    idle.push_back(std::move(connection));
+    ++idle_count_;
+  }
+
+  size_t idle_count() const { return idle_count_; }
+
+ private:
+  asio::io_context& context_;
+  ClientOptions options_;
+  std::string key_buffer_;
+  std::unordered_map<std::string, std::vector<std::shared_ptr<Connection>>> idle_;
+  size_t idle_count_ = 0;
+};
+
+void Connection::start(ClientRequest&& request, std::chrono::milliseconds timeout,
+                       ClientPool::Callback done, bool reused) {
+  ++generation_;
+  request_ = std::move(request);
+  timeout_ = timeout;
+  done_ = std::move(done);
+  reused_ = reused;
+  cancelled_ = false;
+  if (connected_) {
+    write();
+  } else {
+    connect();
+  }
+}
+
+void Connection::connect() {
+  beast::error_code ec;
+  auto address = asio::ip::make_address(host_ == "localhost" ? "127.0.0.1" : host_, ec);
+  if (ec) {
+    // Host names: resolve asynchronously (Kubernetes mode); loopback tests use literals.
+    auto resolver = std::make_shared<tcp::resolver>(stream_.get_executor());
+    resolver->async_resolve(
+        host_, std::to_string(port_),
+        [self = shared_from_this(), resolver](beast::error_code ec,
+                                              tcp::resolver::results_type results) {
+          if (ec || results.empty()) {
+            self->fail(UpstreamFailure::kConnect, "cannot resolve '" + self->host_ +
+                                                      "': " + (ec ? ec.message() : "no address"));
+            return;
+          }
+          self->stream_.expires_after(self->pool_->options().connect_timeout);
+          self->stream_.async_connect(results, [self](beast::error_code ec, const tcp::endpoint&) {
+            if (ec) {
+              self->fail(UpstreamFailure::kConnect, "connect: " + ec.message());
+              return;
+            }
+            self->connected_ = true;
+            beast::error_code ignored;
+            self->stream_.socket().set_option(tcp::no_delay(true), ignored);
+            self->write();
+          });
+        });
+    return;
+  }
+  stream_.expires_after(pool_->options().connect_timeout);
+  stream_.async_connect(tcp::endpoint(address, port_),
+                        [self = shared_from_this()](beast::error_code ec) {
+                          if (ec) {
+                            self->fail(UpstreamFailure::kConnect, "connect: " + ec.message());
+                            return;
+                          }
+                          self->connected_ = true;
+                          beast::error_code ignored;
+                          self->stream_.socket().set_option(tcp::no_delay(true), ignored);
+                          self->write();
+                        });
+}
+
+void Connection::write() {
+  if (cancelled_) {
+    fail(UpstreamFailure::kCancelled, "cancelled");
+    return;
+  }
+  // The head is written by hand into a reused buffer: Beast's serializer would allocate a
+  // field list per request. Header values come from Beast's parser, which refuses CR and LF.
+  head_.clear();
+  head_.append(method_name(request_.method));
+  head_.push_back(' ');
+  head_.append(request_.target);
+  head_.append(" HTTP/1.1\r\nHost: ");
+  head_.append(key_);
+  head_.append("\r\n");
+  for (const auto& [name, value] : request_.headers) {
+    head_.append(name);
+    head_.append(": ");
+    head_.append(value);
+    head_.append("\r\n");
+  }
+  if (!request_.body.empty() || request_.method == Method::kPost ||
+      request_.method == Method::kPut) {
+    head_.append("Content-Length: ");
+    head_.append(std::to_string(request_.body.size()));
+    head_.append("\r\n");
+  }
+  head_.append("\r\n");
+  stream_.expires_after(timeout_);
+  const std::array<asio::const_buffer, 2> buffers{asio::buffer(head_), asio::buffer(request_.body)};
+  asio::async_write(stream_, buffers, [self = shared_from_this()](beast::error_code ec, size_t) {
+    if (ec) {
+      if (ec == beast::error::timeout) {
+        self->fail(UpstreamFailure::kTimeout, "timed out sending the request");
+      } else {
+        self->fail(
+            self->cancelled_ ? UpstreamFailure::kCancelled : UpstreamFailure::kClosedBeforeResponse,
+            "write: " + ec.message());
+      }
+      return;
+    }
+    self->read();
+  });
+}
+
+void Connection::read() {
+  parser_.emplace();
+  parser_->body_limit(pool_->options().max_response_bytes);
+  parser_->eager(true);
+  parser_->skip(request_.method == Method::kHead);  // a HEAD response has no body
+  bhttp::async_read(
+      stream_, buffer_, *parser_,
+      [self = shared_from_this()](beast::error_code ec, size_t) { self->on_read(ec); });
+}
+
+void Connection::on_read(beast::error_code ec) {
+  if (ec) {
+    if (cancelled_) {
+      fail(UpstreamFailure::kCancelled, "cancelled");
+    } else if (ec == beast::error::timeout) {
+      fail(UpstreamFailure::kTimeout,
+           "no response within " + std::to_string(timeout_.count()) + " ms");
+    } else if (ec == bhttp::error::body_limit || ec == bhttp::error::header_limit ||
+               (ec.category() == bhttp::make_error_code(bhttp::error::end_of_stream).category() &&
+                ec != bhttp::error::end_of_stream && ec != bhttp::error::partial_message)) {
+      fail(UpstreamFailure::kBadResponse, "bad response: " + ec.message());
+    } else if (!parser_->got_some() && buffer_.size() == 0) {
+      fail(UpstreamFailure::kClosedBeforeResponse, "closed before responding: " + ec.message());
+    } else {
+      fail(UpstreamFailure::kClosedDuringResponse, "closed mid-response: " + ec.message());
+    }
+    return;
+  }
+  auto message = parser_->release();
+  parser_.reset();
+  ClientResponse response;
+  response.status = static_cast<int>(message.result_int());
+  for (const auto& field : message) {
+    const auto name = field.name_string();
+    if (field.name() == bhttp::field::content_type) {
+      response.content_type = std::string(field.value());
+    } else if (!is_hop_by_hop(std::string_view(name.data(), name.size()))) {
+      response.headers.emplace_back(std::string(name), std::string(field.value()));
+    }
+  }
+  response.body = std::move(message.body());
+  // Bytes past the response on a request/response connection mean a confused upstream.
+  finish(std::move(response), message.keep_alive() && buffer_.size() == 0);
+}
+
+void Connection::fail(UpstreamFailure failure, const std::string& error) {
+  connected_ = false;
+  beast::error_code ignored;
+  stream_.socket().close(ignored);
+  if (reused_ && failure == UpstreamFailure::kClosedBeforeResponse && !cancelled_) {
+    // The upstream closed this connection while it sat idle (a keep-alive timeout race), not
+    // a failure of the upstream: once more on a fresh connection.
+    reused_ = false;
+    auto done = std::move(done_);
+    done_ = nullptr;
+    pool_->resend_fresh(key_, host_, port_, std::move(request_), timeout_, std::move(done));
+    return;
+  }
+  ClientResponse response;
+  response.failure = failure;
+  response.error = error;
+  if (failure == UpstreamFailure::kConnect || failure == UpstreamFailure::kClosedBeforeResponse) {
+    response.unsent = std::move(request_);
+  }
+  finish(std::move(response), false);
+}
+
+void Connection::finish(ClientResponse&& response, bool keep) {
+  stream_.expires_never();
+  auto done = std::move(done_);
+  done_ = nullptr;
+  request_ = {};
+  if (keep) {
+    pool_->release(shared_from_this());
+  } else {
+    connected_ = false;
+    beast::error_code ignored;
+    stream_.socket().close(ignored);
+  }
+  if (done) {
+    done(std::move(response));
+  }
+}
+
+void Connection::cancel() {
+  if (!busy() || cancelled_) {
+    return;
+  }
+  cancelled_ = true;
+  beast::error_code ignored;
+  stream_.socket().cancel(ignored);
+  stream_.socket().close(ignored);
+}
+
+class ClientPoolImpl final : public ClientPool {
+ public:
+  ClientPoolImpl(asio::io_context& context, const ClientOptions& options)
+      : core_(std::make_shared<PoolCore>(context, options)) {}
+
+  CallHandle send(const std::string& host, uint16_t port, ClientRequest&& request,
+                  std::chrono::milliseconds timeout, Callback done) override {
+    return core_->send(host, port, std::move(request), timeout, std::move(done));
+  }
+
+  void cancel(const CallHandle& handle) override {
+    auto connection = std::static_pointer_cast<Connection>(handle.connection.lock());
+    if (connection && connection->generation() == handle.generation) {
+      connection->cancel();
+    }
+  }
+
+  size_t idle_connections() const override { return core_->idle_count(); }
+
+ private:
+  std::shared_ptr<PoolCore> core_;
+};
+
+std::unique_ptr<ClientPool> ClientPool::create(Loop loop, const ClientOptions& options) {
+  FLOTILLA_CHECK(loop.valid());
+  return std::make_unique<ClientPoolImpl>(*static_cast<asio::io_context*>(loop.native()), options);
+}
+
+}  // namespace flotilla::http

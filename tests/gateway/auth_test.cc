@@ -1,0 +1,369 @@
+#include "gateway/auth.h"
+
+#include <string>
+#include <vector>
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+namespace flotilla::gateway {
+namespace {
+
+using ::testing::HasSubstr;
+using ::testing::MatchesRegex;
+
+// A fixed salt and secret whose digest was computed outside the code under test:
+//   python3 -c "import hashlib; print(hashlib.sha256(bytes.fromhex('a1'*16) +
+//               ('0123456789abcdef'*4).encode()).hexdigest())"
+const std::string kFixedSalt = "a1a1a1a1a1a1a1a1a1a1a1a1a1a1a1a1";
+const std::string kFixedSecret = "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef";
+const std::string kFixedDigest = "395b56873a25ffaade25319cf46ef10bc442fd2ffc26610b5edbb6a3004757f4";
+
+TEST(TokenHashTest, MatchesKnownSha256Vectors) {
+  // printf '\x00\x01...\x0fabc' | sha256sum
+  EXPECT_EQ(hash_secret("000102030405060708090a0b0c0d0e0f", "abc"),
+            "f9b234fe3638bdd7671503b81bda6e249f96aea7e0d8ca758c8f5ab13096de90");
+  // Upper-case salt hex decodes to the same bytes.
+  EXPECT_EQ(hash_secret("000102030405060708090A0B0C0D0E0F", "abc"),
+            "f9b234fe3638bdd7671503b81bda6e249f96aea7e0d8ca758c8f5ab13096de90");
+  // The SHA-256 of no bytes at all.
+  EXPECT_EQ(hash_secret("", ""),
+            "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855");
+  EXPECT_EQ(hash_secret(kFixedSalt, kFixedSecret), kFixedDigest);
+}
+
+TEST(TokenHashTest, SaltThatIsNotHexGivesNoDigest) {
+  EXPECT_EQ(hash_secret("zz", "abc"), "");
+  EXPECT_EQ(hash_secret("abc", "abc"), "");  // odd length
+}
+
+TEST(GenerateTokenTest, MintsATokenThatChecksOut) {
+  auto minted = generate_token("ci-2", {"fraud"});
+  ASSERT_TRUE(minted.is_ok()) << minted.status().message();
+  EXPECT_THAT(minted->token, MatchesRegex("flt_ci-2_[0-9a-f]{64}"));
+  EXPECT_EQ(minted->record.id, "ci-2");
+  EXPECT_THAT(minted->record.salt, MatchesRegex("[0-9a-f]{32}"));
+  EXPECT_THAT(minted->record.sha256, MatchesRegex("[0-9a-f]{64}"));
+  EXPECT_EQ(minted->record.endpoints, std::vector<std::string>{"fraud"});
+  const std::string secret = minted->token.substr(std::string("flt_ci-2_").size());
+  EXPECT_EQ(hash_secret(minted->record.salt, secret), minted->record.sha256);
+  EXPECT_EQ(minted->token.find(minted->record.sha256), std::string::npos);
+
+  const Authenticator auth({minted->record});
+  EXPECT_EQ(auth.check("Bearer " + minted->token, "fraud"), AuthResult::kAllowed);
+  EXPECT_EQ(auth.check("Bearer " + minted->token, ""), AuthResult::kAllowed);
+  EXPECT_EQ(auth.check("Bearer " + minted->token, "llm"), AuthResult::kForbidden);
+}
+
+TEST(GenerateTokenTest, DrawsAFreshSaltAndSecretEachTime) {
+  auto a = generate_token("ci", {});
+  auto b = generate_token("ci", {});
+  ASSERT_TRUE(a.is_ok() && b.is_ok());
+  EXPECT_NE(a->token, b->token);
+  EXPECT_NE(a->record.salt, b->record.salt);
+  EXPECT_NE(a->record.sha256, b->record.sha256);
+  // The first token does not pass for the second record, though the ids are equal.
+  EXPECT_EQ(Authenticator({b->record}).check("Bearer " + a->token, ""), AuthResult::kInvalid);
+}
+
+TEST(GenerateTokenTest, RejectsBadIdsAndEndpointsNamingThem) {
+  struct Case {
+    std::string id;
+    std::vector<std::string> endpoints;
+    const char* error;
+  };
+  const Case cases[] = {
+      {"", {}, "id: '' must be 1 to 64"},
+      {"a_b", {}, "id: 'a_b'"},
+      {"a b", {}, "id: 'a b'"},
+      {"flt.1", {}, "id: 'flt.1'"},
+      {std::string(65, 'a'), {}, "must be 1 to 64 letters"},
+      {"ci", {"fraud", "bad name"}, "endpoints[1]: 'bad name'"},
+      {"ci", {""}, "endpoints[0]: must be 1 to 128 characters"},
+  };
+  for (const Case& c : cases) {
+    auto minted = generate_token(c.id, c.endpoints);
+    ASSERT_FALSE(minted.is_ok()) << c.id;
+    EXPECT_EQ(minted.status().code(), StatusCode::kInvalidArgument) << c.id;
+    EXPECT_THAT(minted.status().message(), HasSubstr(c.error)) << c.id;
+  }
+  EXPECT_TRUE(generate_token(std::string(64, 'Z'), {}).is_ok());
+}
+
+class AuthenticatorTest : public ::testing::Test {
+ protected:
+  static TokenRecord record(std::string id, const std::string& secret,
+                            std::vector<std::string> endpoints) {
+    return TokenRecord{std::move(id), kFixedSalt, hash_secret(kFixedSalt, secret),
+                       std::move(endpoints)};
+  }
+
+  const std::string other_secret_ = std::string(64, '7');
+  const Authenticator auth_{
+      {record("ci", kFixedSecret, {"fraud", "fraud-v2"}), record("any", other_secret_, {})}};
+};
+
+TEST_F(AuthenticatorTest, ChecksHeaders) {
+  const std::string ci = "flt_ci_" + kFixedSecret;
+  const std::string any = "flt_any_" + other_secret_;
+  std::string wrong_secret = ci;
+  wrong_secret.back() = wrong_secret.back() == '0' ? '1' : '0';
+  std::string upper_secret = kFixedSecret;
+  for (char& c : upper_secret) {
+    c = (c >= 'a' && c <= 'f') ? static_cast<char>(c - 'a' + 'A') : c;
+  }
+  upper_secret = "flt_ci_" + upper_secret;
+
+  struct Case {
+    std::string authorization;
+    std::string endpoint;
+    AuthResult expected;
+  };
+  const Case cases[] = {
+      // Allowed.
+      {"Bearer " + ci, "fraud", AuthResult::kAllowed},
+      {"Bearer " + ci, "fraud-v2", AuthResult::kAllowed},
+      {"Bearer " + ci, "", AuthResult::kAllowed},  // a route not tied to an endpoint
+      {"bearer " + ci, "fraud", AuthResult::kAllowed},
+      {"BEARER " + ci, "fraud", AuthResult::kAllowed},
+      {"bEaReR " + ci, "fraud", AuthResult::kAllowed},
+      {"Bearer    " + ci, "fraud", AuthResult::kAllowed},
+      {"Bearer " + any, "llm", AuthResult::kAllowed},  // no scope: every endpoint
+      {"Bearer " + any, "", AuthResult::kAllowed},
+      // Valid token, other endpoint.
+      {"Bearer " + ci, "llm", AuthResult::kForbidden},
+      {"Bearer " + ci, "Fraud", AuthResult::kForbidden},
+      {"Bearer " + ci, "frau", AuthResult::kForbidden},
+      // No header.
+      {"", "fraud", AuthResult::kMissing},
+      {"", "", AuthResult::kMissing},
+      // Wrong or unknown credentials.
+      {"Bearer " + wrong_secret, "fraud", AuthResult::kInvalid},
+      {"Bearer " + wrong_secret, "", AuthResult::kInvalid},
+      {"Bearer flt_nobody_" + kFixedSecret, "fraud", AuthResult::kInvalid},
+      {"Bearer flt_any_" + kFixedSecret, "fraud", AuthResult::kInvalid},  // ci's secret
+      {"Bearer " + upper_secret, "fraud", AuthResult::kInvalid},
+      // Another scheme.
+      {"Basic Y2k6c2VjcmV0", "fraud", AuthResult::kInvalid},
+      {"Basic " + ci, "fraud", AuthResult::kInvalid},
+      {ci, "fraud", AuthResult::kInvalid},
+      {"Token " + ci, "fraud", AuthResult::kInvalid},
+      // Malformed.
+      {"Bearer", "fraud", AuthResult::kInvalid},
+      {"Bearer ", "fraud", AuthResult::kInvalid},
+      {"Bearer    ", "fraud", AuthResult::kInvalid},
+      {"Bearer" + ci, "fraud", AuthResult::kInvalid},
+      {"Bearer\t" + ci, "fraud", AuthResult::kInvalid},
+      {" Bearer " + ci, "fraud", AuthResult::kInvalid},
+      {"Bearer " + ci + " ", "fraud", AuthResult::kInvalid},
+      {"Bearer " + ci + "0", "fraud", AuthResult::kInvalid},
+      {"Bearer " + ci.substr(0, ci.size() - 1), "fraud", AuthResult::kInvalid},
+      {"Bearer flt_", "fraud", AuthResult::kInvalid},
+      {"Bearer flt__x", "fraud", AuthResult::kInvalid},
+      {"Bearer flt__" + kFixedSecret, "", AuthResult::kInvalid},
+      {"Bearer flt_ci", "fraud", AuthResult::kInvalid},
+      {"Bearer flt_ci_", "fraud", AuthResult::kInvalid},
+      {"Bearer flt_ci__" + kFixedSecret, "fraud", AuthResult::kInvalid},
+      {"Bearer flt_x_ci_" + kFixedSecret, "fraud", AuthResult::kInvalid},
+      {"Bearer Flt_ci_" + kFixedSecret, "fraud", AuthResult::kInvalid},
+      {"Bearer flt_ci_" + kFixedSecret + "_", "fraud", AuthResult::kInvalid},
+      {"Bearer flt_" + std::string(65, 'a') + "_" + kFixedSecret, "", AuthResult::kInvalid},
+      {"Bearer " + ci + ", Bearer " + ci, "fraud", AuthResult::kInvalid},
+      {std::string("Bearer flt_ci_\0", 15) + kFixedSecret, "fraud", AuthResult::kInvalid},
+  };
+  for (const Case& c : cases) {
+    EXPECT_EQ(auth_.check(c.authorization, c.endpoint), c.expected)
+        << "'" << c.authorization << "' for '" << c.endpoint << "'";
+  }
+}
+
+TEST_F(AuthenticatorTest, IndexesOneRecordPerId) {
+  EXPECT_EQ(auth_.size(), 2u);
+  // For a duplicate id the first record wins.
+  const Authenticator auth(
+      {record("ci", kFixedSecret, {"fraud"}), record("ci", other_secret_, {})});
+  EXPECT_EQ(auth.size(), 1u);
+  EXPECT_EQ(auth.check("Bearer flt_ci_" + kFixedSecret, "fraud"), AuthResult::kAllowed);
+  EXPECT_EQ(auth.check("Bearer flt_ci_" + other_secret_, "fraud"), AuthResult::kInvalid);
+  EXPECT_EQ(Authenticator({}).size(), 0u);
+  EXPECT_EQ(Authenticator({}).check("Bearer flt_ci_" + kFixedSecret, ""), AuthResult::kInvalid);
+  EXPECT_EQ(Authenticator({}).check("", ""), AuthResult::kMissing);
+}
+
+TEST_F(AuthenticatorTest, NormalizesDigestCaseAndNeverMatchesMalformedRecords) {
+  TokenRecord upper = record("ci", kFixedSecret, {});
+  for (char& c : upper.sha256) {
+    c = (c >= 'a' && c <= 'f') ? static_cast<char>(c - 'a' + 'A') : c;
+  }
+  EXPECT_EQ(Authenticator({upper}).check("Bearer flt_ci_" + kFixedSecret, ""),
+            AuthResult::kAllowed);
+
+  TokenRecord bad_salt = record("ci", kFixedSecret, {});
+  bad_salt.salt = "not hex";
+  EXPECT_EQ(Authenticator({bad_salt}).check("Bearer flt_ci_" + kFixedSecret, ""),
+            AuthResult::kInvalid);
+  TokenRecord short_digest = record("ci", kFixedSecret, {});
+  short_digest.sha256.resize(32);
+  EXPECT_EQ(Authenticator({short_digest}).check("Bearer flt_ci_" + kFixedSecret, ""),
+            AuthResult::kInvalid);
+  TokenRecord empty_digest = record("ci", kFixedSecret, {});
+  empty_digest.sha256.clear();
+  EXPECT_EQ(Authenticator({empty_digest}).check("Bearer flt_ci_" + kFixedSecret, ""),
+            AuthResult::kInvalid);
+}
+
+const std::string kDigest(64, 'd');
+
+std::string one_token(const std::string& fields) {
+  return "auth:\n  tokens:\n    - {" + fields + "}\n";
+}
+
+TEST(AuthConfigTest, ParsesTheAuthSectionAndIgnoresTheRest) {
+  const std::string yaml = R"(
+endpoints:
+  - name: fraud
+    versions: [{name: v1, replicas: [{id: r1, address: "127.0.0.1:9001"}]}]
+auth:
+  tokens:
+    - {id: ci, salt: ")" + kFixedSalt +
+                           R"(", sha256: ")" + kFixedDigest + R"(", endpoints: [fraud]}
+    - id: Ops-2
+      salt: "A1A1A1A1A1A1A1A1A1A1A1A1A1A1A1A1"
+      sha256: ")" + std::string(64, 'F') +
+                           R"("
+  open_routes: [health, metrics]
+)";
+  auto config = parse_auth_config_yaml(yaml);
+  ASSERT_TRUE(config.is_ok()) << config.status().message();
+  EXPECT_TRUE(config->enabled);
+  ASSERT_EQ(config->tokens.size(), 2u);
+  EXPECT_EQ(config->tokens[0],
+            (TokenRecord{"ci", kFixedSalt, kFixedDigest, std::vector<std::string>{"fraud"}}));
+  EXPECT_EQ(config->tokens[1].id, "Ops-2");
+  EXPECT_EQ(config->tokens[1].salt, kFixedSalt);              // hex is stored lower case
+  EXPECT_EQ(config->tokens[1].sha256, std::string(64, 'f'));  //
+  EXPECT_TRUE(config->tokens[1].endpoints.empty());
+  EXPECT_EQ(config->open_routes, (std::vector<std::string>{"health", "metrics"}));
+
+  const Authenticator auth(config->tokens);
+  EXPECT_EQ(auth.check("Bearer flt_ci_" + kFixedSecret, "fraud"), AuthResult::kAllowed);
+}
+
+TEST(AuthConfigTest, AbsentSectionMeansDisabled) {
+  for (const char* yaml : {"", "endpoints: []", "# nothing\n"}) {
+    auto config = parse_auth_config_yaml(yaml);
+    ASSERT_TRUE(config.is_ok()) << yaml << ": " << config.status().message();
+    EXPECT_FALSE(config->enabled) << yaml;
+    EXPECT_TRUE(config->tokens.empty());
+    EXPECT_TRUE(config->open_routes.empty());
+  }
+  for (const char* yaml : {"auth: {}", "auth: {tokens: [], open_routes: []}"}) {
+    auto config = parse_auth_config_yaml(yaml);
+    ASSERT_TRUE(config.is_ok()) << yaml << ": " << config.status().message();
+    EXPECT_TRUE(config->enabled) << yaml;
+    EXPECT_TRUE(config->tokens.empty());
+  }
+}
+
+TEST(AuthConfigTest, RejectsBadConfigsNamingTheField) {
+  const std::string salt = "salt: \"" + kFixedSalt + "\"";
+  const std::string digest = "sha256: \"" + kDigest + "\"";
+  const std::string valid = "id: ci, " + salt + ", " + digest;
+  struct Case {
+    std::string yaml;
+    const char* error;
+  };
+  const Case cases[] = {
+      {"auth: [", "invalid auth config"},
+      {"[1, 2]", "config: must be a mapping"},
+      {"auth:", "auth: must be a mapping"},
+      {"auth: 1", "auth: must be a mapping"},
+      {"auth: {tokenz: []}", "auth: unknown field 'tokenz'"},
+      {"auth: {tokens: {}}", "auth.tokens: must be a list"},
+      {"auth: {tokens: ci}", "auth.tokens: must be a list"},
+      {"auth: {tokens: [ci]}", "auth.tokens[0]: must be a mapping"},
+      {one_token(valid + ", scope: [fraud]"), "auth.tokens[0]: unknown field 'scope'"},
+      // id
+      {one_token(salt + ", " + digest), "auth.tokens[0].id: is required"},
+      {one_token("id: [ci], " + salt + ", " + digest), "auth.tokens[0].id: must be a string"},
+      {one_token("id: , " + salt + ", " + digest), "auth.tokens[0].id: must be a string"},
+      {one_token("id: c_i, " + salt + ", " + digest),
+       "auth.tokens[0].id: 'c_i' must be 1 to 64 letters, digits or '-'"},
+      {one_token("id: '', " + salt + ", " + digest), "auth.tokens[0].id: '' must be"},
+      // salt
+      {one_token("id: ci, " + digest), "auth.tokens[0].salt: is required"},
+      {one_token("id: ci, salt: \"" + kFixedSalt.substr(2) + "\", " + digest),
+       "auth.tokens[0].salt: must be 32 hex characters"},
+      {one_token("id: ci, salt: \"" + kFixedSalt + "00\", " + digest),
+       "auth.tokens[0].salt: must be 32 hex characters"},
+      {one_token("id: ci, salt: \"zz" + kFixedSalt.substr(2) + "\", " + digest),
+       "auth.tokens[0].salt: must be 32 hex characters"},
+      {one_token("id: ci, salt: {a: 1}, " + digest), "auth.tokens[0].salt: must be a string"},
+      // sha256
+      {one_token("id: ci, " + salt), "auth.tokens[0].sha256: is required"},
+      {one_token("id: ci, " + salt + ", sha256: \"" + kDigest.substr(1) + "g\""),
+       "auth.tokens[0].sha256: must be 64 hex characters"},
+      {one_token("id: ci, " + salt + ", sha256: \"" + kDigest.substr(1) + "\""),
+       "auth.tokens[0].sha256: must be 64 hex characters"},
+      {one_token("id: ci, " + salt + ", sha256: 12"),
+       "auth.tokens[0].sha256: must be 64 hex characters"},
+      // endpoints
+      {one_token(valid + ", endpoints: fraud"), "auth.tokens[0].endpoints: must be a list"},
+      {one_token(valid + ", endpoints: [{a: 1}]"), "auth.tokens[0].endpoints[0]: must be a string"},
+      {one_token(valid + ", endpoints: [fraud, 'a b']"),
+       "auth.tokens[0].endpoints[1]: 'a b' may hold only"},
+      // duplicate ids, and the index in a longer list
+      {"auth:\n  tokens:\n    - {" + valid + "}\n    - {id: ops, " + salt + ", " + digest +
+           "}\n    - {" + valid + "}\n",
+       "auth.tokens[2].id: token 'ci' appears twice"},
+      {"auth:\n  tokens:\n    - {" + valid + "}\n    - {id: ops, " + salt + ", sha256: x}\n",
+       "auth.tokens[1].sha256: must be 64 hex characters"},
+      // open_routes
+      {"auth: {open_routes: health}", "auth.open_routes: must be a list"},
+      {"auth: {open_routes: [health, admin]}",
+       "auth.open_routes[1]: unknown route 'admin' (use health, metrics, stats or models)"},
+      {"auth: {open_routes: [[health]]}", "auth.open_routes[0]: must be a string"},
+  };
+  for (const Case& c : cases) {
+    auto config = parse_auth_config_yaml(c.yaml);
+    ASSERT_FALSE(config.is_ok()) << c.yaml;
+    EXPECT_EQ(config.status().code(), StatusCode::kInvalidArgument) << c.yaml;
+    EXPECT_THAT(config.status().message(), HasSubstr(c.error)) << c.yaml;
+  }
+  auto all_routes = parse_auth_config_yaml("auth: {open_routes: [health, metrics, stats, models]}");
+  ASSERT_TRUE(all_routes.is_ok()) << all_routes.status().message();
+  EXPECT_EQ(all_routes->open_routes.size(), 4u);
+}
+
+TEST(TokenRecordYamlTest, WritesOneFlowMapping) {
+  EXPECT_EQ(token_record_yaml({"ci", kFixedSalt, kFixedDigest, {"fraud", "llm"}}),
+            "{id: \"ci\", salt: \"" + kFixedSalt + "\", sha256: \"" + kFixedDigest +
+                "\", endpoints: [\"fraud\", \"llm\"]}");
+  EXPECT_EQ(token_record_yaml({"ci", kFixedSalt, kFixedDigest, {}}),
+            "{id: \"ci\", salt: \"" + kFixedSalt + "\", sha256: \"" + kFixedDigest + "\"}");
+}
+
+TEST(TokenRecordYamlTest, RoundTripsThroughTheParser) {
+  auto minted = generate_token("minted", {"fraud"});
+  ASSERT_TRUE(minted.is_ok()) << minted.status().message();
+  const std::vector<TokenRecord> records = {
+      {"ci", kFixedSalt, kFixedDigest, {"fraud", "fraud-v2", "a.b_c"}},
+      {"no-scope", kFixedSalt, kFixedDigest, {}},
+      // Ids and names YAML would otherwise read as numbers, booleans or null.
+      {"123", kFixedSalt, kFixedDigest, {"true", "null", "1.0"}},
+      minted->record,
+  };
+  std::string yaml = "auth:\n  tokens:\n";
+  for (const TokenRecord& record : records) {
+    yaml += "    - " + token_record_yaml(record) + "\n";
+  }
+  auto config = parse_auth_config_yaml(yaml);
+  ASSERT_TRUE(config.is_ok()) << config.status().message() << "\n" << yaml;
+  EXPECT_EQ(config->tokens, records);
+
+  const Authenticator auth(config->tokens);
+  EXPECT_EQ(auth.check("Bearer " + minted->token, "fraud"), AuthResult::kAllowed);
+}
+
+}  // namespace
+}  // namespace flotilla::gateway
