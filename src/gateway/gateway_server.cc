@@ -268,12 +268,18 @@ struct Snapshot {
 
 enum class CallState { kNew, kQueued, kDispatched, kExpired, kCancelled };
 
-struct ProxyCall {
+struct WorkerState;
+class GatewayImpl;
+
+struct ProxyCall : std::enable_shared_from_this<ProxyCall> {
   ProxyCall(http::Responder&& responder_in, http::Loop loop_in)
       : responder(std::move(responder_in)), loop(loop_in) {}
 
   http::Responder responder;
   http::Loop loop;  // the worker that owns the client connection
+  // Callbacks capture only the call (16 bytes: std::function keeps it inline, no allocation)
+  // and reach the gateway through it.
+  GatewayImpl* gateway = nullptr;
   http::Method method = http::Method::kPost;
   std::string path;  // as the client sent it, for the log
   http::ClientRequest request;
@@ -289,6 +295,8 @@ struct ProxyCall {
   bool watching = false;
   bool client_gone = false;
   bool answered = false;
+  WorkerState* owner = nullptr;  // set while the call is in owner->active
+  size_t active_index = 0;
   int attempts = 0;
   TimePoint start;
   TimePoint upstream_start;
@@ -297,6 +305,9 @@ struct ProxyCall {
 
 struct WorkerState {
   std::unique_ptr<http::ClientPool> pool;  // created on first use, on the worker's thread
+  // Calls at the replicas, for the disconnect sweep (see watch_slow_calls).
+  std::vector<ProxyCall*> active;
+  bool sweeping = false;
   std::unique_ptr<Balancer> balancer;
   std::unique_ptr<SeededRandom> random;
   std::shared_ptr<const Snapshot> snapshot;
@@ -405,7 +416,7 @@ class GatewayImpl final : public Gateway {
   }
   std::vector<EndpointSample> samples(const std::string& endpoint, size_t seconds) const override;
 
- private:
+  // The request path; public for the callbacks that reach it through ProxyCall::gateway.
   void handle(http::Request&& request, http::Responder&& responder);
   void answer_local(RouteKind kind, const http::Request& request, const Snapshot& snapshot,
                     http::Responder&& responder);
@@ -421,6 +432,7 @@ class GatewayImpl final : public Gateway {
   void forward(const std::shared_ptr<ProxyCall>& call, std::shared_ptr<ReplicaRuntime> replica);
   void on_upstream(const std::shared_ptr<ProxyCall>& call, http::ClientResponse&& response);
   void on_client_gone(const std::shared_ptr<ProxyCall>& call);
+  void watch_slow_calls(WorkerState& state);
   void release(ProxyCall& call);
   void respond(ProxyCall& call, http::Response&& response);
 
@@ -433,6 +445,7 @@ class GatewayImpl final : public Gateway {
   void sample_all();
   void check_config();
 
+ private:
   GatewayOptions options_;
   CapacityRequester* capacity_;
   MetricsRegistry& registry_;
@@ -657,6 +670,7 @@ void GatewayImpl::handle(http::Request&& request, http::Responder&& responder) {
   }
 
   auto call = std::make_shared<ProxyCall>(std::move(responder), http::Loop::current());
+  call->gateway = this;
   call->start = Clock::now();
   call->method = request.method;
   call->path = std::move(request.target);
@@ -870,13 +884,42 @@ void GatewayImpl::forward(const std::shared_ptr<ProxyCall>& call,
   call->endpoint->in_flight_gauge.add(1);
   call->upstream_start = Clock::now();
   ReplicaRuntime& target = *call->replica;
-  call->handle = worker().pool->send(
-      target.host, target.port, std::move(call->request), options_.upstream_timeout,
-      [this, call](http::ClientResponse&& response) { on_upstream(call, std::move(response)); });
-  if (!call->watching) {
-    call->watching = true;
-    call->responder.on_client_gone([this, call] { on_client_gone(call); });
+  WorkerState& state = worker();
+  call->handle =
+      state.pool->send(target.host, target.port, std::move(call->request),
+                       options_.upstream_timeout, [call](http::ClientResponse&& response) {
+                         call->gateway->on_upstream(call, std::move(response));
+                       });
+  if (!call->watching && call->owner == nullptr) {
+    call->owner = &state;
+    call->active_index = state.active.size();
+    state.active.push_back(call.get());
+    if (!state.sweeping) {
+      state.sweeping = true;
+      watch_slow_calls(state);
+    }
   }
+}
+
+// Watching a client for a disconnect costs an epoll_ctl, more than a fast request is worth
+// saving: calls still at their replica after one sweep period (25 to 50 ms) are watched.
+void GatewayImpl::watch_slow_calls(WorkerState& state) {
+  http::Loop::current().post_after(std::chrono::milliseconds(25), [this, &state] {
+    const TimePoint old = Clock::now() - std::chrono::milliseconds(25);
+    for (size_t i = 0; i < state.active.size(); ++i) {
+      ProxyCall* call = state.active[i];
+      if (!call->watching && !call->answered && call->start <= old) {
+        call->watching = true;
+        call->responder.on_client_gone(
+            [this, self = call->shared_from_this()] { on_client_gone(self); });
+      }
+    }
+    if (state.active.empty()) {
+      state.sweeping = false;
+      return;
+    }
+    watch_slow_calls(state);
+  });
 }
 
 void GatewayImpl::release(ProxyCall& call) {
@@ -955,6 +998,13 @@ void GatewayImpl::respond(ProxyCall& call, http::Response&& response) {
     return;
   }
   call.answered = true;
+  if (call.owner != nullptr) {
+    auto& active = call.owner->active;
+    active[call.active_index] = active.back();
+    active[call.active_index]->active_index = call.active_index;
+    active.pop_back();
+    call.owner = nullptr;
+  }
   const TimePoint now = Clock::now();
   const double total = seconds_between(call.start, now);
   const double added = total - std::chrono::duration<double>(call.upstream_time).count();

@@ -4,6 +4,10 @@
 // (head serialized into a reused buffer, body as a second buffer: one gather write) → read the
 // response with a Beast parser → back to the idle list when both sides keep the connection
 // alive. Everything runs on the loop thread, so the pool takes no lock.
+//
+// Timeouts cost no timer per request: busy connections carry a deadline, and one sweep timer
+// per pool (every 50 ms while any connection is busy) closes those past it, which fails their
+// pending operation. Timeouts are thus accurate to the sweep period.
 #include <deque>
 #include <optional>
 #include <unordered_map>
@@ -22,6 +26,12 @@ namespace asio = boost::asio;
 namespace beast = boost::beast;
 namespace bhttp = boost::beast::http;
 using tcp = asio::ip::tcp;
+// A concrete executor type: no type-erased executor to copy on every operation.
+using Socket = asio::basic_stream_socket<tcp, asio::io_context::executor_type>;
+using Resolver = asio::ip::basic_resolver<tcp, asio::io_context::executor_type>;
+using SteadyTimer = asio::basic_waitable_timer<std::chrono::steady_clock,
+                                               asio::wait_traits<std::chrono::steady_clock>,
+                                               asio::io_context::executor_type>;
 
 namespace {
 
@@ -66,7 +76,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
  public:
   Connection(asio::io_context& context, std::shared_ptr<PoolCore> pool, std::string key,
              std::string host, uint16_t port)
-      : stream_(context),
+      : socket_(context.get_executor()),
         pool_(std::move(pool)),
         key_(std::move(key)),
         host_(std::move(host)),
@@ -75,6 +85,18 @@ class Connection : public std::enable_shared_from_this<Connection> {
   const std::string& key() const { return key_; }
   uint64_t generation() const { return generation_; }
   bool busy() const { return static_cast<bool>(done_); }
+  std::chrono::steady_clock::time_point deadline() const { return deadline_; }
+  size_t busy_index = 0;  // position in the pool's busy list, while busy
+
+  // Called by the sweep when the deadline passed: the pending operation fails.
+  void expire() {
+    if (!busy() || timed_out_) {
+      return;
+    }
+    timed_out_ = true;
+    beast::error_code ignored;
+    socket_.close(ignored);
+  }
 
   // Starts one exchange. `reused`: the connection was idle in the pool before.
   void start(ClientRequest&& request, std::chrono::milliseconds timeout, ClientPool::Callback done,
@@ -83,13 +105,14 @@ class Connection : public std::enable_shared_from_this<Connection> {
 
  private:
   void connect();
+  void on_connect(beast::error_code ec);
   void write();
   void read();
   void on_read(beast::error_code ec);
   void fail(UpstreamFailure failure, const std::string& error);
   void finish(ClientResponse&& response, bool keep);
 
-  beast::tcp_stream stream_;
+  Socket socket_;
   std::shared_ptr<PoolCore> pool_;
   std::string key_;
   std::string host_;
@@ -97,6 +120,8 @@ class Connection : public std::enable_shared_from_this<Connection> {
   bool connected_ = false;
   bool reused_ = false;
   bool cancelled_ = false;
+  bool timed_out_ = false;
+  std::chrono::steady_clock::time_point deadline_;
   uint64_t generation_ = 0;
   ClientRequest request_;
   std::chrono::milliseconds timeout_{0};
@@ -111,7 +136,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
 class PoolCore : public std::enable_shared_from_this<PoolCore> {
  public:
   PoolCore(asio::io_context& context, const ClientOptions& options)
-      : context_(context), options_(options) {}
+      : context_(context), options_(options), sweep_timer_(context.get_executor()) {}
 
   asio::io_context& context() { return context_; }
   const ClientOptions& options() const { return options_; }
@@ -154,14 +179,60 @@ class PoolCore : public std::enable_shared_from_this<PoolCore> {
     ++idle_count_;
   }
 
+  // Busy connections are swept for their deadline.
+  void mark_busy(Connection* connection) {
+    connection->busy_index = busy_.size();
+    busy_.push_back(connection);
+    if (!sweeping_) {
+      sweeping_ = true;
+      arm_sweep();
+    }
+  }
+  void mark_idle(Connection* connection) {
+    const size_t index = connection->busy_index;
+    FLOTILLA_DCHECK(index < busy_.size() && busy_[index] == connection);
+    busy_[index] = busy_.back();
+    busy_[index]->busy_index = index;
+    busy_.pop_back();
+  }
+
   size_t idle_count() const { return idle_count_; }
 
  private:
+  void arm_sweep() {
+    sweep_timer_.expires_after(std::chrono::milliseconds(50));
+    sweep_timer_.async_wait([weak = weak_from_this()](beast::error_code ec) {
+      auto self = weak.lock();
+      if (ec || !self) {
+        return;
+      }
+      self->sweep();
+    });
+  }
+
+  void sweep() {
+    const auto now = std::chrono::steady_clock::now();
+    // expire() only closes sockets; the failures complete later, so busy_ is stable here.
+    for (Connection* connection : busy_) {
+      if (connection->deadline() <= now) {
+        connection->expire();
+      }
+    }
+    if (busy_.empty()) {
+      sweeping_ = false;
+      return;
+    }
+    arm_sweep();
+  }
+
   asio::io_context& context_;
   ClientOptions options_;
   std::string key_buffer_;
   std::unordered_map<std::string, std::vector<std::shared_ptr<Connection>>> idle_;
   size_t idle_count_ = 0;
+  std::vector<Connection*> busy_;
+  SteadyTimer sweep_timer_;
+  bool sweeping_ = false;
 };
 
 void Connection::start(ClientRequest&& request, std::chrono::milliseconds timeout,
@@ -172,54 +243,53 @@ void Connection::start(ClientRequest&& request, std::chrono::milliseconds timeou
   done_ = std::move(done);
   reused_ = reused;
   cancelled_ = false;
+  timed_out_ = false;
+  pool_->mark_busy(this);
   if (connected_) {
+    deadline_ = std::chrono::steady_clock::now() + timeout_;
     write();
   } else {
+    deadline_ = std::chrono::steady_clock::now() + pool_->options().connect_timeout;
     connect();
   }
+}
+
+void Connection::on_connect(beast::error_code ec) {
+  if (ec) {
+    fail(UpstreamFailure::kConnect, timed_out_ ? "connect timed out" : "connect: " + ec.message());
+    return;
+  }
+  connected_ = true;
+  beast::error_code ignored;
+  socket_.set_option(tcp::no_delay(true), ignored);
+  deadline_ = std::chrono::steady_clock::now() + timeout_;
+  write();
 }
 
 void Connection::connect() {
   beast::error_code ec;
   auto address = asio::ip::make_address(host_ == "localhost" ? "127.0.0.1" : host_, ec);
-  if (ec) {
-    // Host names: resolve asynchronously (Kubernetes mode); loopback tests use literals.
-    auto resolver = std::make_shared<tcp::resolver>(stream_.get_executor());
-    resolver->async_resolve(
-        host_, std::to_string(port_),
-        [self = shared_from_this(), resolver](beast::error_code ec,
-                                              tcp::resolver::results_type results) {
-          if (ec || results.empty()) {
-            self->fail(UpstreamFailure::kConnect, "cannot resolve '" + self->host_ +
-                                                      "': " + (ec ? ec.message() : "no address"));
-            return;
-          }
-          self->stream_.expires_after(self->pool_->options().connect_timeout);
-          self->stream_.async_connect(results, [self](beast::error_code ec, const tcp::endpoint&) {
-            if (ec) {
-              self->fail(UpstreamFailure::kConnect, "connect: " + ec.message());
-              return;
-            }
-            self->connected_ = true;
-            beast::error_code ignored;
-            self->stream_.socket().set_option(tcp::no_delay(true), ignored);
-            self->write();
-          });
-        });
+  if (!ec) {
+    socket_.async_connect(
+        tcp::endpoint(address, port_),
+        [self = shared_from_this()](beast::error_code ec) { self->on_connect(ec); });
     return;
   }
-  stream_.expires_after(pool_->options().connect_timeout);
-  stream_.async_connect(tcp::endpoint(address, port_),
-                        [self = shared_from_this()](beast::error_code ec) {
-                          if (ec) {
-                            self->fail(UpstreamFailure::kConnect, "connect: " + ec.message());
-                            return;
-                          }
-                          self->connected_ = true;
-                          beast::error_code ignored;
-                          self->stream_.socket().set_option(tcp::no_delay(true), ignored);
-                          self->write();
-                        });
+  // Host names: resolve asynchronously (Kubernetes mode); loopback tests use literals.
+  auto resolver = std::make_shared<Resolver>(socket_.get_executor());
+  resolver->async_resolve(
+      host_, std::to_string(port_),
+      [self = shared_from_this(), resolver](beast::error_code ec,
+                                            tcp::resolver::results_type results) {
+        if (ec || results.empty()) {
+          self->fail(UpstreamFailure::kConnect,
+                     "cannot resolve '" + self->host_ + "': " + (ec ? ec.message() : "no address"));
+          return;
+        }
+        asio::async_connect(
+            self->socket_, results,
+            [self](beast::error_code ec, const tcp::endpoint&) { self->on_connect(ec); });
+      });
 }
 
 void Connection::write() {
@@ -249,11 +319,10 @@ void Connection::write() {
     head_.append("\r\n");
   }
   head_.append("\r\n");
-  stream_.expires_after(timeout_);
   const std::array<asio::const_buffer, 2> buffers{asio::buffer(head_), asio::buffer(request_.body)};
-  asio::async_write(stream_, buffers, [self = shared_from_this()](beast::error_code ec, size_t) {
+  asio::async_write(socket_, buffers, [self = shared_from_this()](beast::error_code ec, size_t) {
     if (ec) {
-      if (ec == beast::error::timeout) {
+      if (self->timed_out_) {
         self->fail(UpstreamFailure::kTimeout, "timed out sending the request");
       } else {
         self->fail(
@@ -272,7 +341,7 @@ void Connection::read() {
   parser_->eager(true);
   parser_->skip(request_.method == Method::kHead);  // a HEAD response has no body
   bhttp::async_read(
-      stream_, buffer_, *parser_,
+      socket_, buffer_, *parser_,
       [self = shared_from_this()](beast::error_code ec, size_t) { self->on_read(ec); });
 }
 
@@ -280,7 +349,7 @@ void Connection::on_read(beast::error_code ec) {
   if (ec) {
     if (cancelled_) {
       fail(UpstreamFailure::kCancelled, "cancelled");
-    } else if (ec == beast::error::timeout) {
+    } else if (timed_out_) {
       fail(UpstreamFailure::kTimeout,
            "no response within " + std::to_string(timeout_.count()) + " ms");
     } else if (ec == bhttp::error::body_limit || ec == bhttp::error::header_limit ||
@@ -313,11 +382,13 @@ void Connection::on_read(beast::error_code ec) {
 
 void Connection::fail(UpstreamFailure failure, const std::string& error) {
   connected_ = false;
+  buffer_.clear();
   beast::error_code ignored;
-  stream_.socket().close(ignored);
+  socket_.close(ignored);
   if (reused_ && failure == UpstreamFailure::kClosedBeforeResponse && !cancelled_) {
     // The upstream closed this connection while it sat idle (a keep-alive timeout race), not
     // a failure of the upstream: once more on a fresh connection.
+    pool_->mark_idle(this);
     reused_ = false;
     auto done = std::move(done_);
     done_ = nullptr;
@@ -334,7 +405,7 @@ void Connection::fail(UpstreamFailure failure, const std::string& error) {
 }
 
 void Connection::finish(ClientResponse&& response, bool keep) {
-  stream_.expires_never();
+  pool_->mark_idle(this);
   auto done = std::move(done_);
   done_ = nullptr;
   request_ = {};
@@ -343,7 +414,7 @@ void Connection::finish(ClientResponse&& response, bool keep) {
   } else {
     connected_ = false;
     beast::error_code ignored;
-    stream_.socket().close(ignored);
+    socket_.close(ignored);
   }
   if (done) {
     done(std::move(response));
@@ -356,8 +427,7 @@ void Connection::cancel() {
   }
   cancelled_ = true;
   beast::error_code ignored;
-  stream_.socket().cancel(ignored);
-  stream_.socket().close(ignored);
+  socket_.close(ignored);
 }
 
 class ClientPoolImpl final : public ClientPool {

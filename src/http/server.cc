@@ -19,6 +19,7 @@
 #include <nlohmann/json.hpp>
 #include <spdlog/spdlog.h>
 #include <sys/socket.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
 #include "http/http.h"
@@ -29,6 +30,12 @@ namespace asio = boost::asio;
 namespace beast = boost::beast;
 namespace bhttp = boost::beast::http;
 using tcp = asio::ip::tcp;
+// A concrete executor type: no type-erased executor to copy on every operation.
+using Socket = asio::basic_stream_socket<tcp, asio::io_context::executor_type>;
+using TimePoint = std::chrono::steady_clock::time_point;
+
+// How often a worker looks for sessions past their deadline: timeouts are accurate to this.
+constexpr auto kSweepPeriod = std::chrono::milliseconds(50);
 
 class ServerImpl;
 class Session;
@@ -38,6 +45,7 @@ struct Worker {
   asio::executor_work_guard<asio::io_context::executor_type> guard{context.get_executor()};
   std::optional<tcp::acceptor> acceptor;
   std::unordered_set<Session*> sessions;  // touched only on this worker's thread
+  std::optional<asio::steady_timer> sweep_timer;
   std::thread thread;
 };
 
@@ -95,6 +103,7 @@ class ServerImpl final : public Server {
 
  private:
   void accept(Worker& worker);
+  void sweep(Worker& worker);
   void stop_all();
 
   ServerOptions options_;
@@ -111,8 +120,18 @@ class ServerImpl final : public Server {
 
 class Session : public std::enable_shared_from_this<Session> {
  public:
-  Session(tcp::socket&& socket, ServerImpl& server, Worker& worker)
-      : stream_(std::move(socket)), server_(server), worker_(worker) {}
+  Session(Socket&& socket, ServerImpl& server, Worker& worker)
+      : socket_(std::move(socket)), server_(server), worker_(worker) {}
+
+  // Timeouts cost no timer per operation: each session holds a deadline, and one sweep timer
+  // per worker closes the sockets of sessions past theirs, which fails the pending operation.
+  void expire_if_due(TimePoint now) {
+    if (deadline_ <= now && !timed_out_) {
+      timed_out_ = true;
+      beast::error_code ignored;
+      socket_.close(ignored);
+    }
+  }
 
   void start(bool reject) {
     worker_.sessions.insert(this);
@@ -128,11 +147,11 @@ class Session : public std::enable_shared_from_this<Session> {
   void close_if_idle() {
     if (idle_) {
       beast::error_code ignored;
-      stream_.socket().close(ignored);
+      socket_.close(ignored);
     }
   }
 
-  asio::any_io_executor executor() { return stream_.get_executor(); }
+  asio::io_context::executor_type executor() { return socket_.get_executor(); }
 
   // Waits for the socket to turn readable while the handler works: a FIN or RST then means the
   // client left. async_wait costs no system call (the descriptor is already in epoll); only a
@@ -143,33 +162,84 @@ class Session : public std::enable_shared_from_this<Session> {
   }
   bool server_stopped() const { return server_.stopped(); }
 
-  // Writes the handler's answer; runs on this session's worker thread.
+  // Writes the handler's answer; runs on this session's worker thread. The head is written by
+  // hand into a reused buffer and sent with the body in one gather write: Beast's serializer
+  // would allocate a field list per response.
   void write(Response&& response) {
     stop_disconnect_watch();
-    auto& out = response_;
-    out = {};
-    out.result(static_cast<unsigned>(response.status));
-    out.set(bhttp::field::content_type, response.content_type);
-    for (auto& [name, value] : response.headers) {
-      out.set(name, value);
-    }
-    out.body() = std::move(response.body);
-    if (head_request_) {
-      out.body().clear();  // a HEAD response has no body
-    }
-    out.version(request_version_);
     // While draining, requests the client already pipelined behind this one are still served;
     // the connection closes after the last of them.
     keep_alive_ = keep_alive_ && (!server_.draining() || buffer_.size() > 0);
-    out.keep_alive(keep_alive_);
-    out.prepare_payload();
-    stream_.expires_after(server_.options().body_timeout);
-    bhttp::async_write(stream_, out, [self = shared_from_this()](beast::error_code ec, size_t) {
+    body_ = std::move(response.body);
+    head_.clear();
+    head_.append(request_version_ == 10 ? "HTTP/1.0 " : "HTTP/1.1 ");
+    head_.append(std::to_string(response.status));
+    head_.push_back(' ');
+    const auto reason = bhttp::obsolete_reason(static_cast<bhttp::status>(response.status));
+    head_.append(reason.data(), reason.size());
+    append_header("Content-Type", response.content_type);
+    for (const auto& [name, value] : response.headers) {
+      append_header(name, value);
+    }
+    if (head_request_) {
+      body_.clear();  // a HEAD response has no body
+    }
+    append_header("Content-Length", std::to_string(body_.size()));
+    if (!keep_alive_) {
+      append_header("Connection", "close");
+    } else if (request_version_ == 10) {
+      append_header("Connection", "keep-alive");
+    }
+    head_.append("\r\n\r\n");
+    // Most responses fit in the socket buffer: one non-blocking sendmsg and no asio operation
+    // or timer. What does not fit is written asynchronously under the body timeout, so a
+    // client that stops reading cannot hold the connection.
+    std::array<iovec, 2> parts{iovec{head_.data(), head_.size()},
+                               iovec{body_.data(), body_.size()}};
+    msghdr message{};
+    message.msg_iov = parts.data();
+    message.msg_iovlen = body_.empty() ? 1 : 2;
+    const ssize_t sent = ::sendmsg(socket_.native_handle(), &message, MSG_NOSIGNAL | MSG_DONTWAIT);
+    const size_t total = head_.size() + body_.size();
+    if (sent == static_cast<ssize_t>(total)) {
+      if (buffer_.size() > 0) {
+        // Pipelined requests are waiting: continue from the loop, not from this stack, so a
+        // long pipeline cannot nest handlers without bound.
+        asio::post(socket_.get_executor(),
+                   [self = shared_from_this()] { self->on_write(beast::error_code()); });
+      } else {
+        on_write(beast::error_code());
+      }
+      return;
+    }
+    if (sent < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
+      on_write(beast::error_code(errno, boost::system::system_category()));
+      return;
+    }
+    const size_t done = sent > 0 ? static_cast<size_t>(sent) : 0;
+    const size_t head_done = std::min(done, head_.size());
+    const std::array<asio::const_buffer, 2> rest{
+        asio::buffer(head_.data() + head_done, head_.size() - head_done),
+        asio::buffer(body_.data() + (done - head_done), body_.size() - (done - head_done))};
+    deadline_ = std::chrono::steady_clock::now() + server_.options().body_timeout;
+    asio::async_write(socket_, rest, [self = shared_from_this()](beast::error_code ec, size_t) {
       self->on_write(ec);
     });
   }
 
- private:
+  // Appends "\r\nName: value"; a header whose text could split the head is left out.
+  void append_header(std::string_view name, std::string_view value) {
+    if (name.find_first_of("\r\n:") != std::string_view::npos ||
+        value.find_first_of("\r\n") != std::string_view::npos) {
+      FLOTILLA_BUG("a response header holds CR, LF or a colon in its name");
+      return;
+    }
+    head_.append("\r\n");
+    head_.append(name);
+    head_.append(": ");
+    head_.append(value);
+  }
+
   void wait_for_request() {
     if (buffer_.size() > 0) {  // pipelined bytes already here
       start_request();
@@ -180,8 +250,8 @@ class Session : public std::enable_shared_from_this<Session> {
       return;
     }
     idle_ = true;
-    stream_.expires_after(server_.options().idle_timeout);
-    stream_.async_read_some(buffer_.prepare(4096),
+    deadline_ = std::chrono::steady_clock::now() + server_.options().idle_timeout;
+    socket_.async_read_some(buffer_.prepare(4096),
                             [self = shared_from_this()](beast::error_code ec, size_t bytes) {
                               self->idle_ = false;
                               if (ec) {
@@ -225,9 +295,9 @@ class Session : public std::enable_shared_from_this<Session> {
   }
 
   void read_header() {
-    stream_.expires_after(server_.options().header_timeout);
+    deadline_ = std::chrono::steady_clock::now() + server_.options().header_timeout;
     bhttp::async_read_header(
-        stream_, buffer_, *parser_,
+        socket_, buffer_, *parser_,
         [self = shared_from_this()](beast::error_code ec, size_t) { self->on_header(ec); });
   }
 
@@ -239,7 +309,7 @@ class Session : public std::enable_shared_from_this<Session> {
     auto& request = parser_->get();
     if (beast::iequals(request[bhttp::field::expect], "100-continue") && !parser_->is_done()) {
       continue_.emplace(bhttp::status::continue_, 11);
-      bhttp::async_write(stream_, *continue_,
+      bhttp::async_write(socket_, *continue_,
                          [self = shared_from_this()](beast::error_code ec, size_t) {
                            if (ec) {
                              self->finish();
@@ -253,8 +323,8 @@ class Session : public std::enable_shared_from_this<Session> {
   }
 
   void read_body() {
-    stream_.expires_after(server_.options().body_timeout);
-    bhttp::async_read(stream_, buffer_, *parser_,
+    deadline_ = std::chrono::steady_clock::now() + server_.options().body_timeout;
+    bhttp::async_read(socket_, buffer_, *parser_,
                       [self = shared_from_this()](beast::error_code ec, size_t) {
                         if (ec) {
                           self->fail(ec);
@@ -266,7 +336,7 @@ class Session : public std::enable_shared_from_this<Session> {
 
   void arm_disconnect_watch() {
     watching_ = true;
-    stream_.socket().async_wait(
+    socket_.async_wait(
         tcp::socket::wait_read,
         [self = shared_from_this(), generation = watch_generation_](beast::error_code ec) {
           if (ec || generation != self->watch_generation_ || !self->watching_) {
@@ -278,8 +348,7 @@ class Session : public std::enable_shared_from_this<Session> {
 
   void on_readable() {
     auto space = buffer_.prepare(4096);
-    const ssize_t got =
-        ::recv(stream_.socket().native_handle(), space.data(), space.size(), MSG_DONTWAIT);
+    const ssize_t got = ::recv(socket_.native_handle(), space.data(), space.size(), MSG_DONTWAIT);
     if (got > 0) {
       // A pipelined request: keep it for later; a close behind it goes unnoticed until then.
       buffer_.commit(static_cast<size_t>(got));
@@ -305,7 +374,7 @@ class Session : public std::enable_shared_from_this<Session> {
       watching_ = false;
       ++watch_generation_;
       beast::error_code ignored;
-      stream_.socket().cancel(ignored);
+      socket_.cancel(ignored);
     }
   }
 
@@ -334,7 +403,7 @@ class Session : public std::enable_shared_from_this<Session> {
   }
 
   void dispatch() {
-    stream_.expires_never();
+    deadline_ = TimePoint::max();
     auto message = parser_->release();
     parser_.reset();
     keep_alive_ = message.keep_alive();
@@ -368,7 +437,7 @@ class Session : public std::enable_shared_from_this<Session> {
     }
     if (!keep_alive_) {
       beast::error_code ignored;
-      stream_.socket().shutdown(tcp::socket::shutdown_send, ignored);
+      socket_.shutdown(tcp::socket::shutdown_send, ignored);
       if (unread_input_ && !client_gone_) {
         linger();
       } else {
@@ -388,8 +457,8 @@ class Session : public std::enable_shared_from_this<Session> {
     if (!linger_buffer_) {
       linger_buffer_ = std::make_unique<std::array<char, 4096>>();
     }
-    stream_.expires_after(std::chrono::seconds(1));
-    stream_.async_read_some(asio::buffer(*linger_buffer_),
+    deadline_ = std::chrono::steady_clock::now() + std::chrono::seconds(1);
+    socket_.async_read_some(asio::buffer(*linger_buffer_),
                             [self = shared_from_this()](beast::error_code ec, size_t bytes) {
                               self->lingered_bytes_ += bytes;
                               if (ec || self->lingered_bytes_ > kMaxLingerBytes) {
@@ -406,18 +475,21 @@ class Session : public std::enable_shared_from_this<Session> {
     }
     finished_ = true;
     beast::error_code ignored;
-    stream_.socket().close(ignored);
+    socket_.close(ignored);
     worker_.sessions.erase(this);
     server_.session_closed();
   }
 
-  beast::tcp_stream stream_;
+  Socket socket_;
+  TimePoint deadline_ = TimePoint::max();
+  bool timed_out_ = false;
   ServerImpl& server_;
   Worker& worker_;
   beast::flat_buffer buffer_;
   std::optional<bhttp::request_parser<bhttp::string_body>> parser_;
   std::optional<bhttp::response<bhttp::empty_body>> continue_;
-  bhttp::response<bhttp::string_body> response_;
+  std::string head_;  // the response head being written, reused across responses
+  std::string body_;
   std::unique_ptr<std::array<char, 4096>> linger_buffer_;
   size_t lingered_bytes_ = 0;
   std::function<void()> on_gone_;
@@ -582,7 +654,7 @@ Status ServerImpl::bind() {
 
 void ServerImpl::accept(Worker& worker) {
   worker.acceptor->async_accept(
-      worker.context, [this, &worker](beast::error_code ec, tcp::socket socket) {
+      worker.context.get_executor(), [this, &worker](beast::error_code ec, Socket socket) {
         if (ec == asio::error::operation_aborted || !worker.acceptor->is_open()) {
           return;
         }
@@ -619,9 +691,26 @@ void defer_on_current_loop(std::function<void()> task, std::chrono::microseconds
   timer->async_wait([timer, task = std::move(task)](beast::error_code) { task(); });
 }
 
+void ServerImpl::sweep(Worker& worker) {
+  worker.sweep_timer->expires_after(kSweepPeriod);
+  worker.sweep_timer->async_wait([this, &worker](beast::error_code ec) {
+    if (ec) {
+      return;
+    }
+    const TimePoint now = std::chrono::steady_clock::now();
+    // expire_if_due() only closes sockets; sessions leave the set later, from their handlers.
+    for (Session* session : worker.sessions) {
+      session->expire_if_due(now);
+    }
+    sweep(worker);
+  });
+}
+
 bool ServerImpl::run() {
   for (auto& worker : workers_) {
     accept(*worker);
+    worker->sweep_timer.emplace(worker->context);
+    sweep(*worker);
   }
   auto run_loop = [](Worker& worker, int index) {
     current_loop = &worker.context;
