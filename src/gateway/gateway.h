@@ -126,6 +126,17 @@ class AdmissionQueue {
     return item;
   }
 
+  // Removes the entry equal to `item` (a waiter that left); false when it is not queued.
+  bool remove(const T& item) {
+    for (auto it = entries_.begin(); it != entries_.end(); ++it) {
+      if (it->item == item) {
+        entries_.erase(it);
+        return true;
+      }
+    }
+    return false;
+  }
+
   // Removes the items whose deadline is at or before `now`, oldest first.
   std::vector<T> expire(TimePoint now) {
     std::vector<T> expired;

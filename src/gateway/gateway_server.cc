@@ -986,7 +986,16 @@ void GatewayImpl::on_client_gone(const std::shared_ptr<ProxyCall>& call) {
   call->client_gone = true;
   CallState expected = CallState::kQueued;
   if (call->state.compare_exchange_strong(expected, CallState::kCancelled)) {
-    // Still in the queue: it is skipped when its turn comes.
+    // Still queued, unless a dispatcher popped it a moment ago (it then skips it, as its state
+    // is no longer kQueued, and has already uncounted it).
+    EndpointRuntime& endpoint = *call->endpoint;
+    {
+      std::lock_guard lock(endpoint.mutex);
+      if (endpoint.queue.remove(call)) {
+        endpoint.queued.fetch_sub(1);
+        endpoint.queue_gauge.add(-1);
+      }
+    }
     respond(*call, json_error(499, "client closed the connection"));
     return;
   }

@@ -86,7 +86,8 @@ class Connection : public std::enable_shared_from_this<Connection> {
   uint64_t generation() const { return generation_; }
   bool busy() const { return static_cast<bool>(done_); }
   std::chrono::steady_clock::time_point deadline() const { return deadline_; }
-  size_t busy_index = 0;  // position in the pool's busy list, while busy
+  size_t busy_index = 0;                             // position in the pool's busy list, while busy
+  std::chrono::steady_clock::time_point idle_since;  // while in the pool's idle list
 
   // Called by the sweep when the deadline passed: the pending operation fails.
   void expire() {
@@ -102,6 +103,13 @@ class Connection : public std::enable_shared_from_this<Connection> {
   void start(ClientRequest&& request, std::chrono::milliseconds timeout, ClientPool::Callback done,
              bool reused);
   void cancel();
+  // After a transparent resend, the call lives on `next`: cancel() follows it there. `next`
+  // keeps this connection alive until its call ends, so the caller's handle stays valid.
+  void forward_to(const std::shared_ptr<Connection>& next) {
+    forwarded_ = next;
+    forwarded_generation_ = next->generation();
+    next->predecessor_ = shared_from_this();
+  }
 
  private:
   void connect();
@@ -123,6 +131,9 @@ class Connection : public std::enable_shared_from_this<Connection> {
   bool timed_out_ = false;
   std::chrono::steady_clock::time_point deadline_;
   uint64_t generation_ = 0;
+  std::weak_ptr<Connection> forwarded_;
+  uint64_t forwarded_generation_ = 0;
+  std::shared_ptr<Connection> predecessor_;  // the connection this call was resent from
   ClientRequest request_;
   std::chrono::milliseconds timeout_{0};
   ClientPool::Callback done_;
@@ -163,11 +174,13 @@ class PoolCore : public std::enable_shared_from_this<PoolCore> {
   }
 
   // A fresh connection for a request whose pooled connection turned out closed.
-  void resend_fresh(const std::string& key, const std::string& host, uint16_t port,
-                    ClientRequest&& request, std::chrono::milliseconds timeout,
-                    ClientPool::Callback done) {
+  std::shared_ptr<Connection> resend_fresh(const std::string& key, const std::string& host,
+                                           uint16_t port, ClientRequest&& request,
+                                           std::chrono::milliseconds timeout,
+                                           ClientPool::Callback done) {
     auto connection = std::make_shared<Connection>(context_, shared_from_this(), key, host, port);
     connection->start(std::move(request), timeout, std::move(done), false);
+    return connection;
   }
 
   void release(std::shared_ptr<Connection>&& connection) {
@@ -175,6 +188,7 @@ class PoolCore : public std::enable_shared_from_this<PoolCore> {
     if (idle.size() >= options_.max_idle_per_upstream) {
       return;  // dropped: closes the socket
     }
+    connection->idle_since = std::chrono::steady_clock::now();
     idle.push_back(std::move(connection));
     ++idle_count_;
   }
@@ -218,7 +232,18 @@ class PoolCore : public std::enable_shared_from_this<PoolCore> {
         connection->expire();
       }
     }
-    if (busy_.empty()) {
+    // Idle lists are used newest first, so their fronts are the oldest: connections unused
+    // for max_idle_time are closed before the upstream's own idle timeout closes them (which
+    // would leave them half-closed here until reused).
+    for (auto& [key, idle] : idle_) {
+      size_t stale = 0;
+      while (stale < idle.size() && now - idle[stale]->idle_since >= options_.max_idle_time) {
+        ++stale;
+      }
+      idle.erase(idle.begin(), idle.begin() + static_cast<std::ptrdiff_t>(stale));
+      idle_count_ -= stale;
+    }
+    if (busy_.empty() && idle_count_ == 0) {
       sweeping_ = false;
       return;
     }
@@ -392,7 +417,8 @@ void Connection::fail(UpstreamFailure failure, const std::string& error) {
     reused_ = false;
     auto done = std::move(done_);
     done_ = nullptr;
-    pool_->resend_fresh(key_, host_, port_, std::move(request_), timeout_, std::move(done));
+    forward_to(
+        pool_->resend_fresh(key_, host_, port_, std::move(request_), timeout_, std::move(done)));
     return;
   }
   ClientResponse response;
@@ -406,6 +432,7 @@ void Connection::fail(UpstreamFailure failure, const std::string& error) {
 
 void Connection::finish(ClientResponse&& response, bool keep) {
   pool_->mark_idle(this);
+  predecessor_.reset();
   auto done = std::move(done_);
   done_ = nullptr;
   request_ = {};
@@ -422,7 +449,14 @@ void Connection::finish(ClientResponse&& response, bool keep) {
 }
 
 void Connection::cancel() {
-  if (!busy() || cancelled_) {
+  if (!busy()) {
+    auto next = forwarded_.lock();
+    if (next && next->generation() == forwarded_generation_) {
+      next->cancel();
+    }
+    return;
+  }
+  if (cancelled_) {
     return;
   }
   cancelled_ = true;

@@ -149,6 +149,9 @@ class Server {
 struct ClientOptions {
   std::chrono::milliseconds connect_timeout{2'000};
   size_t max_idle_per_upstream = 512;  // idle keep-alive connections kept per host:port
+  // Idle connections unused this long are closed: below the replicas' own idle timeout
+  // (60 s by default), so the pool rarely meets a connection the upstream already closed.
+  std::chrono::milliseconds max_idle_time{30'000};
   size_t max_response_bytes = 64 * 1024 * 1024;
 };
 

@@ -177,7 +177,9 @@ class Session : public std::enable_shared_from_this<Session> {
     head_.push_back(' ');
     const auto reason = bhttp::obsolete_reason(static_cast<bhttp::status>(response.status));
     head_.append(reason.data(), reason.size());
-    append_header("Content-Type", response.content_type);
+    if (!response.content_type.empty()) {
+      append_header("Content-Type", response.content_type);
+    }
     for (const auto& [name, value] : response.headers) {
       append_header(name, value);
     }

@@ -60,3 +60,22 @@ TEST(AdmissionQueueTest, ZeroCapacityRejectsEverything) {
 
 }  // namespace
 }  // namespace flotilla::gateway
+
+namespace flotilla::gateway {
+namespace {
+
+TEST(AdmissionQueueTest, RemovesAWaiterThatLeftAndFreesItsPlace) {
+  AdmissionQueue<int> queue(2);
+  const TimePoint deadline = at_ms(10);
+  EXPECT_EQ(queue.push(1, deadline), std::nullopt);
+  EXPECT_EQ(queue.push(2, deadline), std::nullopt);
+  EXPECT_TRUE(queue.remove(1));
+  EXPECT_FALSE(queue.remove(1));
+  EXPECT_EQ(queue.push(3, deadline), std::nullopt);  // the freed place is usable
+  EXPECT_EQ(queue.pop(), 2);
+  EXPECT_EQ(queue.pop(), 3);
+  EXPECT_EQ(queue.pop(), std::nullopt);
+}
+
+}  // namespace
+}  // namespace flotilla::gateway

@@ -25,6 +25,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -34,16 +35,14 @@ import numpy as np
 import xgboost as xgb
 from sklearn.datasets import load_breast_cancer, load_diabetes, load_iris
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import harness  # noqa: E402  (tests/integration/harness.py: the generic helpers)
+from harness import (FLOTILLA_BIN, HTTP_TIMEOUT_S, PROMTOOL, STARTUP_DEADLINE_S,  # noqa: E402
+                     RawConn, parse_metrics, raw_request, req, run_to_exit, wait_until)
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
 MAKE_MODELS = os.path.join(REPO, "tests", "fixtures", "make_models.py")
-PROMTOOL = "/usr/bin/promtool"
-
-FLOTILLA_BIN = os.environ.get("FLOTILLA_BIN", "")
-
-STARTUP_DEADLINE_S = 15.0   # from exec to the "listening" line
-STOP_DEADLINE_S = 10.0      # from SIGTERM to exit when the server is idle
-HTTP_TIMEOUT_S = 10.0       # per socket operation
 RTOL = 1e-6
 ATOL = 1e-7
 
@@ -64,13 +63,7 @@ def _load_make_models():
 
 def setUpModule():
     global MODELS_DIR, _tmp_root
-    if not FLOTILLA_BIN:
-        raise RuntimeError(
-            "FLOTILLA_BIN is not set: point it at the flotilla binary, e.g. "
-            "FLOTILLA_BIN=build/release/flotilla /usr/bin/python3 -m unittest -v "
-            "tests/integration/replica_test.py")
-    if not (os.path.isfile(FLOTILLA_BIN) and os.access(FLOTILLA_BIN, os.X_OK)):
-        raise RuntimeError(f"FLOTILLA_BIN={FLOTILLA_BIN!r} is not an executable file")
+    harness.require_binary("replica_test.py")
     _tmp_root = tempfile.mkdtemp(prefix="flotilla-replica-test-")
     MODELS_DIR = os.path.join(_tmp_root, "models")
     _load_make_models().make_all(MODELS_DIR)
@@ -140,137 +133,13 @@ def classifier(rel):
 
 # --------------------------------------------------------------------------- server
 
-def _tail(b, n=4000):
-    s = b.decode("utf-8", "replace")
-    return s if len(s) <= n else "…" + s[-n:]
-
-
-class ServerStartError(AssertionError):
-    pass
-
-
-class Server:
-    """One `flotilla replica` subprocess. stdout's first line is the listening event;
-    stderr goes to a temp file so it can never fill a pipe."""
+class Server(harness.Server):
+    """One `flotilla replica` subprocess (harness.Server runs it and reads the listening
+    line; `name` is the model name from that line)."""
 
     def __init__(self, model, *args, deadline_s=STARTUP_DEADLINE_S):
-        self.argv = [FLOTILLA_BIN, "replica", "--model", model, "--host", "127.0.0.1",
-                     "--port", "0", *args]
-        self._stderr = tempfile.TemporaryFile()
-        self._saved_stderr = None
-        self.proc = subprocess.Popen(self.argv, stdin=subprocess.DEVNULL,
-                                     stdout=subprocess.PIPE, stderr=self._stderr)
-        self.stopped = False
-        self.returncode = None
-        try:
-            line = self._read_first_line(deadline_s)
-            try:
-                self.info = json.loads(line)
-            except ValueError:
-                raise ServerStartError(f"first stdout line is not JSON: {line!r}\n"
-                                       f"stderr:\n{self.stderr()}")
-            if not isinstance(self.info, dict) or "port" not in self.info:
-                raise ServerStartError(f"bad listening line {line!r}")
-            self.port = int(self.info["port"])
-            self.name = self.info.get("model")
-        except BaseException:
-            self.kill()
-            raise
-        threading.Thread(target=self._drain_stdout, daemon=True).start()
-
-    def _read_first_line(self, deadline_s):
-        fd = self.proc.stdout.fileno()
-        buf = b""
-        deadline = time.monotonic() + deadline_s
-        while b"\n" not in buf:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise ServerStartError(
-                    f"no listening line within {deadline_s}s: {self.argv}\n"
-                    f"stdout so far: {buf!r}\nstderr:\n{self.stderr()}")
-            r, _, _ = select.select([fd], [], [], min(left, 0.2))
-            if r:
-                chunk = os.read(fd, 4096)
-                if not chunk:
-                    rc = self.proc.wait(timeout=5)
-                    raise ServerStartError(
-                        f"server exited (rc={rc}) before listening: {self.argv}\n"
-                        f"stdout: {buf!r}\nstderr:\n{self.stderr()}")
-                buf += chunk
-        self.extra_stdout = buf.split(b"\n", 1)[1]
-        return buf.split(b"\n", 1)[0].decode("utf-8", "replace")
-
-    def _drain_stdout(self):
-        try:
-            while self.proc.stdout.read(4096):
-                pass
-        except (OSError, ValueError):
-            pass
-
-    def stderr(self):
-        if self._saved_stderr is not None:
-            return self._saved_stderr
-        try:
-            self._stderr.flush()
-            self._stderr.seek(0)
-            return _tail(self._stderr.read())
-        except (OSError, ValueError):
-            return "<stderr unavailable>"
-
-    def alive(self):
-        return self.proc.poll() is None
-
-    def kill(self):
-        if self.proc.poll() is None:
-            self.proc.kill()
-        self.proc.wait()
-        self.stopped = True
-        self._close_files()
-
-    def reaped(self, rc):
-        """The test waited for the exit itself: nothing left for stop() to do."""
-        self.stopped, self.returncode = True, rc
-        self._close_files()
-
-    def _close_files(self):
-        if self._saved_stderr is None:
-            self._saved_stderr = self.stderr()
-        for f in (self.proc.stdout, self._stderr):
-            try:
-                f.close()
-            except (OSError, ValueError):
-                pass
-
-    def stop(self, check=True):
-        """SIGTERM, wait, then SIGKILL. With check, a server that crashed earlier,
-        did not exit in time, or exited non-zero is an error."""
-        if self.stopped:
-            return self.returncode
-        self.stopped = True
-        crashed_before = self.proc.poll()
-        killed = False
-        if crashed_before is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=STOP_DEADLINE_S)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-                killed = True
-        self.returncode = self.proc.returncode
-        self._close_files()
-        err = self.stderr()
-        if check:
-            if crashed_before is not None:
-                raise AssertionError(f"server died on its own (rc={crashed_before}) "
-                                     f"{self.argv}\nstderr:\n{err}")
-            if killed:
-                raise AssertionError(f"server did not exit within {STOP_DEADLINE_S}s "
-                                     f"of SIGTERM {self.argv}\nstderr:\n{err}")
-            if self.returncode != 0:
-                raise AssertionError(f"server exited {self.returncode} after SIGTERM "
-                                     f"{self.argv}\nstderr:\n{err}")
-        return self.returncode
+        super().__init__([FLOTILLA_BIN, "replica", "--model", model, "--host", "127.0.0.1",
+                          "--port", "0", *args], deadline_s=deadline_s)
 
 
 def start_server(owner, model, *args, cls_level=False):
@@ -281,148 +150,6 @@ def start_server(owner, model, *args, cls_level=False):
     else:
         owner.addCleanup(srv.stop)
     return srv
-
-
-# --------------------------------------------------------------------------- HTTP
-
-class Resp:
-    def __init__(self, status, headers, body):
-        self.status = status
-        self.headers = headers          # dict, lower-case names
-        self.body = body
-
-    def json(self):
-        return json.loads(self.body.decode("utf-8"))
-
-    def __repr__(self):
-        return f"<{self.status} {self.headers} {self.body[:300]!r}>"
-
-
-def req(port, method, path, body=None, headers=None, conn=None, timeout=HTTP_TIMEOUT_S):
-    """One request. With `conn` (an http.client.HTTPConnection) reuses it."""
-    own = conn is None
-    if own:
-        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
-    try:
-        hdrs = dict(headers or {})
-        if isinstance(body, (dict, list)):
-            body = json.dumps(body).encode()
-            hdrs.setdefault("Content-Type", "application/json")
-        elif isinstance(body, str):
-            body = body.encode()
-        conn.request(method, path, body=body, headers=hdrs)
-        r = conn.getresponse()
-        data = r.read()
-        return Resp(r.status, {k.lower(): v for k, v in r.getheaders()}, data)
-    finally:
-        if own:
-            conn.close()
-
-
-class RawConn:
-    """A plain socket with a minimal HTTP/1.1 response reader (for pipelining,
-    slow-client and drain tests, where http.client gets in the way)."""
-
-    def __init__(self, port, timeout=HTTP_TIMEOUT_S):
-        self.sock = socket.create_connection(("127.0.0.1", port), timeout=timeout)
-        self.buf = b""
-
-    def send(self, data):
-        self.sock.sendall(data)
-
-    def close(self):
-        try:
-            self.sock.close()
-        except OSError:
-            pass
-
-    def _fill(self):
-        chunk = self.sock.recv(65536)
-        if not chunk:
-            raise ConnectionError("connection closed by server")
-        self.buf += chunk
-
-    def _read_until(self, sep):
-        while sep not in self.buf:
-            self._fill()
-        i = self.buf.index(sep) + len(sep)
-        out, self.buf = self.buf[:i], self.buf[i:]
-        return out
-
-    def _read_n(self, n):
-        while len(self.buf) < n:
-            self._fill()
-        out, self.buf = self.buf[:n], self.buf[n:]
-        return out
-
-    def read_response(self):
-        head = self._read_until(b"\r\n\r\n").decode("latin-1")
-        lines = head.split("\r\n")
-        m = re.match(r"HTTP/1\.[01] (\d{3})( .*)?$", lines[0])
-        if not m:
-            raise AssertionError(f"bad status line {lines[0]!r}")
-        headers = {}
-        for ln in lines[1:]:
-            if ln:
-                k, _, v = ln.partition(":")
-                headers[k.strip().lower()] = v.strip()
-        if headers.get("transfer-encoding", "").lower() == "chunked":
-            body = b""
-            while True:
-                size = int(self._read_until(b"\r\n").split(b";")[0].strip(), 16)
-                if size == 0:
-                    self._read_until(b"\r\n")
-                    break
-                body += self._read_n(size)
-                self._read_n(2)
-        else:
-            body = self._read_n(int(headers.get("content-length", "0")))
-        return Resp(int(m.group(1)), headers, body)
-
-    def wait_closed(self, deadline_s):
-        """Read (and discard) until EOF/reset. Returns (closed, seconds, data)."""
-        t0 = time.monotonic()
-        data = self.buf
-        self.buf = b""
-        while True:
-            left = deadline_s - (time.monotonic() - t0)
-            if left <= 0:
-                return False, time.monotonic() - t0, data
-            self.sock.settimeout(left)
-            try:
-                chunk = self.sock.recv(65536)
-            except socket.timeout:
-                return False, time.monotonic() - t0, data
-            except (ConnectionResetError, BrokenPipeError):
-                return True, time.monotonic() - t0, data
-            if not chunk:
-                return True, time.monotonic() - t0, data
-            data += chunk
-
-
-def raw_request(method, path, body=b"", headers=None, keep_alive=True):
-    if isinstance(body, (dict, list)):
-        body = json.dumps(body).encode()
-    hdrs = {"Host": "127.0.0.1"}
-    if body or method in ("POST", "PUT"):
-        hdrs["Content-Type"] = "application/json"
-        hdrs["Content-Length"] = str(len(body))
-    if not keep_alive:
-        hdrs["Connection"] = "close"
-    hdrs.update(headers or {})
-    head = f"{method} {path} HTTP/1.1\r\n" + "".join(f"{k}: {v}\r\n" for k, v in hdrs.items())
-    return head.encode() + b"\r\n" + body
-
-
-def wait_until(pred, deadline_s, interval_s=0.01, what="condition"):
-    t_end = time.monotonic() + deadline_s
-    while True:
-        v = pred()
-        if v:
-            return v
-        if time.monotonic() >= t_end:
-            raise AssertionError(f"timed out after {deadline_s}s waiting for {what}")
-        time.sleep(interval_s)   # polling interval, not a wait for the condition
 
 
 # --------------------------------------------------------------------------- bodies
@@ -1677,24 +1404,6 @@ class Concurrency(ReplicaTestCase):
 
 # --------------------------------------------------------------------------- metrics
 
-_SAMPLE_RE = re.compile(r'^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{.*\})?\s+(\S+)(\s+\d+)?$')
-_LABEL_RE = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')
-
-
-def parse_metrics(text):
-    """{(name, frozenset(labels)): value} for every sample line."""
-    out = {}
-    for line in text.splitlines():
-        if not line or line.startswith("#"):
-            continue
-        m = _SAMPLE_RE.match(line)
-        if not m:
-            raise AssertionError(f"unparsable metrics line: {line!r}")
-        labels = frozenset(_LABEL_RE.findall(m.group(2) or ""))
-        out[(m.group(1), labels)] = float(m.group(3))
-    return out
-
-
 def counter_by_code(samples, name="flotilla_replica_requests_total"):
     by = {}
     for (n, labels), v in samples.items():
@@ -1796,10 +1505,7 @@ def in_flight(port):
 
 
 def write_yaml(name, text):
-    path = os.path.join(_tmp_root, name)
-    with open(path, "w") as f:
-        f.write(text)
-    return path
+    return harness.write_yaml(_tmp_root, name, text)
 
 
 class Drain(ReplicaTestCase):
@@ -1926,19 +1632,6 @@ class Synthetic(ReplicaTestCase):
 
 
 # --------------------------------------------------------------------------- startup
-
-def run_to_exit(argv, deadline_s=10):
-    p = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE)
-    try:
-        out, err = p.communicate(timeout=deadline_s)
-    except subprocess.TimeoutExpired:
-        p.kill()
-        out, err = p.communicate()
-        raise AssertionError(f"{argv} still running after {deadline_s}s; "
-                             f"stdout={out[:500]!r} stderr={err[-2000:]!r}")
-    return subprocess.CompletedProcess(argv, p.returncode, out, err)
-
 
 class StartupErrors(ReplicaTestCase):
     def check_fails(self, model, mention, *extra):

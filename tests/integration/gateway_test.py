@@ -1,0 +1,1322 @@
+#!/usr/bin/python3
+"""Black-box integration tests for `flotilla gateway` (contract: src/gateway/gateway.h,
+flags: src/cli/gateway_command.cc, docs/gateway.md).
+
+Every test starts real processes on 127.0.0.1 with kernel-chosen ports: the gateway
+(`--listen 127.0.0.1:0`), `flotilla replica --runtime synthetic` replicas (`--port 0`, fixed
+service times from a YAML model) and, where a test must see what the gateway sent upstream,
+tests/integration/echo_upstream.py (a stand-in for the LLM runtime, which does not exist
+yet). The gateway's endpoint table is a YAML file it watches (`--config-poll-ms 100`); tests
+rewrite it atomically and wait, through /gateway/stats, until the gateway has applied it.
+
+Run from the repository root, with Debian's interpreter:
+
+    FLOTILLA_BIN=build/release/flotilla /usr/bin/python3 -m unittest -v tests/integration/gateway_test.py
+
+No test waits with a bare sleep for a condition: everything polls with a deadline. Load is
+bounded in requests and in time. Every process is stopped by the test that started it.
+"""
+
+import collections
+import http.client
+import json
+import os
+import re
+import select
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import unittest
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import harness  # noqa: E402  (tests/integration/harness.py: the generic helpers)
+from harness import (FLOTILLA_BIN, HTTP_TIMEOUT_S, RawConn, parse_metrics,  # noqa: E402
+                     promtool_check_metrics, raw_request, req, run_to_exit, wait_until)
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ECHO_UPSTREAM = os.path.join(HERE, "echo_upstream.py")
+PYTHON = "/usr/bin/python3"
+
+APPLY_DEADLINE_S = 5.0      # a rewritten config is polled every 100 ms
+TRACEPARENT = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+
+_tmp_root = None
+
+
+def setUpModule():
+    global _tmp_root
+    harness.require_binary("gateway_test.py")
+    _tmp_root = tempfile.mkdtemp(prefix="flotilla-gateway-test-")
+
+
+def tearDownModule():
+    if _tmp_root:
+        shutil.rmtree(_tmp_root, ignore_errors=True)
+
+
+def fresh_dir():
+    return tempfile.mkdtemp(dir=_tmp_root)
+
+
+# --------------------------------------------------------------------------- upstreams
+
+def synthetic_model(mean_ms, dist="fixed"):
+    """A synthetic model file: every request waits `mean_ms` (no CPU burned, no saturation)."""
+    return harness.write_yaml(_tmp_root, f"synthetic-{dist}-{mean_ms}.yaml",
+                              f"service_time: {{dist: {dist}, mean_ms: {mean_ms}}}\n"
+                              "cpu_us: 0\nsaturation: 100000\nseed: 1\n")
+
+
+def start_replica(owner, name, mean_ms, *flags, cls_level=False):
+    """A `flotilla replica` on the synthetic runtime serving model `name`."""
+    return harness.start_process(
+        owner, [FLOTILLA_BIN, "replica", "--model", synthetic_model(mean_ms),
+                "--runtime", "synthetic", "--name", name, "--host", "127.0.0.1",
+                "--port", "0", "--workers", "1", *flags], cls_level=cls_level)
+
+
+def start_echo(owner, cls_level=False):
+    return harness.start_process(owner, [PYTHON, ECHO_UPSTREAM, "--port", "0"],
+                                 cls_level=cls_level)
+
+
+def replica_own_requests(replica, route="infer"):
+    """Requests a replica answered on `route`, by its own /metrics."""
+    samples = parse_metrics(req(replica.port, "GET", "/metrics").body.decode())
+    return sum(v for (n, labels), v in samples.items()
+               if n == "flotilla_replica_requests_total" and dict(labels).get("route") == route)
+
+
+def replica_own_in_flight(replica):
+    """The replica's in-flight gauge; it counts the scrape itself, hence the - 1."""
+    samples = parse_metrics(req(replica.port, "GET", "/metrics").body.decode())
+    return samples[("flotilla_replica_in_flight_requests", frozenset())] - 1
+
+
+class RefusingPort:
+    """A kernel-chosen 127.0.0.1 port that refuses connections: bound, never listening, so
+    no other process can take it while the test holds it. release() frees it for a server
+    the test starts on it."""
+
+    def __init__(self, owner):
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self.sock.bind(("127.0.0.1", 0))
+        self.port = self.sock.getsockname()[1]
+        self.address = f"127.0.0.1:{self.port}"
+        owner.addCleanup(self.release)
+
+    def release(self):
+        self.sock.close()
+
+
+def open_connections(server):
+    """How many TCP connections a server process holds open (Linux /proc): its socket
+    descriptors less the listener."""
+    fd_dir = f"/proc/{server.proc.pid}/fd"
+    sockets = 0
+    for fd in os.listdir(fd_dir):
+        try:
+            sockets += os.readlink(os.path.join(fd_dir, fd)).startswith("socket:")
+        except OSError:
+            pass   # closed while we looked
+    return sockets - 1
+
+
+def wait_connections_closed(replica):
+    """Waits until `replica` (started with a short --idle-timeout-ms) has closed every
+    connection, the gateway's pooled keep-alive ones included."""
+    wait_until(lambda: open_connections(replica) == 0, 5, interval_s=0.01,
+               what="the replica to close its idle keep-alive connections")
+
+
+# --------------------------------------------------------------------------- config
+
+def rep(rid, server, cap=None, state=None):
+    """One replica entry of the endpoint table; `server` a harness.Server or "host:port"."""
+    entry = {"id": rid, "address": server if isinstance(server, str) else server.address}
+    if cap is not None:
+        entry["max_in_flight"] = cap
+    if state is not None:
+        entry["state"] = state
+    return entry
+
+
+def ver(name, replicas, traffic=100):
+    return {"name": name, "traffic": traffic, "replicas": replicas}
+
+
+def config_yaml(endpoints, token_records=(), open_routes=None):
+    """The gateway's YAML config. `endpoints`: {name: [versions]}. `token_records`: the
+    record lines printed by `flotilla gateway mint-token`, inserted verbatim under
+    auth.tokens. An `auth:` section is written when either auth argument is given."""
+    lines = ["endpoints:"]
+    for name, versions in endpoints.items():
+        lines += [f"  - name: {json.dumps(name)}", "    versions:"]
+        for v in versions:
+            lines += [f"      - name: {json.dumps(v['name'])}",
+                      f"        traffic: {v['traffic']}",
+                      "        replicas:"]
+            lines += [f"          - {json.dumps(r)}" for r in v["replicas"]]
+    if token_records or open_routes is not None:
+        lines += ["auth:", "  tokens:"]
+        lines += [f"    - {record}" for record in token_records]
+        if open_routes is not None:
+            lines.append(f"  open_routes: {json.dumps(list(open_routes))}")
+    return "\n".join(lines) + "\n"
+
+
+def mint_token(token_id, *endpoints):
+    """(token, record line) from `flotilla gateway mint-token`."""
+    argv = [FLOTILLA_BIN, "gateway", "mint-token", "--id", token_id]
+    for e in endpoints:
+        argv += ["--endpoint", e]
+    p = run_to_exit(argv)
+    out = p.stdout.decode()
+    if p.returncode != 0:
+        raise AssertionError(f"mint-token failed ({p.returncode}): {p.stderr.decode()}")
+    token = re.search(r"^token: (flt_\S+)$", out, re.M)
+    record = re.search(r"^\s*- (\{.*\})\s*$", out, re.M)
+    if not token or not record:
+        raise AssertionError(f"unexpected mint-token output:\n{out}")
+    return token.group(1), record.group(1)
+
+
+# --------------------------------------------------------------------------- gateway
+
+class Gateway:
+    """One `flotilla gateway --config FILE` process, its config file and its access log."""
+
+    DEFAULT_FLAGS = {"--workers": "2", "--config-poll-ms": "100"}
+
+    def __init__(self, owner, config, flags=None, cls_level=False):
+        self.dir = fresh_dir()
+        self.config_path = harness.write_yaml(self.dir, "gateway.yaml", config)
+        self.access_log = os.path.join(self.dir, "access.log")
+        merged = dict(self.DEFAULT_FLAGS)
+        merged.update({k: str(v) for k, v in (flags or {}).items()})
+        argv = [FLOTILLA_BIN, "gateway", "--listen", "127.0.0.1:0",
+                "--config", self.config_path, "--access-log", self.access_log]
+        for k, v in merged.items():
+            argv += [k, v]
+        self.srv = harness.start_process(owner, argv, cls_level=cls_level)
+        self.port = self.srv.port
+
+    def req(self, method, path, body=None, headers=None, **kw):
+        return req(self.port, method, path, body, headers, **kw)
+
+    def stats(self, headers=None):
+        r = self.req("GET", "/gateway/stats", headers=headers)
+        if r.status != 200:
+            raise AssertionError(f"/gateway/stats: {r}")
+        return r.json()
+
+    def endpoint_stats(self, name, headers=None):
+        for e in self.stats(headers)["endpoints"]:
+            if e["name"] == name:
+                return e
+        return None
+
+    def replica_stats(self, endpoint, rid):
+        e = self.endpoint_stats(endpoint)
+        for r in (e or {}).get("replicas", []):
+            if r["id"] == rid:
+                return r
+        return None
+
+    def metrics_text(self, headers=None):
+        r = self.req("GET", "/metrics", headers=headers)
+        if r.status != 200:
+            raise AssertionError(f"/metrics: {r}")
+        return r.body.decode()
+
+    def metrics(self):
+        return parse_metrics(self.metrics_text())
+
+    def replica_requests(self, endpoint):
+        """{replica id: requests it answered, any code} from the gateway's own counters."""
+        out = collections.Counter()
+        for (n, labels), v in self.metrics().items():
+            d = dict(labels)
+            if n == "flotilla_gateway_replica_requests_total" and d.get("endpoint") == endpoint:
+                out[d["replica"]] += v
+        return out
+
+    def metric_sum(self, name, **want):
+        total = 0.0
+        for (n, labels), v in self.metrics().items():
+            d = dict(labels)
+            if n == name and all(d.get(k) == w for k, w in want.items()):
+                total += v
+        return total
+
+    def rewrite(self, config, applied, what="config applied"):
+        """Rewrites the watched config and waits until `applied(self)` holds."""
+        harness.write_yaml(self.dir, "gateway.yaml", config)
+        wait_until(lambda: applied(self), APPLY_DEADLINE_S, interval_s=0.02, what=what)
+
+    def access_lines(self):
+        try:
+            with open(self.access_log) as f:
+                text = f.read()
+        except FileNotFoundError:
+            return []
+        return [json.loads(line) for line in text.splitlines() if line.strip()]
+
+    def wait_access(self, pred, what):
+        """Polls the access log (flushed every 100 ms) for a line satisfying `pred`."""
+        def found():
+            return [line for line in self.access_lines() if pred(line)]
+        return wait_until(found, 5, interval_s=0.02, what=what)[0]
+
+
+# --------------------------------------------------------------------------- bodies
+
+def oip(rows=1, request_id=None):
+    body = {"inputs": [{"name": "x", "shape": [rows, 2], "datatype": "FP32",
+                        "data": [float(i) for i in range(rows * 2)]}]}
+    if request_id is not None:
+        body["id"] = request_id
+    return body
+
+
+def infer_path(endpoint):
+    return f"/v2/models/{endpoint}/infer"
+
+
+# --------------------------------------------------------------------------- load
+
+class Load:
+    """Bounded closed-loop load: `threads` clients, each on its own keep-alive connection,
+    send POST `path` until `total` requests were sent, `deadline_s` passed or stop().
+    Every answer that is not a 200 with the expected OIP body, and every exception, is a
+    failure (kept, with its reason)."""
+
+    def __init__(self, port, path, body, threads, total, deadline_s):
+        self.port, self.path, self.body = port, path, json.dumps(body).encode()
+        self.total, self.deadline = total, time.monotonic() + deadline_s
+        self.lock = threading.Lock()
+        self.sent = 0
+        self.completed = 0
+        self.failures = []
+        self.statuses = collections.Counter()
+        self._stop = threading.Event()
+        self.threads = [threading.Thread(target=self._client, daemon=True)
+                        for _ in range(threads)]
+
+    def start(self):
+        for t in self.threads:
+            t.start()
+        return self
+
+    def _take(self):
+        with self.lock:
+            if self._stop.is_set() or self.sent >= self.total or \
+                    time.monotonic() >= self.deadline:
+                return False
+            self.sent += 1
+            return True
+
+    def _client(self):
+        conn = None
+        while self._take():
+            if conn is None:
+                conn = http.client.HTTPConnection("127.0.0.1", self.port,
+                                                  timeout=HTTP_TIMEOUT_S)
+            reason = None
+            try:
+                r = req(self.port, "POST", self.path, self.body,
+                        {"Content-Type": "application/json"}, conn=conn)
+                status = r.status
+                if status != 200:
+                    reason = f"{r.status} {r.body[:200]!r}"
+                elif "outputs" not in r.json():
+                    reason = f"200 without outputs: {r.body[:200]!r}"
+            except Exception as e:  # noqa: BLE001  (any failure is counted, then reported)
+                status, reason = "exception", f"{type(e).__name__}: {e}"
+                conn.close()
+                conn = None
+            with self.lock:
+                self.completed += 1
+                self.statuses[status] += 1
+                if reason:
+                    self.failures.append(reason)
+        if conn is not None:
+            conn.close()
+
+    def wait_completed(self, n, deadline_s=20):
+        wait_until(lambda: self.completed >= n or self.finished(), deadline_s,
+                   what=f"{n} requests completed")
+
+    def finished(self):
+        return not any(t.is_alive() for t in self.threads)
+
+    def stop(self):
+        self._stop.set()
+        self.join()
+
+    def join(self, timeout=60):
+        for t in self.threads:
+            t.join(timeout)
+        if not self.finished():
+            raise AssertionError("load clients did not finish")
+
+
+class GatewayTestCase(unittest.TestCase):
+    maxDiff = 4000
+
+    def assertJsonError(self, r, status):
+        self.assertEqual(r.status, status, r)
+        self.assertIn("application/json", r.headers.get("content-type", ""), r)
+        j = r.json()
+        self.assertIsInstance(j, dict, r)
+        self.assertIsInstance(j.get("error"), str, r)
+        self.assertTrue(j["error"], r)
+        return j
+
+    def assertOk(self, r):
+        self.assertEqual(r.status, 200, r)
+        return r.json()
+
+    def assertNoFailures(self, load):
+        self.assertEqual(load.failures, [],
+                         f"{len(load.failures)} of {load.completed} requests failed; "
+                         f"statuses {dict(load.statuses)}; first: {load.failures[:5]}")
+
+
+def read_response_at(conn, out, key):
+    """Reads one response on `conn` into out[key] = (monotonic time, Resp or exception)."""
+    try:
+        r = conn.read_response()
+    except Exception as e:  # noqa: BLE001  (reported by the test)
+        r = e
+    out[key] = (time.monotonic(), r)
+
+
+# =========================================================================== 1. routing
+
+class Routing(GatewayTestCase):
+    """Which route goes where: invocations, OIP, OpenAI by "model", the local routes."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.replica = start_replica(cls, "fraud", 1, cls_level=True)
+        cls.echo = start_echo(cls, cls_level=True)
+        cls.gw = Gateway(cls, config_yaml({
+            "fraud": [ver("v1", [rep("r1", cls.replica)])],
+            "llm": [ver("v1", [rep("e1", cls.echo)])],
+        }), cls_level=True)
+
+    def test_invocations_route_to_replica_invocations(self):
+        r = self.gw.req("POST", "/serving-endpoints/fraud/invocations",
+                        {"instances": [[1.0, 2.0], [3.0, 4.0]]})
+        self.assertEqual(self.assertOk(r), {"predictions": [0, 0]})
+        self.assertTrue(r.headers.get("x-request-id"), r.headers)
+        # the echo upstream shows the path the replica gets, query kept
+        j = self.assertOk(self.gw.req("POST", "/serving-endpoints/llm/invocations?a=1&b=2",
+                                      {"x": 1}))
+        self.assertEqual((j["method"], j["path"]), ("POST", "/invocations?a=1&b=2"))
+        self.assertEqual(json.loads(j["body"]), {"x": 1})
+
+    def test_oip_infer(self):
+        j = self.assertOk(self.gw.req("POST", infer_path("fraud"), oip(3, request_id="q7")))
+        self.assertEqual(j.get("model_name"), "fraud", j)
+        self.assertEqual(j.get("id"), "q7", j)
+        self.assertEqual(j["outputs"][0]["shape"], [3], j)
+        self.assertEqual(self.gw.req("POST", "/v2/models/fraud/versions/1/infer",
+                                     oip()).status, 200)
+
+    def test_oip_metadata_and_ready(self):
+        j = self.assertOk(self.gw.req("GET", "/v2/models/fraud"))
+        self.assertEqual(j.get("name"), "fraud", j)
+        self.assertEqual(j.get("platform"), "synthetic", j)
+        j = self.assertOk(self.gw.req("GET", "/v2/models/fraud/ready"))
+        self.assertTrue(j.get("ready"), j)
+        # the OIP path goes to the replica unchanged
+        j = self.assertOk(self.gw.req("GET", "/v2/models/llm/versions/3/ready?x=y"))
+        self.assertEqual((j["method"], j["path"]), ("GET", "/v2/models/llm/versions/3/ready?x=y"))
+
+    def test_list_models(self):
+        j = self.assertOk(self.gw.req("GET", "/v1/models"))
+        self.assertEqual(j.get("object"), "list", j)
+        self.assertEqual([m["id"] for m in j["data"]], ["fraud", "llm"], j)
+        for m in j["data"]:
+            self.assertEqual(m.get("object"), "model", m)
+
+    def test_openai_routes_by_model(self):
+        for path in ("/v1/chat/completions", "/v1/completions", "/v1/completions?stream=false"):
+            body = {"stream": False, "messages": [{"role": "user", "content": "hi"}],
+                    "model": "llm"}
+            j = self.assertOk(self.gw.req("POST", path, body))
+            self.assertEqual((j["method"], j["path"]), ("POST", path), j)
+            self.assertEqual(json.loads(j["body"]), body)
+
+    def test_unknown_endpoint_is_404_json(self):
+        for method, path, body in (
+                ("POST", "/serving-endpoints/nope/invocations", {"instances": [[1]]}),
+                ("POST", infer_path("nope"), oip()),
+                ("GET", "/v2/models/nope", None),
+                ("POST", "/v1/chat/completions", {"model": "nope", "messages": []})):
+            with self.subTest(path=path):
+                self.assertJsonError(self.gw.req(method, path, body), 404)
+
+    def test_openai_body_without_model_is_400(self):
+        for body in ({"prompt": "x"}, {"model": 7, "prompt": "x"}, b"{not json", b"[1, 2]"):
+            with self.subTest(body=body):
+                r = self.gw.req("POST", "/v1/completions", body,
+                                {"Content-Type": "application/json"})
+                self.assertJsonError(r, 400)
+
+    def test_unknown_path_is_404_json(self):
+        for method, path in (("GET", "/nope"), ("POST", "/invocations"),
+                             ("GET", "/serving-endpoints/fraud/other"),
+                             ("GET", "/serving-endpoints//invocations"),
+                             ("GET", "/v2/models/")):
+            with self.subTest(path=path):
+                self.assertJsonError(self.gw.req(method, path), 404)
+
+    def test_health(self):
+        self.assertEqual(self.assertOk(self.gw.req("GET", "/v2/health/live")), {"live": True})
+        self.assertEqual(self.assertOk(self.gw.req("GET", "/v2/health/ready")), {"ready": True})
+
+    def test_pipelined_requests_are_answered_in_order(self):
+        c = RawConn(self.gw.port)
+        self.addCleanup(c.close)
+        c.send(raw_request("POST", infer_path("fraud"), oip(request_id="p1")) +
+               raw_request("POST", infer_path("llm"), {"id": "p2"}) +
+               raw_request("GET", "/v2/health/live") +
+               raw_request("POST", infer_path("fraud"), oip(request_id="p4")))
+        got = [c.read_response() for _ in range(4)]
+        self.assertEqual([r.status for r in got], [200] * 4, got)
+        self.assertEqual(got[0].json()["id"], "p1")
+        self.assertEqual(json.loads(got[1].json()["body"]), {"id": "p2"})
+        self.assertEqual(got[2].json(), {"live": True})
+        self.assertEqual(got[3].json()["id"], "p4")
+
+    def test_chunked_body_is_forwarded_whole(self):
+        body = json.dumps({"model": "llm", "prompt": "y" * 3000}).encode()
+        c = RawConn(self.gw.port)
+        self.addCleanup(c.close)
+        chunks = [body[:7], body[7:2000], body[2000:]]
+        c.send(b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+               b"Content-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n" +
+               b"".join(b"%x\r\n%s\r\n" % (len(ch), ch) for ch in chunks) + b"0\r\n\r\n")
+        j = self.assertOk(c.read_response())
+        self.assertEqual(j["body"].encode(), body)
+        sent = {k.lower(): v for k, v in j["headers"]}
+        self.assertEqual(sent.get("content-length"), str(len(body)))
+        self.assertNotIn("transfer-encoding", sent)
+
+
+    def test_response_without_content_type_is_relayed_without_one(self):
+        c = RawConn(self.gw.port)
+        self.addCleanup(c.close)
+        c.send(raw_request("HEAD", "/v2/models/llm"))
+        r = c.read_response()
+        self.assertEqual(r.status, 200, r)
+        self.assertTrue(r.headers.get("x-request-id"), r.headers)
+        self.assertNotIn("content-type", r.headers, "an empty Content-Type was added")
+
+class UpstreamsFlag(GatewayTestCase):
+    def test_upstreams_serve_every_path_as_endpoint_default(self):
+        echo = start_echo(self)
+        gw = harness.start_process(self, [FLOTILLA_BIN, "gateway", "--listen", "127.0.0.1:0",
+                                          "--upstreams", echo.address, "--workers", "1"])
+        j = self.assertOk(req(gw.port, "POST", "/anything/at/all?q=1", {"k": "v"}))
+        self.assertEqual((j["method"], j["path"]), ("POST", "/anything/at/all?q=1"))
+        j = self.assertOk(req(gw.port, "POST", "/serving-endpoints/default/invocations", {}))
+        self.assertEqual(j["path"], "/invocations")
+        self.assertJsonError(req(gw.port, "POST", "/serving-endpoints/x/invocations", {}), 404)
+
+
+# =========================================================================== 2. weights
+
+class TrafficWeights(GatewayTestCase):
+    N = 1000
+
+    def test_80_20_split_across_versions(self):
+        a = start_replica(self, "w", 1)
+        b = start_replica(self, "w", 1)
+        gw = Gateway(self, config_yaml({"w": [ver("v1", [rep("a", a)], traffic=80),
+                                              ver("v2", [rep("b", b)], traffic=20)]}))
+        load = Load(gw.port, infer_path("w"), oip(), threads=4, total=self.N,
+                    deadline_s=60).start()
+        load.join()
+        self.assertNoFailures(load)
+        self.assertEqual(load.completed, self.N)
+        counts = gw.replica_requests("w")
+        self.assertEqual(counts["a"] + counts["b"], self.N, counts)
+        # binomial(1000, 0.8): sigma = 12.6; 5 sigma = 63
+        sigma = (self.N * 0.8 * 0.2) ** 0.5
+        self.assertLess(abs(counts["a"] - 0.8 * self.N), 5 * sigma, counts)
+        # the replicas' own counts agree with the gateway's
+        self.assertEqual(replica_own_requests(a), counts["a"])
+        self.assertEqual(replica_own_requests(b), counts["b"])
+
+
+# =========================================================================== 3. balancing
+
+class Balancing(GatewayTestCase):
+    def test_p2c_prefers_the_less_loaded_replica(self):
+        slow = start_replica(self, "p", 200)
+        fast = start_replica(self, "p", 1)
+        gw = Gateway(self, config_yaml({"p": [ver("v1", [rep("slow", slow),
+                                                         rep("fast", fast)])]}),
+                     {"--balancer": "p2c"})
+        load = Load(gw.port, infer_path("p"), oip(), threads=8, total=1500,
+                    deadline_s=2.5).start()
+        load.join()
+        self.assertNoFailures(load)
+        counts = gw.replica_requests("p")
+        total = counts["slow"] + counts["fast"]
+        self.assertGreaterEqual(total, 200, f"too little load to judge: {counts}")
+        # Round robin would give the slow replica half; P2C sends it a request only when
+        # it has fewer in flight than the fast one.
+        self.assertGreater(counts["fast"], 0.85 * total, counts)
+
+    def test_caps_are_never_exceeded(self):
+        one = start_replica(self, "c", 150)
+        two = start_replica(self, "c", 150)
+        gw = Gateway(self, config_yaml({"c": [ver("v1", [rep("one", one, cap=1),
+                                                         rep("two", two, cap=2)])]}))
+        n = 9
+        seen = {"one": 0, "two": 0, "gw_one": 0, "gw_two": 0}
+        done = threading.Event()
+
+        def watch():
+            while not done.is_set():
+                seen["one"] = max(seen["one"], replica_own_in_flight(one))
+                seen["two"] = max(seen["two"], replica_own_in_flight(two))
+                for r in gw.endpoint_stats("c")["replicas"]:
+                    key = "gw_" + r["id"]
+                    seen[key] = max(seen[key], r["in_flight"])
+
+        watcher = threading.Thread(target=watch, daemon=True)
+        watcher.start()
+        conns, out = [], {}
+        t0 = time.monotonic()
+        for i in range(n):
+            c = RawConn(gw.port)
+            self.addCleanup(c.close)
+            c.send(raw_request("POST", infer_path("c"), oip(request_id=str(i))))
+            conns.append(c)
+        readers = [threading.Thread(target=read_response_at, args=(c, out, i))
+                   for i, c in enumerate(conns)]
+        for t in readers:
+            t.start()
+        for t in readers:
+            t.join(20)
+        done.set()
+        watcher.join(10)
+        elapsed = time.monotonic() - t0
+        statuses = [out[i][1].status if hasattr(out[i][1], "status") else out[i][1]
+                    for i in range(n)]
+        self.assertEqual(statuses, [200] * n)
+        self.assertLessEqual(seen["one"], 1, seen)
+        self.assertLessEqual(seen["two"], 2, seen)
+        self.assertLessEqual(seen["gw_one"], 1, seen)
+        self.assertLessEqual(seen["gw_two"], 2, seen)
+        self.assertGreaterEqual(seen["two"], 1, f"watcher saw nothing: {seen}")
+        # 9 requests through 3 slots of 150 ms: at least 3 rounds
+        self.assertGreaterEqual(elapsed, 3 * 0.15 * 0.9, "caps not enforced (too fast)")
+
+
+# =========================================================================== 4. admission
+
+class Admission(GatewayTestCase):
+    def single(self, mean_ms, flags):
+        replica = start_replica(self, "q", mean_ms)
+        gw = Gateway(self, config_yaml({"q": [ver("v1", [rep("r", replica, cap=1)])]}), flags)
+        return replica, gw
+
+    def send(self, gw, request_id):
+        c = RawConn(gw.port)
+        self.addCleanup(c.close)
+        c.send(raw_request("POST", infer_path("q"), oip(request_id=request_id)))
+        return c
+
+    def wait_state(self, gw, in_flight, queued):
+        def ok():
+            e = gw.endpoint_stats("q")
+            return e["in_flight"] == in_flight and e["queued"] == queued
+        wait_until(ok, 5, interval_s=0.005, what=f"in_flight={in_flight}, queued={queued}")
+
+    def test_queue_full_is_429_with_retry_after(self):
+        _, gw = self.single(300, {"--queue-size": 2})
+        running = self.send(gw, "0")
+        self.wait_state(gw, 1, 0)
+        queued = []
+        for i in (1, 2):
+            queued.append(self.send(gw, str(i)))
+            self.wait_state(gw, 1, i)
+        rejected = [self.send(gw, "3"), self.send(gw, "4")]   # 5 concurrent in all
+        for c in rejected:
+            r = c.read_response()
+            self.assertJsonError(r, 429)
+            self.assertEqual(r.headers.get("retry-after"), "1", r.headers)
+            self.assertTrue(r.headers.get("x-request-id"), r.headers)
+        # rejected at once: the first request is still running
+        self.assertEqual(gw.endpoint_stats("q")["in_flight"], 1)
+        for c in [running] + queued:
+            self.assertEqual(c.read_response().status, 200)
+        self.assertEqual(gw.metric_sum("flotilla_gateway_requests_total", endpoint="q",
+                                       code="429"), 2)
+        self.assertEqual(gw.metric_sum("flotilla_gateway_requests_total", endpoint="q",
+                                       code="200"), 3)
+
+    def test_queue_timeout_is_429_after_the_deadline(self):
+        _, gw = self.single(1000, {"--queue-timeout-ms": 200})
+        running = self.send(gw, "0")
+        self.wait_state(gw, 1, 0)
+        t0 = time.monotonic()
+        waiting = self.send(gw, "1")
+        r = waiting.read_response()
+        waited = time.monotonic() - t0
+        self.assertJsonError(r, 429)
+        self.assertEqual(r.headers.get("retry-after"), "1", r.headers)
+        self.assertGreaterEqual(waited, 0.18, "answered before the queue timeout")
+        self.assertLess(waited, 0.9, "not answered at the queue timeout")
+        self.assertEqual(gw.endpoint_stats("q")["queued"], 0)
+        self.assertEqual(running.read_response().status, 200)
+
+    def test_client_gone_while_queued_is_499(self):
+        _, gw = self.single(1000, {"--queue-size": 4})
+        running = self.send(gw, "0")
+        self.wait_state(gw, 1, 0)
+        waiting = RawConn(gw.port)
+        waiting.send(raw_request("POST", infer_path("q"), oip(), {"X-Request-Id": "left-q"}))
+        self.wait_state(gw, 1, 1)
+        waiting.close()
+        line = gw.wait_access(lambda ln: ln.get("request_id") == "left-q", "the 499 logged")
+        self.assertEqual(line["code"], 499, line)
+        self.assertEqual(running.read_response().status, 200)
+        # the slot freed by the first request goes to the next live request
+        self.assertOk(gw.req("POST", infer_path("q"), oip()))
+
+    def test_disconnected_waiters_do_not_hold_queue_slots(self):
+        _, gw = self.single(1500, {"--queue-size": 2, "--queue-timeout-ms": 20000})
+        running = self.send(gw, "0")
+        self.wait_state(gw, 1, 0)
+        gone = []
+        for i in (1, 2):
+            c = RawConn(gw.port)
+            self.addCleanup(c.close)
+            c.send(raw_request("POST", infer_path("q"), oip(), {"X-Request-Id": f"gone-{i}"}))
+            self.wait_state(gw, 1, i)
+            gone.append(c)
+        for c in gone:
+            c.close()
+        for i in (1, 2):
+            line = gw.wait_access(lambda ln, i=i: ln.get("request_id") == f"gone-{i}",
+                                  "the 499s logged")
+            self.assertEqual(line["code"], 499, line)
+        fresh = self.send(gw, "3")
+        r = fresh.read_response()
+        self.assertEqual(running.read_response().status, 200)
+        self.assertEqual(r.status, 200, f"a live request refused by a queue of gone ones: {r}")
+
+    def test_fifo_dispatch_order(self):
+        _, gw = self.single(100, {"--queue-timeout-ms": 20000})
+        n = 6
+        conns = [self.send(gw, "0")]
+        self.wait_state(gw, 1, 0)
+        for i in range(1, n):
+            conns.append(self.send(gw, str(i)))
+            self.wait_state(gw, 1, i)
+        out = {}
+        readers = [threading.Thread(target=read_response_at, args=(c, out, i))
+                   for i, c in enumerate(conns)]
+        for t in readers:
+            t.start()
+        for t in readers:
+            t.join(20)
+        for i in range(n):
+            self.assertEqual(getattr(out[i][1], "status", out[i][1]), 200, out[i])
+            self.assertEqual(out[i][1].json().get("id"), str(i))
+        order = sorted(range(n), key=lambda i: out[i][0])
+        self.assertEqual(order, list(range(n)), "completion order is not arrival order")
+
+
+# =========================================================================== 5. failover
+
+class Failover(GatewayTestCase):
+    def test_kill_9_one_of_three_replicas_under_load(self):
+        replicas = [start_replica(self, "k", 2) for _ in range(3)]
+        gw = Gateway(self, config_yaml({"k": [ver("v1", [rep(f"r{i}", r)
+                                                         for i, r in enumerate(replicas)])]}))
+        load = Load(gw.port, infer_path("k"), oip(), threads=8, total=2000,
+                    deadline_s=60).start()
+        load.wait_completed(400)
+        replicas[1].kill()   # SIGKILL: no drain, connections reset
+        load.join()
+        self.assertNoFailures(load)
+        self.assertEqual(load.completed, 2000)
+        retries = gw.metric_sum("flotilla_gateway_retries_total", endpoint="k")
+        ejections = gw.metric_sum("flotilla_gateway_replica_ejections_total", endpoint="k",
+                                  replica="r1")
+        self.assertGreater(retries + ejections, 0, "the failure left no trace in /metrics")
+        self.assertTrue(gw.replica_stats("k", "r1")["ejected"], "dead replica not ejected")
+
+
+    def test_dead_replicas_502_then_ejected_then_503_then_probed_back(self):
+        dead = [RefusingPort(self), RefusingPort(self)]
+        gw = Gateway(self, config_yaml({"x": [ver("v1", [rep("d0", dead[0].address),
+                                                         rep("d1", dead[1].address)])]}),
+                     {"--eject-after": 2, "--cold-start-timeout-ms": 300})
+        # both refuse: the first attempt and its one retry fail
+        r = gw.req("POST", infer_path("x"), oip(), {"X-Request-Id": "twice-1"})
+        self.assertJsonError(r, 502)
+        line = gw.wait_access(lambda ln: ln.get("request_id") == "twice-1", "access log")
+        self.assertEqual((line["code"], line["attempts"]), (502, 2), line)
+        self.assertEqual(gw.metric_sum("flotilla_gateway_retries_total", endpoint="x"), 1)
+        # the second failure of each ejects both (--eject-after 2)
+        self.assertJsonError(gw.req("POST", infer_path("x"), oip()), 502)
+        self.assertEqual([r["ejected"] for r in gw.endpoint_stats("x")["replicas"]],
+                         [True, True])
+        self.assertEqual(gw.metric_sum("flotilla_gateway_replica_ejections_total",
+                                       endpoint="x"), 2)
+        # nothing eligible: the request waits as for a cold start, then 503
+        r = gw.req("POST", infer_path("x"), oip())
+        self.assertJsonError(r, 503)
+        self.assertEqual(r.headers.get("retry-after"), "1", r.headers)
+        # a server comes up on d0's port: the probe (after 1 s) brings d0 back
+        dead[0].release()
+        echo = harness.start_process(self, [PYTHON, ECHO_UPSTREAM, "--port", str(dead[0].port)])
+        self.assertEqual(echo.port, dead[0].port)
+        wait_until(lambda: not gw.replica_stats("x", "d0")["ejected"], 5, interval_s=0.05,
+                   what="d0 probed back in")
+        self.assertTrue(gw.replica_stats("x", "d1")["ejected"])
+        j = self.assertOk(gw.req("POST", infer_path("x"), oip()))
+        self.assertEqual(j["path"], infer_path("x"))
+
+
+# =========================================================================== 6. config swap
+
+class ConfigSwap(GatewayTestCase):
+    def test_rewrites_under_load(self):
+        r1, r2, r3 = (start_replica(self, "s", 2) for _ in range(3))
+        gw = Gateway(self, config_yaml({"s": [ver("v1", [rep("r1", r1), rep("r2", r2)])]}))
+        load = Load(gw.port, infer_path("s"), oip(), threads=4, total=20000,
+                    deadline_s=30).start()
+        self.addCleanup(load.stop)
+
+        def more(n):
+            target = load.completed + n
+            load.wait_completed(target)
+            self.assertFalse(load.finished(), "load ended before the test did")
+
+        more(100)
+        # 1. add a replica
+        gw.rewrite(config_yaml({"s": [ver("v1", [rep("r1", r1), rep("r2", r2),
+                                                 rep("r3", r3)])]}),
+                   lambda g: g.replica_stats("s", "r3") is not None, "r3 added")
+        wait_until(lambda: gw.replica_requests("s")["r3"] > 0, 5, what="r3 gets traffic")
+        # 2. drain r1: it stays in the table, gets no new requests
+        gw.rewrite(config_yaml({"s": [ver("v1", [rep("r1", r1, state="draining"),
+                                                 rep("r2", r2), rep("r3", r3)])]}),
+                   lambda g: not g.replica_stats("s", "r1")["eligible"], "r1 draining")
+        wait_until(lambda: gw.replica_stats("s", "r1")["in_flight"] == 0, 5,
+                   what="r1's in-flight requests to finish")
+        drained_at = replica_own_requests(r1)
+        more(200)
+        self.assertEqual(replica_own_requests(r1), drained_at, "draining r1 got new requests")
+        # 3. remove r1, split r2 and r3 into versions weighted 50/50
+        gw.rewrite(config_yaml({"s": [ver("v1", [rep("r2", r2)], traffic=50),
+                                      ver("v2", [rep("r3b", r3)], traffic=50)]}),
+                   lambda g: g.replica_stats("s", "r1") is None and
+                   g.replica_stats("s", "r3b") is not None, "r1 removed, v2 added")
+        before = gw.replica_requests("s")
+        more(400)
+        after = gw.replica_requests("s")
+        self.assertEqual(replica_own_requests(r1), drained_at, "removed r1 got new requests")
+        self.assertEqual(after["r1"], before["r1"])
+        self.assertEqual(after["r3"], before["r3"], "old entry r3 still used")
+        got_v1, got_v2 = after["r2"] - before["r2"], after["r3b"] - before["r3b"]
+        share = got_v2 / max(1, got_v1 + got_v2)
+        self.assertTrue(0.3 < share < 0.7, f"v2 share {share:.2f} after a 50/50 split: {after}")
+        # 4. back to one replica with a cap
+        gw.rewrite(config_yaml({"s": [ver("v1", [rep("r2", r2, cap=2)])]}),
+                   lambda g: g.replica_stats("s", "r2")["cap"] == 2 and
+                   g.replica_stats("s", "r3b") is None, "single capped replica")
+        more(100)
+        load.stop()
+        self.assertNoFailures(load)
+
+
+    def test_removed_endpoint_answers_its_waiters_404(self):
+        replica = start_replica(self, "gone", 500)
+        echo = start_echo(self)
+        both = {"gone": [ver("v1", [rep("r", replica, cap=1)])],
+                "stays": [ver("v1", [rep("e", echo)])]}
+        gw = Gateway(self, config_yaml(both))
+        running = RawConn(gw.port)
+        self.addCleanup(running.close)
+        running.send(raw_request("POST", infer_path("gone"), oip()))
+        wait_until(lambda: gw.endpoint_stats("gone")["in_flight"] == 1, 5, what="in flight")
+        waiting = RawConn(gw.port)
+        self.addCleanup(waiting.close)
+        waiting.send(raw_request("POST", infer_path("gone"), oip()))
+        wait_until(lambda: gw.endpoint_stats("gone")["queued"] == 1, 5, what="queued")
+        gw.rewrite(config_yaml({"stays": both["stays"]}),
+                   lambda g: g.endpoint_stats("gone") is None, "endpoint removed")
+        self.assertJsonError(waiting.read_response(), 404)
+        self.assertEqual(running.read_response().status, 200, "in-flight request not finished")
+        self.assertJsonError(gw.req("POST", infer_path("gone"), oip()), 404)
+        self.assertOk(gw.req("POST", infer_path("stays"), oip()))
+        gw.rewrite(config_yaml(both), lambda g: g.endpoint_stats("gone") is not None,
+                   "endpoint back")
+        self.assertOk(gw.req("POST", infer_path("gone"), oip()))
+
+    def test_invalid_config_is_ignored_under_load(self):
+        r1, r2 = start_replica(self, "s", 2), start_replica(self, "s", 2)
+        good = config_yaml({"s": [ver("v1", [rep("r1", r1)])]})
+        gw = Gateway(self, good)
+        load = Load(gw.port, infer_path("s"), oip(), threads=2, total=5000,
+                    deadline_s=20).start()
+        self.addCleanup(load.stop)
+        load.wait_completed(50)
+        for bad in ("endpoints: [{name: s, versions: [{name: v1, traffic: 70, replicas: []}]}]\n",
+                    "endpoints:\n  - name: s\n    versions: [\n",
+                    config_yaml({"s": [ver("v1", [rep("r1", "127.0.0.1:notaport")])]})):
+            harness.write_yaml(gw.dir, "gateway.yaml", bad)
+            marks = gw.srv.stderr().count("not applied")
+            wait_until(lambda: gw.srv.stderr().count("not applied") > marks, APPLY_DEADLINE_S,
+                       interval_s=0.02, what="the bad config reported")
+            n = load.completed
+            load.wait_completed(n + 50)
+            self.assertFalse(load.finished())
+            self.assertEqual([r["id"] for r in gw.endpoint_stats("s")["replicas"]], ["r1"])
+        gw.rewrite(config_yaml({"s": [ver("v1", [rep("r2", r2)])]}),
+                   lambda g: g.replica_stats("s", "r2") is not None, "a good config again")
+        load.stop()
+        self.assertNoFailures(load)
+
+
+# =========================================================================== 7. auth
+
+class Auth(GatewayTestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.echo = start_echo(cls, cls_level=True)
+        cls.all_token, all_record = mint_token("all")
+        cls.a_token, a_record = mint_token("scoped", "a")
+        cls.gw = Gateway(cls, config_yaml(
+            {"a": [ver("v1", [rep("e1", cls.echo)])], "b": [ver("v1", [rep("e2", cls.echo)])]},
+            token_records=[all_record, a_record], open_routes=["health", "metrics"]),
+            cls_level=True)
+
+    def bearer(self, token):
+        return {"Authorization": f"Bearer {token}"}
+
+    def test_no_header_is_401(self):
+        self.assertJsonError(self.gw.req("POST", infer_path("a"), oip()), 401)
+        self.assertJsonError(self.gw.req("POST", "/v1/completions", {"model": "a"}), 401)
+
+    def test_bad_token_is_401(self):
+        secret_a = self.a_token.rsplit("_", 1)[1]
+        wrong_secret = self.a_token[:-len(secret_a)] + ("0" if secret_a[0] != "0" else "1") + \
+            secret_a[1:]
+        for value in (f"Bearer {wrong_secret}", "Bearer flt_nobody_" + "0" * 64,
+                      "Bearer garbage", f"Basic {self.a_token}", "Bearer"):
+            with self.subTest(value=value):
+                self.assertJsonError(self.gw.req("POST", infer_path("a"), oip(),
+                                                 {"Authorization": value}), 401)
+
+    def test_scoped_token_on_other_endpoint_is_403(self):
+        self.assertJsonError(self.gw.req("POST", infer_path("b"), oip(),
+                                         self.bearer(self.a_token)), 403)
+
+    def test_good_tokens_pass(self):
+        self.assertOk(self.gw.req("POST", infer_path("a"), oip(), self.bearer(self.a_token)))
+        self.assertOk(self.gw.req("POST", infer_path("a"), oip(), self.bearer(self.all_token)))
+        self.assertOk(self.gw.req("POST", infer_path("b"), oip(), self.bearer(self.all_token)))
+        self.assertOk(self.gw.req("POST", "/v1/chat/completions", {"model": "b"},
+                                  {"Authorization": f"bearer  {self.all_token}"}))
+
+    def test_authorization_is_not_forwarded(self):
+        j = self.assertOk(self.gw.req("POST", infer_path("a"), oip(),
+                                      self.bearer(self.a_token)))
+        names = [k.lower() for k, _ in j["headers"]]
+        self.assertNotIn("authorization", names, j["headers"])
+        self.assertNotIn(self.a_token, json.dumps(j))
+
+    def test_open_routes_need_no_token(self):
+        self.assertEqual(self.gw.req("GET", "/metrics").status, 200)
+        self.assertEqual(self.gw.req("GET", "/v2/health/live").status, 200)
+        self.assertEqual(self.gw.req("GET", "/v2/health/ready").status, 200)
+
+    def test_other_local_routes_need_a_token(self):
+        self.assertJsonError(self.gw.req("GET", "/gateway/stats"), 401)
+        self.assertJsonError(self.gw.req("GET", "/v1/models"), 401)
+        self.assertJsonError(self.gw.req("GET", "/gateway/stats",
+                                         headers={"Authorization": "Bearer nope"}), 401)
+        self.assertEqual(self.gw.req("GET", "/gateway/stats",
+                                     headers=self.bearer(self.a_token)).status, 200)
+        j = self.assertOk(self.gw.req("GET", "/v1/models", headers=self.bearer(self.a_token)))
+        self.assertEqual([m["id"] for m in j["data"]], ["a"], "lists what the token may call")
+        j = self.assertOk(self.gw.req("GET", "/v1/models", headers=self.bearer(self.all_token)))
+        self.assertEqual([m["id"] for m in j["data"]], ["a", "b"])
+
+
+# =========================================================================== 8. limits
+
+class Limits(GatewayTestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.echo = start_echo(cls, cls_level=True)
+        cls.gw = Gateway(cls, config_yaml({"a": [ver("v1", [rep("e1", cls.echo)])]}),
+                         {"--max-header-bytes": 1024, "--max-body-bytes": 1000,
+                          "--header-timeout-ms": 300, "--body-timeout-ms": 300,
+                          "--idle-timeout-ms": 1200},
+                         cls_level=True)
+
+    def conn(self, port=None):
+        c = RawConn(port or self.gw.port)
+        self.addCleanup(c.close)
+        return c
+
+    def test_header_over_limit_is_431(self):
+        c = self.conn()
+        c.send(raw_request("POST", infer_path("a"), b"{}", {"X-Big": "x" * 2000}))
+        self.assertJsonError(c.read_response(), 431)
+        # the limit is on the header, not on one field: under it still passes
+        self.assertOk(self.gw.req("POST", infer_path("a"), {}, {"X-Small": "x" * 200}))
+
+    def test_body_over_limit_is_413(self):
+        r = self.gw.req("POST", infer_path("a"), b"x" * 2000,
+                        {"Content-Type": "application/json"})
+        self.assertJsonError(r, 413)
+        self.assertOk(self.gw.req("POST", infer_path("a"), b"y" * 900,
+                                  {"Content-Type": "application/json"}))
+
+    def test_slowloris_header_is_closed_after_header_timeout(self):
+        c = self.conn()
+        c.send(b"POST /v2/models/a/infer HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: ")
+        closed, took, _ = c.wait_closed(5)
+        self.assertTrue(closed, "a partial header held the connection open")
+        self.assertGreaterEqual(took, 0.25, "closed before --header-timeout-ms")
+        self.assertLess(took, 1.1, "closed by the idle timeout, not the header timeout")
+
+    def test_slow_body_is_closed_after_body_timeout(self):
+        c = self.conn()
+        c.send(b"POST /v2/models/a/infer HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+               b"Content-Type: application/json\r\nContent-Length: 100\r\n\r\n{\"a\": ")
+        closed, took, _ = c.wait_closed(5)
+        self.assertTrue(closed, "a partial body held the connection open")
+        self.assertGreaterEqual(took, 0.25, "closed before --body-timeout-ms")
+        self.assertLess(took, 1.1, "closed by the idle timeout, not the body timeout")
+
+    def test_idle_keep_alive_is_closed_after_idle_timeout(self):
+        c = self.conn()
+        c.send(raw_request("GET", "/v2/health/live"))
+        self.assertEqual(c.read_response().status, 200)
+        closed, took, data = c.wait_closed(6)
+        self.assertTrue(closed, "idle keep-alive connection never closed")
+        self.assertEqual(data, b"")
+        self.assertGreaterEqual(took, 1.1, "closed before --idle-timeout-ms")
+        self.assertLess(took, 4.0)
+
+    def test_max_connections(self):
+        gw = Gateway(self, config_yaml({"a": [ver("v1", [rep("e1", self.echo)])]}),
+                     {"--max-connections": 2})
+        first, second = self.conn(gw.port), self.conn(gw.port)
+        for c in (first, second):   # accepted and counted: each has been answered
+            c.send(raw_request("GET", "/v2/health/live"))
+            self.assertEqual(c.read_response().status, 200)
+        third = self.conn(gw.port)
+        third.send(raw_request("POST", infer_path("a"), oip()))
+        self.assertJsonError(third.read_response(), 503)
+        closed, _, _ = third.wait_closed(5)
+        self.assertTrue(closed, "the rejected connection stays open")
+        # a slot freed is a slot to use
+        first.close()
+
+        def fourth_ok():
+            try:
+                return req(gw.port, "GET", "/v2/health/live", timeout=2).status == 200
+            except OSError:
+                return False
+        wait_until(fourth_ok, 5, interval_s=0.05, what="a connection after one closed")
+
+
+# =========================================================================== 9-10. upstream calls
+
+class Upstream(GatewayTestCase):
+    def test_upstream_timeout_is_504_json(self):
+        replica = start_replica(self, "t", 2000)
+        gw = Gateway(self, config_yaml({"t": [ver("v1", [rep("r", replica)])]}),
+                     {"--upstream-timeout-ms": 200})
+        t0 = time.monotonic()
+        r = gw.req("POST", infer_path("t"), oip())
+        took = time.monotonic() - t0
+        self.assertJsonError(r, 504)
+        self.assertTrue(r.headers.get("x-request-id"), r.headers)
+        self.assertGreaterEqual(took, 0.18)
+        self.assertLess(took, 1.0, "504 not sent at the upstream timeout")
+        wait_until(lambda: gw.endpoint_stats("t")["in_flight"] == 0, 2,
+                   what="the timed-out call released")
+
+    def test_client_disconnect_cancels_the_upstream_call(self):
+        replica = start_replica(self, "d", 3000)
+        gw = Gateway(self, config_yaml({"d": [ver("v1", [rep("r", replica)])]}))
+
+        def gauge():
+            return gw.metric_sum("flotilla_gateway_replica_in_flight_requests",
+                                 endpoint="d", replica="r")
+
+        c = RawConn(gw.port)
+        self.addCleanup(c.close)
+        c.send(raw_request("POST", infer_path("d"), oip(), {"X-Request-Id": "gone-1"}))
+        wait_until(lambda: gauge() == 1, 5, what="the request at the replica")
+        wait_until(lambda: replica_own_in_flight(replica) == 1, 5,
+                   what="the replica holding the request")
+        t0 = time.monotonic()
+        c.close()
+        wait_until(lambda: gauge() == 0, 2.5, interval_s=0.02,
+                   what="the gateway's in-flight gauge back to 0")
+        self.assertLess(time.monotonic() - t0, 2.0, "in-flight not released before 3 s")
+        line = gw.wait_access(lambda ln: ln.get("request_id") == "gone-1", "access log line")
+        self.assertEqual(line["code"], 499, line)
+        self.assertEqual(gw.endpoint_stats("d")["in_flight"], 0)
+
+    def test_replica_closing_idle_keep_alive_is_not_a_failure(self):
+        # The replica closes idle connections after 100 ms: the gateway's pooled connection
+        # is then stale, and the next request must still succeed (no 502, no ejection).
+        replicas = [start_replica(self, "ka", 1, "--idle-timeout-ms", "100") for _ in range(2)]
+        gw = Gateway(self, config_yaml({"ka": [ver("v1", [rep(f"r{i}", r)
+                                                          for i, r in enumerate(replicas)])]}),
+                     {"--workers": 1})
+        conns = [RawConn(gw.port) for _ in range(8)]
+        for c in conns:
+            self.addCleanup(c.close)
+        for rnd in range(3):
+            for c in conns:   # 8 concurrent: several pooled connections per replica
+                c.send(raw_request("POST", infer_path("ka"), oip()))
+            for c in conns:
+                self.assertEqual(c.read_response().status, 200)
+            for r in replicas:
+                wait_connections_closed(r)
+        self.assertEqual(gw.metric_sum("flotilla_gateway_replica_ejections_total",
+                                       endpoint="ka"), 0)
+        codes = {dict(labels)["code"] for (n, labels), v in gw.metrics().items()
+                 if n == "flotilla_gateway_requests_total" and dict(labels)["endpoint"] == "ka"}
+        self.assertEqual(codes, {"200"})
+
+    def test_client_disconnect_after_a_stale_connection_was_replaced(self):
+        replica = start_replica(self, "d", 3000, "--idle-timeout-ms", "100")
+        gw = Gateway(self, config_yaml({"d": [ver("v1", [rep("r", replica)])]}),
+                     {"--workers": 1})
+        self.assertOk(gw.req("GET", "/v2/models/d"))   # leaves a pooled connection
+        wait_connections_closed(replica)               # which the replica then closes
+
+        def gauge():
+            return gw.metric_sum("flotilla_gateway_replica_in_flight_requests",
+                                 endpoint="d", replica="r")
+
+        c = RawConn(gw.port)
+        self.addCleanup(c.close)
+        c.send(raw_request("POST", infer_path("d"), oip(), {"X-Request-Id": "gone-stale"}))
+        wait_until(lambda: gauge() == 1, 5, what="the request at the replica")
+        wait_until(lambda: replica_own_in_flight(replica) == 1, 5,
+                   what="the replica holding the request")
+        t0 = time.monotonic()
+        c.close()
+        wait_until(lambda: gauge() == 0, 5, interval_s=0.02,
+                   what="the gateway's in-flight gauge back to 0")
+        self.assertLess(time.monotonic() - t0, 2.0, "in-flight not released before 3 s")
+        line = gw.wait_access(lambda ln: ln.get("request_id") == "gone-stale", "access log")
+        self.assertEqual(line["code"], 499, line)
+
+
+# =========================================================================== 11-13. observability
+
+class Observability(GatewayTestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.replica = start_replica(cls, "obs", 1, cls_level=True)
+        cls.echo = start_echo(cls, cls_level=True)
+        cls.gw = Gateway(cls, config_yaml({
+            "obs": [ver("v1", [rep("r1", cls.replica)])],
+            "llm": [ver("v7", [rep("e1", cls.echo)])],
+        }), cls_level=True)
+
+    def test_metrics_pass_promtool_after_traffic_with_errors(self):
+        gw = self.gw
+        for _ in range(5):
+            self.assertOk(gw.req("POST", infer_path("obs"), oip()))
+        self.assertEqual(gw.req("POST", infer_path("obs"), b"{bad",
+                                {"Content-Type": "application/json"}).status, 400)
+        self.assertEqual(gw.req("POST", infer_path("nope"), oip()).status, 404)
+        self.assertEqual(gw.req("GET", "/nope").status, 404)
+        self.assertEqual(gw.req("POST", "/v1/completions", {"prompt": "x"}).status, 400)
+        self.assertOk(gw.req("POST", "/v1/completions", {"model": "llm", "prompt": "x"}))
+        text = gw.metrics_text()
+        ok, output = promtool_check_metrics(text)
+        self.assertTrue(ok, f"promtool check metrics failed:\n{output}\n"
+                            f"--- metrics ---\n{text[:4000]}")
+        types = dict(re.findall(r"^# TYPE (\S+) (\S+)$", text, re.M))
+        for name, typ in {"flotilla_gateway_requests_total": "counter",
+                          "flotilla_gateway_request_duration_seconds": "histogram",
+                          "flotilla_gateway_added_latency_seconds": "histogram",
+                          "flotilla_gateway_replica_requests_total": "counter",
+                          "flotilla_gateway_replica_in_flight_requests": "gauge",
+                          "flotilla_gateway_queue_depth": "gauge",
+                          "flotilla_gateway_retries_total": "counter",
+                          "flotilla_gateway_unrouted_requests_total": "counter"}.items():
+            self.assertEqual(types.get(name), typ, f"# TYPE of {name}")
+        self.assertGreaterEqual(gw.metric_sum("flotilla_gateway_requests_total",
+                                              endpoint="obs", code="400"), 1)
+        self.assertGreaterEqual(gw.metric_sum("flotilla_gateway_unrouted_requests_total",
+                                              code="404"), 2)
+
+    def test_access_log_request_id_and_traceparent(self):
+        gw = self.gw
+        r = gw.req("POST", "/v1/chat/completions", {"model": "llm", "messages": []},
+                   {"X-Request-Id": "client-id-42", "traceparent": TRACEPARENT})
+        j = self.assertOk(r)
+        self.assertEqual(r.headers.get("x-request-id"), "client-id-42")
+        sent = {k.lower(): v for k, v in j["headers"]}
+        self.assertEqual(sent.get("traceparent"), TRACEPARENT)
+        self.assertEqual(sent.get("x-request-id"), "client-id-42")
+        line = gw.wait_access(lambda ln: ln.get("request_id") == "client-id-42",
+                              "the client's request id in the access log")
+        self.assertEqual((line["endpoint"], line["version"], line["replica"], line["code"]),
+                         ("llm", "v7", "e1", 200), line)
+        self.assertIsInstance(line["latency_ms"], (int, float))
+        self.assertGreaterEqual(line["latency_ms"], 0)
+        # without a (valid) client id the gateway makes one, sends it upstream and logs it
+        for headers in ({}, {"X-Request-Id": "not valid/" + "x" * 200}):
+            r = gw.req("POST", infer_path("obs"), oip(), headers)
+            self.assertOk(r)
+            rid = r.headers.get("x-request-id")
+            self.assertTrue(rid, r.headers)
+            self.assertNotIn("/", rid)
+            line = gw.wait_access(lambda ln: ln.get("request_id") == rid,
+                                  "a generated request id in the access log")
+            self.assertEqual((line["endpoint"], line["version"], line["replica"],
+                              line["code"]), ("obs", "v1", "r1", 200), line)
+        r = gw.req("POST", "/v1/completions", {"model": "llm"})
+        sent = {k.lower(): v for k, v in self.assertOk(r)["headers"]}
+        self.assertEqual(sent.get("x-request-id"), r.headers.get("x-request-id"))
+        self.assertNotIn("traceparent", sent)
+
+    def test_stats_samples_after_light_load(self):
+        gw = self.gw
+        t0 = time.monotonic()
+
+        def two_busy_samples():
+            self.assertOk(gw.req("POST", infer_path("obs"), oip()))
+            busy = [s for s in gw.endpoint_stats("obs")["samples"] if s["arrivals"] > 0]
+            return busy if len(busy) >= 2 and time.monotonic() - t0 >= 2 else None
+
+        busy = wait_until(two_busy_samples, 8, interval_s=0.02, what="two busy 1 s samples")
+        for s in busy:
+            self.assertGreater(s["completions"], 0, s)
+            self.assertGreaterEqual(s["concurrency"], 0, s)
+            self.assertEqual(s["rejected"], 0, s)
+        stamps = [s["unix_ms"] for s in gw.endpoint_stats("obs")["samples"]]
+        self.assertEqual(stamps, sorted(stamps))
+        self.assertLess(abs(stamps[-1] / 1000 - time.time()), 5)
+        gaps = [b - a for a, b in zip(stamps, stamps[1:])]
+        self.assertTrue(all(800 <= g <= 1500 for g in gaps), gaps)
+        e = gw.endpoint_stats("obs")
+        self.assertEqual([(r["id"], r["version"], r["address"]) for r in e["replicas"]],
+                         [("r1", "v1", self.replica.address)])
+
+
+# =========================================================================== drain
+
+class Drain(GatewayTestCase):
+    def test_sigterm_finishes_in_flight_and_queued_requests(self):
+        replica = start_replica(self, "dr", 300)
+        gw = Gateway(self, config_yaml({"dr": [ver("v1", [rep("r", replica, cap=1)])]}))
+        idle = RawConn(gw.port)
+        self.addCleanup(idle.close)
+        idle.send(raw_request("GET", "/v2/health/live"))
+        self.assertEqual(idle.read_response().status, 200)
+        conns = []
+        for i in range(3):
+            c = RawConn(gw.port)
+            self.addCleanup(c.close)
+            c.send(raw_request("POST", infer_path("dr"), oip(request_id=str(i))))
+            conns.append(c)
+            wait_until(lambda i=i: gw.endpoint_stats("dr")["queued"] == i, 5,
+                       what=f"{i} queued")
+        gw.srv.proc.send_signal(signal.SIGTERM)
+        closed, _, data = idle.wait_closed(3)
+        self.assertTrue(closed, "idle keep-alive connection not closed on SIGTERM")
+        self.assertEqual(data, b"")
+        for i, c in enumerate(conns):
+            r = c.read_response()
+            self.assertEqual(r.status, 200, r)
+            self.assertEqual(r.json()["id"], str(i))
+            self.assertEqual(r.headers.get("connection", "").lower(), "close", r.headers)
+        try:
+            rc = gw.srv.proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            self.fail("gateway did not exit after draining")
+        gw.srv.reaped(rc)
+        self.assertEqual(rc, 0, gw.srv.stderr())
+
+
+    def test_drain_timeout_exits_1(self):
+        replica = start_replica(self, "dt", 3000)
+        gw = Gateway(self, config_yaml({"dt": [ver("v1", [rep("r", replica)])]}),
+                     {"--drain-timeout-ms": 300})
+        c = RawConn(gw.port)
+        self.addCleanup(c.close)
+        c.send(raw_request("POST", infer_path("dt"), oip()))
+        wait_until(lambda: gw.endpoint_stats("dt")["in_flight"] == 1, 5, what="in flight")
+        t0 = time.monotonic()
+        gw.srv.proc.send_signal(signal.SIGTERM)
+        try:
+            rc = gw.srv.proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            self.fail("gateway ignored --drain-timeout-ms")
+        gw.srv.reaped(rc)
+        self.assertEqual(rc, 1, gw.srv.stderr())
+        self.assertGreaterEqual(time.monotonic() - t0, 0.25)
+
+
+# =========================================================================== 14. scale from zero
+
+class ScaleFromZero(GatewayTestCase):
+    def test_request_held_until_a_replica_is_ready(self):
+        replica = start_replica(self, "z", 1)
+        gw = Gateway(self, config_yaml({"z": [ver("v1", [rep("r", replica,
+                                                             state="starting")])]}))
+        c = RawConn(gw.port)
+        self.addCleanup(c.close)
+        c.send(raw_request("POST", infer_path("z"), oip(request_id="cold")))
+        wait_until(lambda: gw.endpoint_stats("z")["queued"] == 1, 5, what="request held")
+        readable, _, _ = select.select([c.sock], [], [], 0)
+        self.assertEqual(readable, [], "a held request was answered")
+        self.assertEqual(replica_own_requests(replica), 0)
+        harness.write_yaml(gw.dir, "gateway.yaml",
+                           config_yaml({"z": [ver("v1", [rep("r", replica, state="ready")])]}))
+        r = c.read_response()
+        self.assertEqual(r.status, 200, r)
+        self.assertEqual(r.json().get("id"), "cold")
+        self.assertEqual(gw.endpoint_stats("z")["queued"], 0)
+
+    def test_cold_start_timeout_is_503_with_retry_after(self):
+        replica = start_replica(self, "z", 1)
+        gw = Gateway(self, config_yaml({"z": [ver("v1", [rep("r", replica,
+                                                             state="starting")])]}),
+                     {"--cold-start-timeout-ms": 300})
+        t0 = time.monotonic()
+        r = gw.req("POST", infer_path("z"), oip())
+        took = time.monotonic() - t0
+        self.assertJsonError(r, 503)
+        self.assertEqual(r.headers.get("retry-after"), "1", r.headers)
+        self.assertGreaterEqual(took, 0.28)
+        self.assertLess(took, 2.0)
+        self.assertEqual(replica_own_requests(replica), 0)
+
+
+if __name__ == "__main__":
+    unittest.main()
