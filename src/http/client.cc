@@ -356,7 +356,7 @@ void Connection::write() {
       }
       return;
     }
-    self->read();
+    asio::post(self->socket_.get_executor(), [self] { self->read(); });
   });
 }
 

@@ -204,14 +204,11 @@ class Session : public std::enable_shared_from_this<Session> {
     const ssize_t sent = ::sendmsg(socket_.native_handle(), &message, MSG_NOSIGNAL | MSG_DONTWAIT);
     const size_t total = head_.size() + body_.size();
     if (sent == static_cast<ssize_t>(total)) {
-      if (buffer_.size() > 0) {
-        // Pipelined requests are waiting: continue from the loop, not from this stack, so a
-        // long pipeline cannot nest handlers without bound.
-        asio::post(socket_.get_executor(),
-                   [self = shared_from_this()] { self->on_write(beast::error_code()); });
-      } else {
-        on_write(beast::error_code());
-      }
+      // Continue from the loop, not from this stack: pipelined requests cannot nest handlers
+      // without bound, and the next read starts after the completions already due, by which
+      // time the client has more often sent its next request (no recv failing with EAGAIN).
+      asio::post(socket_.get_executor(),
+                 [self = shared_from_this()] { self->on_write(beast::error_code()); });
       return;
     }
     if (sent < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
