@@ -356,6 +356,8 @@ void Connection::write() {
       }
       return;
     }
+    // The response cannot be here yet: reading now would cost a recv failing with EAGAIN.
+    // Posted, the read starts after the completions already due on this loop.
     asio::post(self->socket_.get_executor(), [self] { self->read(); });
   });
 }
