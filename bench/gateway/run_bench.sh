@@ -4,7 +4,8 @@
 #      (leastconn), each proxying to the same 4 static nginx backends, 1 worker pinned to cpu1,
 #      wrk -c64 and -c256 (../shared/bench/peers/run-peers.sh, REPS interleaved runs).
 #   2. heterogeneous replicas (3 fast + 1 slow, 1 slot each) at a fixed Poisson rate: p99 with
-#      flotilla's P2C, flotilla's round robin, nginx round robin / P2C and HAProxy leastconn.
+#      flotilla's P2C, flotilla's round robin, nginx round robin / P2C and HAProxy leastconn,
+#      and flotilla's P2C with a per-replica cap of 1 (requests wait at the gateway instead).
 #   3. gateway-added latency at half of the gateway's max load, HAProxy alongside
 #      (bench/gateway/added_latency.py).
 # Usage: bash bench/gateway/run_bench.sh [throughput|hetero|latency|all]   (default all)
@@ -43,6 +44,10 @@ if [[ $WHAT == hetero || $WHAT == all ]]; then
   (cd "$PEERS_DIR" && MODE=hetero RATES="$RATES" GATEWAY_CMD=$(gateway_cmd round_robin) \
      GATEWAY_NAME=flotilla-rr REPS=$REPS DURATION=$DURATION \
      MAX_TOTAL=$((REPS * 2 * (DURATION + 4) + 30)) PEERS="nginx-rr" ./run-peers.sh 2>/dev/null)
+  echo "### heterogeneous replicas, flotilla P2C with a per-replica cap of 1 (the replicas' slots)"
+  (cd "$PEERS_DIR" && MODE=hetero RATES="$RATES" GATEWAY_CMD="$(gateway_cmd p2c) --max-in-flight 1" \
+     GATEWAY_NAME=flotilla-cap1 REPS=$REPS DURATION=$DURATION \
+     MAX_TOTAL=$((REPS * 2 * (DURATION + 4) + 30)) PEERS="haproxy-lc" ./run-peers.sh 2>/dev/null)
 fi
 
 if [[ $WHAT == latency || $WHAT == all ]]; then

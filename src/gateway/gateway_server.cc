@@ -315,6 +315,22 @@ struct WorkerState {
   uint64_t request_counter = 0;
 };
 
+// The name under which `auth.open_routes` lists a local route.
+std::string_view open_route_name(RouteKind kind) {
+  switch (kind) {
+    case RouteKind::kHealth:
+      return "health";
+    case RouteKind::kMetrics:
+      return "metrics";
+    case RouteKind::kStats:
+      return "stats";
+    case RouteKind::kListModels:
+      return "models";
+    default:
+      return "";
+  }
+}
+
 bool valid_request_id(std::string_view id) {
   if (id.empty() || id.size() > 128) {
     return false;
@@ -368,7 +384,10 @@ class GatewayImpl final : public Gateway {
     if (control_thread_.joinable()) {
       control_thread_.join();
     }
-    server_.reset();  // stops the loops before the worker state they use goes away
+    // The loops have stopped (or never ran). The pools go first: their timers and sockets
+    // must be destroyed while the event loops they belong to still exist.
+    workers_.clear();
+    server_.reset();
   }
 
   Status init(EndpointTable table, AuthConfig auth) {
@@ -617,10 +636,7 @@ void GatewayImpl::handle(http::Request&& request, http::Responder&& responder) {
     case RouteKind::kMetrics:
     case RouteKind::kStats:
     case RouteKind::kListModels: {
-      static constexpr std::string_view kRouteNames[] = {"",       "",       "",        "",
-                                                         "models", "health", "metrics", "stats"};
-      const std::string_view name = kRouteNames[static_cast<int>(route.kind)];
-      if (!snapshot->is_open(name)) {
+      if (!snapshot->is_open(open_route_name(route.kind))) {
         const AuthResult result = snapshot->auth->check(authorization, "");
         if (result != AuthResult::kAllowed) {
           unrouted_.inc(401);
