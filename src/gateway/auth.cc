@@ -12,8 +12,13 @@
 #include <openssl/rand.h>
 #include <yaml-cpp/yaml.h>
 
+#include "gateway/config_util.h"
+
 namespace flotilla::gateway {
 namespace {
+
+using detail::check_keys;
+using detail::check_name;
 
 constexpr std::string_view kTokenPrefix = "flt_";
 constexpr std::string_view kBearer = "bearer";
@@ -21,7 +26,6 @@ constexpr size_t kMaxIdLength = 64;
 constexpr size_t kSaltBytes = 16;
 constexpr size_t kSecretBytes = 32;
 constexpr size_t kDigestHexLength = 64;
-constexpr size_t kMaxEndpointNameLength = 128;
 constexpr std::string_view kOpenRoutes[] = {"health", "metrics", "stats", "models"};
 
 char ascii_lower(char c) {
@@ -118,26 +122,9 @@ Status check_id(const std::string& id, const std::string& where) {
   return Status::ok();
 }
 
-// The same rule as endpoint names in the endpoint table.
-Status check_endpoint_name(const std::string& name, const std::string& where) {
-  if (name.empty() || name.size() > kMaxEndpointNameLength) {
-    return invalid_argument(where + ": must be 1 to 128 characters");
-  }
-  for (char c : name) {
-    const bool allowed = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') ||
-                         (c >= '0' && c <= '9') || c == '-' || c == '_' || c == '.';
-    if (!allowed) {
-      return invalid_argument(where + ": '" + name +
-                              "' may hold only letters, digits, '-', '_' and '.'");
-    }
-  }
-  return Status::ok();
-}
-
 Status check_endpoints(const std::vector<std::string>& endpoints, const std::string& where) {
   for (size_t i = 0; i < endpoints.size(); ++i) {
-    FLOTILLA_RETURN_IF_ERROR(
-        check_endpoint_name(endpoints[i], where + "[" + std::to_string(i) + "]"));
+    FLOTILLA_RETURN_IF_ERROR(check_name(endpoints[i], where + "[" + std::to_string(i) + "]"));
   }
   return Status::ok();
 }
@@ -185,24 +172,6 @@ std::string_view bearer_token(std::string_view authorization) {
 }
 
 // ---- YAML ----------------------------------------------------------------------------------
-
-Status check_keys(const YAML::Node& node, std::initializer_list<const char*> known,
-                  const std::string& where) {
-  if (!node.IsMap()) {
-    return invalid_argument(where + ": must be a mapping");
-  }
-  for (const auto& entry : node) {
-    const std::string key = entry.first.as<std::string>();
-    bool found = false;
-    for (const char* name : known) {
-      found = found || key == name;
-    }
-    if (!found) {
-      return invalid_argument(where + ": unknown field '" + key + "'");
-    }
-  }
-  return Status::ok();
-}
 
 Result<std::string> read_string(const YAML::Node& node, const std::string& where) {
   if (!node) {

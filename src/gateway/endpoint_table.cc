@@ -3,27 +3,14 @@
 
 #include <yaml-cpp/yaml.h>
 
+#include "gateway/config_util.h"
 #include "gateway/gateway.h"
 
 namespace flotilla::gateway {
 namespace {
 
-constexpr size_t kMaxNameLength = 128;
-
-Status check_name(const std::string& name, const std::string& where) {
-  if (name.empty() || name.size() > kMaxNameLength) {
-    return invalid_argument(where + ": must be 1 to 128 characters");
-  }
-  for (char c : name) {
-    const bool allowed = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') ||
-                         (c >= '0' && c <= '9') || c == '-' || c == '_' || c == '.';
-    if (!allowed) {
-      return invalid_argument(where + ": '" + name +
-                              "' may hold only letters, digits, '-', '_' and '.'");
-    }
-  }
-  return Status::ok();
-}
+using detail::check_keys;
+using detail::check_name;
 
 Result<ReplicaState> parse_state(const std::string& state, const std::string& where) {
   if (state == "ready")
@@ -50,24 +37,6 @@ Status parse_address(const std::string& address, const std::string& where, Repli
     return invalid_argument(where + ": port in '" + address + "' must be 1 to 65535");
   }
   replica.port = static_cast<uint16_t>(std::stoi(port));
-  return Status::ok();
-}
-
-Status check_keys(const YAML::Node& node, std::initializer_list<const char*> known,
-                  const std::string& where) {
-  if (!node.IsMap()) {
-    return invalid_argument(where + ": must be a mapping");
-  }
-  for (const auto& entry : node) {
-    const std::string key = entry.first.as<std::string>();
-    bool found = false;
-    for (const char* name : known) {
-      found = found || key == name;
-    }
-    if (!found) {
-      return invalid_argument(where + ": unknown field '" + key + "'");
-    }
-  }
   return Status::ok();
 }
 

@@ -11,27 +11,13 @@
 #include <deque>
 #include <optional>
 #include <unordered_map>
-#include <utility>  // Boost 1.74 asio uses std::exchange without including it
 
-#include <boost/asio.hpp>
-#include <boost/beast/core.hpp>
-#include <boost/beast/http.hpp>
 #include <spdlog/spdlog.h>
 
+#include "http/asio_types.h"
 #include "http/http.h"
 
 namespace flotilla::http {
-
-namespace asio = boost::asio;
-namespace beast = boost::beast;
-namespace bhttp = boost::beast::http;
-using tcp = asio::ip::tcp;
-// A concrete executor type: no type-erased executor to copy on every operation.
-using Socket = asio::basic_stream_socket<tcp, asio::io_context::executor_type>;
-using Resolver = asio::ip::basic_resolver<tcp, asio::io_context::executor_type>;
-using SteadyTimer = asio::basic_waitable_timer<std::chrono::steady_clock,
-                                               asio::wait_traits<std::chrono::steady_clock>,
-                                               asio::io_context::executor_type>;
 
 namespace {
 

@@ -11,27 +11,18 @@
 #include <optional>
 #include <thread>
 #include <unordered_set>
-#include <utility>  // Boost 1.74 asio uses std::exchange without including it
 
-#include <boost/asio.hpp>
-#include <boost/beast/core.hpp>
-#include <boost/beast/http.hpp>
 #include <nlohmann/json.hpp>
 #include <spdlog/spdlog.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
 #include <unistd.h>
 
+#include "http/asio_types.h"
 #include "http/http.h"
 
 namespace flotilla::http {
 
-namespace asio = boost::asio;
-namespace beast = boost::beast;
-namespace bhttp = boost::beast::http;
-using tcp = asio::ip::tcp;
-// A concrete executor type: no type-erased executor to copy on every operation.
-using Socket = asio::basic_stream_socket<tcp, asio::io_context::executor_type>;
 using TimePoint = std::chrono::steady_clock::time_point;
 
 // How often a worker looks for sessions past their deadline: timeouts are accurate to this.
