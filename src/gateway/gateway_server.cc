@@ -205,7 +205,9 @@ struct EndpointRuntime {
   const std::string name;
   std::mutex mutex;
   AdmissionQueue<std::shared_ptr<ProxyCall>> queue;  // guarded by mutex
-  std::shared_ptr<const EndpointView> view;          // guarded by mutex; the latest table's
+  // The latest table's view of this endpoint, for dispatching waiters. Weak: views own their
+  // runtime, and the snapshot that owns the view keeps it alive.
+  std::weak_ptr<const EndpointView> view;  // guarded by mutex
   std::atomic<bool> removed{false};
   std::atomic<int64_t> queued{0};  // entries in `queue`, read without the lock
   std::atomic<int64_t> in_flight{0};
@@ -388,6 +390,11 @@ class GatewayImpl final : public Gateway {
     // must be destroyed while the event loops they belong to still exist.
     workers_.clear();
     server_.reset();
+    // Requests still queued (a drain that timed out) hold their endpoint: let them go.
+    for (auto& [name, endpoint] : endpoints_) {
+      std::lock_guard lock(endpoint->mutex);
+      endpoint->queue.expire(TimePoint::max());
+    }
   }
 
   Status init(EndpointTable table, AuthConfig auth) {
@@ -823,7 +830,7 @@ void GatewayImpl::dispatch_waiting(EndpointRuntime& endpoint, Balancer& balancer
     std::shared_ptr<const EndpointView> view;
     {
       std::lock_guard lock(endpoint.mutex);
-      view = endpoint.view;
+      view = endpoint.view.lock();
     }
     if (!view || endpoint.removed.load()) {
       return;

@@ -198,6 +198,13 @@ class PoolCore : public std::enable_shared_from_this<PoolCore> {
 
   size_t idle_count() const { return idle_count_; }
 
+  // Idle connections hold the core: the pool's owner going away must drop them.
+  void close_idle() {
+    idle_.clear();
+    idle_count_ = 0;
+    sweep_timer_.cancel();
+  }
+
  private:
   void arm_sweep() {
     sweep_timer_.expires_after(std::chrono::milliseconds(50));
@@ -330,22 +337,32 @@ void Connection::write() {
     head_.append("\r\n");
   }
   head_.append("\r\n");
-  const std::array<asio::const_buffer, 2> buffers{asio::buffer(head_), asio::buffer(request_.body)};
-  asio::async_write(socket_, buffers, [self = shared_from_this()](beast::error_code ec, size_t) {
-    if (ec) {
-      if (self->timed_out_) {
-        self->fail(UpstreamFailure::kTimeout, "timed out sending the request");
-      } else {
-        self->fail(
-            self->cancelled_ ? UpstreamFailure::kCancelled : UpstreamFailure::kClosedBeforeResponse,
-            "write: " + ec.message());
-      }
-      return;
-    }
-    // The response cannot be here yet: reading now would cost a recv failing with EAGAIN.
-    // Posted, the read starts after the completions already due on this loop.
-    asio::post(self->socket_.get_executor(), [self] { self->read(); });
-  });
+  // One non-blocking sendmsg sends most requests whole: no asio operation. The response
+  // cannot be here yet, and reading now would cost a recv failing with EAGAIN: the read is
+  // posted, to start after the completions already due on this loop.
+  const ssize_t sent = send_head_and_body(socket_.native_handle(), head_, request_.body);
+  if (sent == static_cast<ssize_t>(head_.size() + request_.body.size())) {
+    asio::post(socket_.get_executor(), [self = shared_from_this()] { self->read(); });
+    return;
+  }
+  if (sent < 0) {
+    fail(
+        UpstreamFailure::kClosedBeforeResponse,
+        "write: " +
+            beast::error_code(static_cast<int>(-sent), boost::system::system_category()).message());
+    return;
+  }
+  asio::async_write(socket_, unsent_part(head_, request_.body, static_cast<size_t>(sent)),
+                    [self = shared_from_this()](beast::error_code ec, size_t) {
+                      if (ec) {
+                        self->fail(self->timed_out_   ? UpstreamFailure::kTimeout
+                                   : self->cancelled_ ? UpstreamFailure::kCancelled
+                                                      : UpstreamFailure::kClosedBeforeResponse,
+                                   "write: " + ec.message());
+                        return;
+                      }
+                      self->read();
+                    });
 }
 
 void Connection::read() {
@@ -456,6 +473,7 @@ class ClientPoolImpl final : public ClientPool {
  public:
   ClientPoolImpl(asio::io_context& context, const ClientOptions& options)
       : core_(std::make_shared<PoolCore>(context, options)) {}
+  ~ClientPoolImpl() override { core_->close_idle(); }
 
   CallHandle send(const std::string& host, uint16_t port, ClientRequest&& request,
                   std::chrono::milliseconds timeout, Callback done) override {

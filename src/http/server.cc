@@ -14,8 +14,6 @@
 
 #include <nlohmann/json.hpp>
 #include <spdlog/spdlog.h>
-#include <sys/socket.h>
-#include <sys/uio.h>
 #include <unistd.h>
 
 #include "http/asio_types.h"
@@ -187,14 +185,8 @@ class Session : public std::enable_shared_from_this<Session> {
     // Most responses fit in the socket buffer: one non-blocking sendmsg and no asio operation
     // or timer. What does not fit is written asynchronously under the body timeout, so a
     // client that stops reading cannot hold the connection.
-    std::array<iovec, 2> parts{iovec{head_.data(), head_.size()},
-                               iovec{body_.data(), body_.size()}};
-    msghdr message{};
-    message.msg_iov = parts.data();
-    message.msg_iovlen = body_.empty() ? 1 : 2;
-    const ssize_t sent = ::sendmsg(socket_.native_handle(), &message, MSG_NOSIGNAL | MSG_DONTWAIT);
-    const size_t total = head_.size() + body_.size();
-    if (sent == static_cast<ssize_t>(total)) {
+    const ssize_t sent = send_head_and_body(socket_.native_handle(), head_, body_);
+    if (sent == static_cast<ssize_t>(head_.size() + body_.size())) {
       // Continue from the loop, not from this stack: pipelined requests cannot nest handlers
       // without bound, and the next read starts after the completions already due, by which
       // time the client has more often sent its next request (no recv failing with EAGAIN).
@@ -202,15 +194,11 @@ class Session : public std::enable_shared_from_this<Session> {
                  [self = shared_from_this()] { self->on_write(beast::error_code()); });
       return;
     }
-    if (sent < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
-      on_write(beast::error_code(errno, boost::system::system_category()));
+    if (sent < 0) {
+      on_write(beast::error_code(static_cast<int>(-sent), boost::system::system_category()));
       return;
     }
-    const size_t done = sent > 0 ? static_cast<size_t>(sent) : 0;
-    const size_t head_done = std::min(done, head_.size());
-    const std::array<asio::const_buffer, 2> rest{
-        asio::buffer(head_.data() + head_done, head_.size() - head_done),
-        asio::buffer(body_.data() + (done - head_done), body_.size() - (done - head_done))};
+    const auto rest = unsent_part(head_, body_, static_cast<size_t>(sent));
     deadline_ = std::chrono::steady_clock::now() + server_.options().body_timeout;
     asio::async_write(socket_, rest, [self = shared_from_this()](beast::error_code ec, size_t) {
       self->on_write(ec);
