@@ -1,0 +1,121 @@
+// APA, Flotilla's autoscaler: the horizontal replica policy and the vertical target policy.
+#include <algorithm>
+#include <cmath>
+
+#include <fmt/format.h>
+
+#include "autoscaler/autoscaler.h"
+#include "autoscaler/replica_math.h"
+
+namespace flotilla::autoscaler {
+namespace {
+
+using detail::ceil_replicas;
+using detail::clamp_to;
+using detail::current_of;
+
+class ApaPolicy final : public Policy {
+ public:
+  ApaPolicy(const ApaOptions& options, const double* target) : options_(options), target_(target) {}
+
+  std::string_view name() const override { return "apa"; }
+  Millis period() const override { return options_.period; }
+
+  Decision decide(Millis now, const SampleWindow& samples, const Fleet& fleet) override {
+    const int64_t current = current_of(fleet);
+    const double target = std::max(*target_, 1e-6);
+    const auto recent = samples.mean_demand(now, options_.up_window);
+    if (!recent) {
+      return {clamp_to(options_.range, current), "no samples yet: keep"};
+    }
+    const int64_t wanted_up = ceil_replicas(*recent / target);
+    if (wanted_up > current) {
+      const int64_t limit =
+          std::max(ceil_replicas(static_cast<double>(current) * options_.max_up_factor),
+                   current + options_.min_up_step);
+      const int64_t desired = clamp_to(options_.range, std::min(wanted_up, limit));
+      return {desired, fmt::format("up: mean demand {:.1f} over {} s / target {:.2f} = {}{}",
+                                   *recent, options_.up_window.count() / 1000, target, wanted_up,
+                                   wanted_up > limit ? fmt::format(" (capped at {})", limit) : "")};
+    }
+    // Down only when the busiest second of the whole down window asks for fewer.
+    const auto busiest = samples.max_demand(now, options_.down_window);
+    const int64_t wanted_down = ceil_replicas(busiest.value_or(0) / target);
+    if (wanted_down < current && samples.covers(now, options_.down_window)) {
+      const int64_t step =
+          std::max<int64_t>(1, static_cast<int64_t>(std::floor(static_cast<double>(current) *
+                                                               options_.max_down_fraction)));
+      const int64_t desired = clamp_to(options_.range, std::max(wanted_down, current - step));
+      return {desired, fmt::format("down: busiest second {:.1f} over {} s / target {:.2f} = {} "
+                                   "(at most -{} per cycle)",
+                                   busiest.value_or(0), options_.down_window.count() / 1000, target,
+                                   wanted_down, step)};
+    }
+    return {
+        clamp_to(options_.range, current),
+        fmt::format("hold: mean demand {:.1f} / target {:.2f} = {}", *recent, target, wanted_up)};
+  }
+
+ private:
+  ApaOptions options_;
+  const double* target_;
+};
+
+}  // namespace
+
+std::unique_ptr<Policy> make_apa_policy(const ApaOptions& options,
+                                        const double* target_concurrency) {
+  FLOTILLA_CHECK(target_concurrency != nullptr);
+  return std::make_unique<ApaPolicy>(options, target_concurrency);
+}
+
+VerticalPolicy::VerticalPolicy(const VerticalOptions& options)
+    : options_(options),
+      target_(std::clamp(options.initial_target, options.min_target, options.max_target)) {}
+
+Decision VerticalPolicy::decide_target(const ReplicaSignals& signals) {
+  const bool queueing = signals.queued_in_replica >= 1;
+  const bool saturated = signals.cpu_utilization >= options_.cpu_saturated;
+  // The baseline is the lowest latency seen while nothing queued and the CPU had room.
+  if (signals.latency_ms > 0 && signals.queued_in_replica < 0.5 && !saturated) {
+    baseline_ms_ = baseline_ms_ ? std::min(*baseline_ms_, signals.latency_ms) : signals.latency_ms;
+  }
+  const bool slow =
+      baseline_ms_ && signals.latency_ms > *baseline_ms_ * options_.overload_latency_ratio;
+  const bool overload = slow || queueing || saturated;
+  const bool headroom = baseline_ms_ && !overload &&
+                        signals.latency_ms <= *baseline_ms_ * options_.headroom_latency_ratio &&
+                        signals.cpu_utilization < options_.cpu_headroom &&
+                        signals.concurrency >= options_.busy_fraction * target_;
+  overload_streak_ = overload ? overload_streak_ + 1 : 0;
+  headroom_streak_ = headroom ? headroom_streak_ + 1 : 0;
+
+  if (overload_streak_ >= options_.decrease_cycles) {
+    overload_streak_ = 0;
+    const double next = std::max(options_.min_target, target_ * options_.decrease_factor);
+    if (next < target_) {
+      Decision decision{0, fmt::format("target {:.2f} -> {:.2f}: overload (latency {:.1f} ms vs "
+                                       "baseline {:.1f} ms, queued {:.1f}, cpu {:.0f}%)",
+                                       target_, next, signals.latency_ms, baseline_ms_.value_or(0),
+                                       signals.queued_in_replica, signals.cpu_utilization * 100)};
+      target_ = next;
+      return decision;
+    }
+  } else if (headroom_streak_ >= options_.increase_cycles) {
+    headroom_streak_ = 0;
+    const double next =
+        std::min(options_.max_target,
+                 target_ + std::min(options_.increase_step, target_ * options_.max_change));
+    if (next > target_) {
+      Decision decision{0, fmt::format("target {:.2f} -> {:.2f}: headroom (latency {:.1f} ms "
+                                       "vs baseline {:.1f} ms, cpu {:.0f}%, {:.1f} in flight)",
+                                       target_, next, signals.latency_ms, *baseline_ms_,
+                                       signals.cpu_utilization * 100, signals.concurrency)};
+      target_ = next;
+      return decision;
+    }
+  }
+  return {0, ""};
+}
+
+}  // namespace flotilla::autoscaler

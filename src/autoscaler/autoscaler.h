@@ -1,0 +1,190 @@
+// The autoscaler module's contract (DESIGN.md §4): scaling policies as deterministic state
+// machines driven by explicit time and 1-second load samples, so the live loop, the fleet
+// simulator (issue #5) and unit tests run the same code. Nothing here reads a clock, sleeps or
+// does I/O. A policy object is not thread-safe: one per endpoint, called from one thread.
+//
+// Policies: Flotilla's own (APA: horizontal + vertical), and the baselines it is compared with,
+// faithful to their published defaults: Kubernetes HPA v2, Knative KPA, Ray Serve, static.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+
+#include "common/common.h"
+
+namespace flotilla::autoscaler {
+
+using Millis = std::chrono::milliseconds;  // time since an arbitrary epoch (simulated or real)
+
+// One second of an endpoint's load, as the gateway samples it.
+struct Sample {
+  Millis time{0};          // end of the second
+  double concurrency = 0;  // mean requests in flight at replicas
+  double queued = 0;       // mean requests waiting at the gateway
+};
+
+// The last samples of an endpoint, oldest first, bounded to `capacity` (enough for the longest
+// window of any policy: 600 s).
+class SampleWindow {
+ public:
+  explicit SampleWindow(size_t capacity = 900) : capacity_(capacity) {}
+  void add(const Sample& sample);
+  // Mean of concurrency + queued over samples with time in (now - window, now]; nullopt when
+  // there is none.
+  std::optional<double> mean_demand(Millis now, Millis window) const;
+  // Largest concurrency + queued of one sample in (now - window, now]; nullopt when none.
+  std::optional<double> max_demand(Millis now, Millis window) const;
+  // Whether samples cover the whole window (the oldest is at or before now - window + 1 s).
+  bool covers(Millis now, Millis window) const;
+  size_t size() const { return samples_.size(); }
+
+ private:
+  size_t capacity_;
+  std::deque<Sample> samples_;
+};
+
+struct Fleet {
+  int64_t ready = 0;    // replicas serving
+  int64_t pending = 0;  // replicas starting (count toward capacity already asked for)
+  int64_t desired = 0;  // the last desired count this policy returned (its own state of record)
+};
+
+// A scaling decision and its inputs, to record as an event ("why it scaled").
+struct Decision {
+  int64_t desired = 0;
+  std::string reason;
+};
+
+// The replica range of an endpoint, from its spec (DESIGN.md §7: concurrency min/max divided
+// by the per-replica concurrency).
+struct ReplicaRange {
+  int64_t min = 1;
+  int64_t max = 1000;
+  bool scale_to_zero = false;  // min may be 0 only then
+};
+
+class Policy {
+ public:
+  virtual ~Policy() = default;
+  virtual std::string_view name() const = 0;
+  // How often decide() is called (the policy's sync period).
+  virtual Millis period() const = 0;
+  // The replica count wanted now, clamped to the policy's range. Called every period(), with
+  // `now` increasing; `samples` holds the endpoint's recent 1-second samples.
+  virtual Decision decide(Millis now, const SampleWindow& samples, const Fleet& fleet) = 0;
+};
+
+// ---- APA: Flotilla's horizontal policy (DESIGN.md §4) ------------------------------------------
+
+struct ApaOptions {
+  Millis period{5'000};
+  Millis up_window{20'000};
+  Millis down_window{300'000};
+  double max_up_factor = 2.0;       // at most double per cycle
+  int64_t min_up_step = 4;          // ... or this many more, for tiny fleets
+  double max_down_fraction = 0.25;  // at most this share of replicas removed per cycle
+  ReplicaRange range;
+};
+
+// Horizontal: desired = ceil(demand / target_concurrency), demand = in-flight + queued.
+// Up: the mean over `up_window`, acted on at once, bounded by max(x2, +min_up_step). Down: only
+// when even the busiest second of `down_window` asks for fewer, at most max_down_fraction per
+// cycle. Clamped to the range. `target_concurrency` is read through the pointer each cycle,
+// so the vertical policy can move it.
+std::unique_ptr<Policy> make_apa_policy(const ApaOptions& options,
+                                        const double* target_concurrency);
+
+// ---- APA vertical: the per-replica target concurrency ---------------------------------------
+
+struct ReplicaSignals {
+  double latency_ms = 0;         // replica-side latency (p50) over the cycle
+  double concurrency = 0;        // mean in-flight per ready replica over the cycle
+  double queued_in_replica = 0;  // mean requests queued inside a replica (batcher backlog)
+  double cpu_utilization = 0;    // 0..1, mean over ready replicas
+};
+
+struct VerticalOptions {
+  Millis period{30'000};
+  double min_target = 1;
+  double max_target = 64;
+  double initial_target = 4;
+  double overload_latency_ratio = 1.5;  // latency above baseline x this is overload
+  double headroom_latency_ratio = 1.1;  // latency within baseline x this is headroom
+  double cpu_saturated = 0.95;
+  double cpu_headroom = 0.85;
+  double decrease_factor = 0.75;  // multiplicative decrease (-25%, the per-cycle bound)
+  double increase_step = 1;       // additive increase ...
+  double max_change = 0.25;       // ... bounded to +25% per cycle
+  double busy_fraction = 0.8;     // raise only when replicas are this busy relative to target
+  int decrease_cycles = 1;        // cycles in a row an overload must last before a decrease
+  int increase_cycles = 2;        // cycles in a row headroom must last before an increase
+};
+
+// Learns the latency baseline (the lowest latency seen without queueing or CPU saturation) and
+// moves the target: fast multiplicative decrease on overload, slow additive increase with
+// headroom while replicas are busy; a signal acts only past its threshold and after it held for
+// the configured cycles in a row.
+class VerticalPolicy {
+ public:
+  explicit VerticalPolicy(const VerticalOptions& options);
+  // Called every period(); returns the new target and why (reason empty when unchanged).
+  Decision decide_target(const ReplicaSignals& signals);
+  double target() const { return target_; }
+  const double* target_ptr() const { return &target_; }
+  std::optional<double> baseline_ms() const { return baseline_ms_; }
+
+ private:
+  VerticalOptions options_;
+  double target_;
+  std::optional<double> baseline_ms_;
+  int overload_streak_ = 0;
+  int headroom_streak_ = 0;
+};
+
+// ---- Baselines -------------------------------------------------------------------------------
+
+struct HpaOptions {
+  Millis period{15'000};
+  double tolerance = 0.1;
+  double target_per_replica = 1;  // the metric target: concurrent requests per replica
+  Millis down_stabilization{300'000};
+  int64_t up_pods = 4;  // scale-up: at most max(+4 pods, +100%) per period
+  double up_percent = 100;
+  double down_percent = 100;  // scale-down: at most -100% per period
+  ReplicaRange range;
+};
+std::unique_ptr<Policy> make_hpa_policy(const HpaOptions& options);
+
+struct KpaOptions {
+  Millis period{2'000};
+  Millis stable_window{60'000};
+  Millis panic_window{6'000};
+  double panic_threshold = 2.0;  // panic when the panic window wants >= 2x the ready replicas
+  double max_up_rate = 1000;
+  double max_down_rate = 2;
+  double container_concurrency = 1;  // per-replica concurrency; the target is 0.7 of it
+  double target_utilization = 0.7;
+  Millis scale_to_zero_grace{30'000};
+  ReplicaRange range;
+};
+std::unique_ptr<Policy> make_kpa_policy(const KpaOptions& options);
+
+struct RayOptions {
+  Millis period{1'000};
+  double target_ongoing_requests = 2;
+  Millis look_back{30'000};
+  Millis upscale_delay{30'000};
+  Millis downscale_delay{600'000};
+  ReplicaRange range;
+};
+std::unique_ptr<Policy> make_ray_policy(const RayOptions& options);
+
+// Always `replicas` (provisioned for the peak).
+std::unique_ptr<Policy> make_static_policy(int64_t replicas);
+
+}  // namespace flotilla::autoscaler

@@ -1,0 +1,302 @@
+// Hand-computed cases for every policy: windows, caps, clamps, asymmetry and safeguards.
+#include <functional>
+
+#include <gtest/gtest.h>
+
+#include "autoscaler/autoscaler.h"
+
+namespace flotilla::autoscaler {
+namespace {
+
+Millis sec(int64_t s) {
+  return Millis(s * 1000);
+}
+
+// One sample per second for seconds [from, to], demand from `f` (all in flight, none queued).
+void fill(SampleWindow& window, int64_t from, int64_t to, const std::function<double(int64_t)>& f) {
+  for (int64_t s = from; s <= to; ++s) {
+    window.add(Sample{sec(s), f(s), 0});
+  }
+}
+
+void fill_constant(SampleWindow& window, int64_t from, int64_t to, double demand) {
+  fill(window, from, to, [demand](int64_t) { return demand; });
+}
+
+// ---- SampleWindow ----------------------------------------------------------------------------
+
+TEST(SampleWindowTest, MeanAndMaxOverTheWindowOnly) {
+  SampleWindow window;
+  fill(window, 1, 10, [](int64_t s) { return static_cast<double>(s); });
+  EXPECT_DOUBLE_EQ(*window.mean_demand(sec(10), sec(4)), (7 + 8 + 9 + 10) / 4.0);
+  EXPECT_DOUBLE_EQ(*window.max_demand(sec(8), sec(3)), 8);
+  EXPECT_FALSE(window.mean_demand(sec(30), sec(5)).has_value());
+  EXPECT_TRUE(window.covers(sec(10), sec(10)));
+  EXPECT_FALSE(window.covers(sec(10), sec(11)));
+}
+
+TEST(SampleWindowTest, QueuedRequestsCountAsDemand) {
+  SampleWindow window;
+  window.add(Sample{sec(1), 3, 5});
+  EXPECT_DOUBLE_EQ(*window.mean_demand(sec(1), sec(1)), 8);
+}
+
+// ---- APA horizontal --------------------------------------------------------------------------
+
+struct ApaCase {
+  const char* name;
+  int64_t current;
+  double demand;    // constant demand over the filled seconds
+  int64_t seconds;  // how many seconds of samples (ending at now = 400 s)
+  int64_t expected;
+};
+
+class ApaHorizontalTest : public ::testing::TestWithParam<ApaCase> {};
+
+TEST_P(ApaHorizontalTest, Decides) {
+  const ApaCase& c = GetParam();
+  double target = 2;
+  ApaOptions options;
+  options.range = {1, 100, false};
+  auto policy = make_apa_policy(options, &target);
+  SampleWindow window;
+  fill_constant(window, 400 - c.seconds + 1, 400, c.demand);
+  const Decision decision = policy->decide(sec(400), window, Fleet{c.current, 0, c.current});
+  EXPECT_EQ(decision.desired, c.expected) << decision.reason;
+  EXPECT_FALSE(decision.reason.empty());
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Cases, ApaHorizontalTest,
+    ::testing::Values(
+        ApaCase{"NoSamplesKeeps", 3, 0, 0, 3}, ApaCase{"AtTargetHolds", 5, 10, 400, 5},
+        // 20 / 2 = 10 wanted; one cycle may go to max(2 x 2, 2 + 4) = 6.
+        ApaCase{"SpikeBoundedBySmallStep", 2, 20, 30, 6},
+        // 100 / 2 = 50 wanted; max(2 x 10, 10 + 4) = 20.
+        ApaCase{"SpikeBoundedByDoubling", 10, 100, 30, 20}, ApaCase{"UpWithinBound", 4, 14, 30, 7},
+        // 2 / 2 = 1 wanted, the whole 300 s agrees: -25% of 10, floored = 2 per cycle.
+        ApaCase{"DownBoundedFraction", 10, 2, 400, 8},
+        // Not 300 s of evidence yet: hold.
+        ApaCase{"DownNeedsTheWholeWindow", 10, 2, 100, 10},
+        ApaCase{"ClampedToMax", 80, 1000, 30, 100}, ApaCase{"ClampedToMin", 1, 0, 400, 1}),
+    [](const ::testing::TestParamInfo<ApaCase>& info) { return info.param.name; });
+
+TEST(ApaHorizontalTest, OneBusySecondInTheDownWindowBlocksScaleDown) {
+  double target = 2;
+  auto policy = make_apa_policy(ApaOptions{}, &target);
+  SampleWindow window;
+  fill(window, 1, 400, [](int64_t s) { return s == 150 ? 20.0 : 2.0; });  // 150 is 250 s ago
+  EXPECT_EQ(policy->decide(sec(400), window, Fleet{10, 0, 10}).desired, 10);
+  // Once that second has left the 300 s window, down it goes.
+  fill_constant(window, 401, 460, 2);
+  EXPECT_EQ(policy->decide(sec(460), window, Fleet{10, 0, 10}).desired, 8);
+}
+
+TEST(ApaHorizontalTest, QueueGrowthCountsAsDemand) {
+  double target = 2;
+  auto policy = make_apa_policy(ApaOptions{}, &target);
+  SampleWindow window;
+  for (int64_t s = 1; s <= 20; ++s) {
+    window.add(Sample{sec(s), 4, 4});  // replicas full at 4, 4 more waiting
+  }
+  EXPECT_EQ(policy->decide(sec(20), window, Fleet{2, 0, 2}).desired, 4);
+}
+
+TEST(ApaHorizontalTest, ReadsTheTargetEachCycle) {
+  double target = 2;
+  auto policy = make_apa_policy(ApaOptions{}, &target);
+  SampleWindow window;
+  fill_constant(window, 1, 20, 8);
+  EXPECT_EQ(policy->decide(sec(20), window, Fleet{4, 0, 4}).desired, 4);
+  target = 1;  // the vertical axis learned that replicas take less
+  EXPECT_EQ(policy->decide(sec(25), window, Fleet{4, 0, 4}).desired, 8);
+}
+
+TEST(ApaHorizontalTest, ScalesToZeroOnlyWhenAllowed) {
+  double target = 2;
+  ApaOptions options;
+  options.range = {0, 10, true};
+  auto policy = make_apa_policy(options, &target);
+  SampleWindow window;
+  fill_constant(window, 1, 400, 0);
+  EXPECT_EQ(policy->decide(sec(400), window, Fleet{1, 0, 1}).desired, 0);
+  // From zero, queued requests at the gateway bring the first replicas back.
+  window.add(Sample{sec(401), 0, 3});
+  EXPECT_EQ(policy->decide(sec(401), window, Fleet{0, 0, 0}).desired, 1);  // mean 3/20 s -> 1
+}
+
+// ---- APA vertical ----------------------------------------------------------------------------
+
+TEST(VerticalPolicyTest, DecreasesFastOnOverload) {
+  VerticalPolicy policy(VerticalOptions{});
+  EXPECT_TRUE(policy.decide_target({10, 1, 0, 0.3}).reason.empty());  // learns the baseline
+  EXPECT_EQ(policy.baseline_ms(), 10);
+  const Decision decision = policy.decide_target({25, 4, 0, 0.6});  // 2.5x the baseline
+  EXPECT_DOUBLE_EQ(policy.target(), 3);                             // 4 x 0.75
+  EXPECT_NE(decision.reason.find("overload"), std::string::npos) << decision.reason;
+  policy.decide_target({10, 3, 2, 0.5});  // queueing inside the replica is overload too
+  EXPECT_DOUBLE_EQ(policy.target(), 2.25);
+  policy.decide_target({10, 2, 0, 0.95});  // and so is a saturated CPU
+  EXPECT_DOUBLE_EQ(policy.target(), 1.6875);
+}
+
+TEST(VerticalPolicyTest, IncreasesSlowlyOnlyWithSustainedHeadroomUnderLoad) {
+  VerticalPolicy policy(VerticalOptions{});
+  policy.decide_target({10, 1, 0, 0.2});
+  EXPECT_TRUE(policy.decide_target({10.5, 3.5, 0, 0.5}).reason.empty());  // once: not yet
+  EXPECT_FALSE(policy.decide_target({10.5, 3.5, 0, 0.5}).reason.empty());
+  EXPECT_DOUBLE_EQ(policy.target(), 5);  // +1 (within +25%)
+  // Idle replicas say nothing about their capacity: no increase.
+  for (int i = 0; i < 5; ++i) {
+    policy.decide_target({10, 0.5, 0, 0.1});
+  }
+  EXPECT_DOUBLE_EQ(policy.target(), 5);
+}
+
+TEST(VerticalPolicyTest, StaysWithinBounds) {
+  VerticalOptions options;
+  options.min_target = 2;
+  options.max_target = 5;
+  VerticalPolicy policy(options);
+  policy.decide_target({10, 1, 0, 0.2});
+  for (int i = 0; i < 10; ++i) {
+    policy.decide_target({50, 4, 3, 1.0});
+  }
+  EXPECT_DOUBLE_EQ(policy.target(), 2);
+  for (int i = 0; i < 20; ++i) {
+    policy.decide_target({10, policy.target(), 0, 0.3});
+  }
+  EXPECT_DOUBLE_EQ(policy.target(), 5);
+}
+
+// A model whose latency grows past 8 concurrent requests per replica (processor sharing with a
+// saturation point): the target converges within 20% of 8 from below and from above.
+TEST(VerticalPolicyTest, ConvergesOnTheSaturationPoint) {
+  for (const double start : {2.0, 30.0}) {
+    VerticalOptions options;
+    options.initial_target = start;
+    VerticalPolicy policy(options);
+    policy.decide_target({10, 1, 0, 0.1});  // baseline at low load
+    for (int cycle = 0; cycle < 60; ++cycle) {
+      const double load = policy.target();  // the horizontal axis keeps replicas at target
+      const double latency = 10 * std::max(1.0, load / 8);
+      policy.decide_target({latency, load, load > 8 ? load - 8 : 0, std::min(1.0, load / 8)});
+    }
+    EXPECT_NEAR(policy.target(), 8, 8 * 0.2) << "from " << start;
+  }
+}
+
+// ---- Kubernetes HPA --------------------------------------------------------------------------
+
+TEST(HpaPolicyTest, IgnoresChangesWithinTheTolerance) {
+  auto policy = make_hpa_policy(HpaOptions{});
+  SampleWindow window;
+  fill_constant(window, 1, 15, 4.2);  // ratio 1.05 on 4 ready
+  EXPECT_EQ(policy->decide(sec(15), window, Fleet{4, 0, 4}).desired, 4);
+}
+
+TEST(HpaPolicyTest, ScalesUpByAtMostFourPodsOrDouble) {
+  auto policy = make_hpa_policy(HpaOptions{});
+  SampleWindow window;
+  fill_constant(window, 1, 15, 40);
+  EXPECT_EQ(policy->decide(sec(15), window, Fleet{2, 0, 2}).desired, 6);  // +4 > x2
+  fill_constant(window, 16, 30, 40);
+  EXPECT_EQ(policy->decide(sec(30), window, Fleet{10, 0, 10}).desired, 20);  // x2 > +4
+}
+
+TEST(HpaPolicyTest, ScaleDownWaitsForTheStabilizationWindow) {
+  auto policy = make_hpa_policy(HpaOptions{});
+  SampleWindow window;
+  fill_constant(window, 1, 15, 10);
+  EXPECT_EQ(policy->decide(sec(15), window, Fleet{10, 0, 10}).desired, 10);
+  fill_constant(window, 16, 315, 2);
+  // 2 is recommended from t=30 s on, but 10 (t=15 s) is in the 300 s window until t=315 s.
+  for (int64_t t = 30; t < 315; t += 15) {
+    EXPECT_EQ(policy->decide(sec(t), window, Fleet{10, 0, 10}).desired, 10) << t;
+  }
+  EXPECT_EQ(policy->decide(sec(315), window, Fleet{10, 0, 10}).desired, 2);
+}
+
+// ---- Knative KPA -----------------------------------------------------------------------------
+
+TEST(KpaPolicyTest, StableModeTargetsSeventyPercent) {
+  auto policy = make_kpa_policy(KpaOptions{});
+  SampleWindow window;
+  fill_constant(window, 1, 60, 7);
+  EXPECT_EQ(policy->decide(sec(60), window, Fleet{10, 0, 10}).desired, 10);  // 7 / 0.7
+}
+
+TEST(KpaPolicyTest, PanicScalesOnTheShortWindowAndNeverDown) {
+  auto policy = make_kpa_policy(KpaOptions{});
+  SampleWindow window;
+  fill_constant(window, 1, 54, 1);
+  fill_constant(window, 55, 60, 7);  // the last 6 s want 10 on 2 ready: >= 2x
+  Decision decision = policy->decide(sec(60), window, Fleet{2, 0, 2});
+  EXPECT_EQ(decision.desired, 10) << decision.reason;
+  EXPECT_NE(decision.reason.find("PANIC"), std::string::npos);
+  // Load gone: still no scale-down while panicking (60 s after the last over-threshold tick).
+  fill_constant(window, 61, 118, 0.5);
+  decision = policy->decide(sec(118), window, Fleet{10, 0, 10});
+  EXPECT_EQ(decision.desired, 10) << decision.reason;
+  fill_constant(window, 119, 120, 0.5);
+  decision = policy->decide(sec(120), window, Fleet{10, 0, 10});
+  EXPECT_EQ(decision.desired, 5) << decision.reason;  // out of panic; at most /2 per decision
+}
+
+TEST(KpaPolicyTest, ScalesToZeroAfterTheGracePeriod) {
+  KpaOptions options;
+  options.range = {0, 10, true};
+  auto policy = make_kpa_policy(options);
+  SampleWindow window;
+  fill_constant(window, 1, 100, 0);
+  EXPECT_EQ(policy->decide(sec(100), window, Fleet{1, 0, 1}).desired, 1);  // idle from now
+  fill_constant(window, 101, 120, 0);
+  EXPECT_EQ(policy->decide(sec(120), window, Fleet{1, 0, 1}).desired, 1);
+  fill_constant(window, 121, 130, 0);
+  EXPECT_EQ(policy->decide(sec(130), window, Fleet{1, 0, 1}).desired, 0);  // 30 s of grace
+}
+
+// ---- Ray Serve -------------------------------------------------------------------------------
+
+TEST(RayPolicyTest, ScalesUpOnlyAfterThirtySecondsOfWanting) {
+  auto policy = make_ray_policy(RayOptions{});
+  SampleWindow window;
+  fill_constant(window, 1, 30, 20);  // 20 / 2 = 10 wanted
+  EXPECT_EQ(policy->decide(sec(30), window, Fleet{1, 0, 1}).desired, 1);
+  fill_constant(window, 31, 59, 20);
+  EXPECT_EQ(policy->decide(sec(59), window, Fleet{1, 0, 1}).desired, 1);
+  fill_constant(window, 60, 60, 20);
+  EXPECT_EQ(policy->decide(sec(60), window, Fleet{1, 0, 1}).desired, 10);
+}
+
+TEST(RayPolicyTest, AnInterruptedWishStartsOver) {
+  auto policy = make_ray_policy(RayOptions{});
+  SampleWindow window;
+  fill_constant(window, 1, 30, 20);
+  policy->decide(sec(30), window, Fleet{1, 0, 1});
+  fill_constant(window, 31, 61, 2);  // now wants exactly 1: the wish to go up ended
+  EXPECT_EQ(policy->decide(sec(61), window, Fleet{1, 0, 1}).desired, 1);
+  fill_constant(window, 62, 92, 20);
+  EXPECT_EQ(policy->decide(sec(92), window, Fleet{1, 0, 1}).desired, 1);  // a fresh 30 s
+}
+
+TEST(RayPolicyTest, ScalesDownOnlyAfterTenMinutes) {
+  auto policy = make_ray_policy(RayOptions{});
+  SampleWindow window;
+  fill_constant(window, 1, 30, 2);
+  EXPECT_EQ(policy->decide(sec(30), window, Fleet{10, 0, 10}).desired, 10);
+  fill_constant(window, 31, 629, 2);
+  EXPECT_EQ(policy->decide(sec(629), window, Fleet{10, 0, 10}).desired, 10);
+  fill_constant(window, 630, 630, 2);
+  EXPECT_EQ(policy->decide(sec(630), window, Fleet{10, 0, 10}).desired, 1);
+}
+
+TEST(StaticPolicyTest, AlwaysTheSameCount) {
+  auto policy = make_static_policy(12);
+  SampleWindow window;
+  fill_constant(window, 1, 10, 500);
+  EXPECT_EQ(policy->decide(sec(10), window, Fleet{1, 0, 1}).desired, 12);
+}
+
+}  // namespace
+}  // namespace flotilla::autoscaler
