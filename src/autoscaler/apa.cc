@@ -24,22 +24,28 @@ class ApaPolicy final : public Policy {
   Decision decide(Millis now, const SampleWindow& samples, const Fleet& fleet) override {
     const int64_t current = current_of(fleet);
     const double target = std::max(*target_, 1e-6);
-    const auto recent = samples.mean_demand(now, options_.up_window);
+    const auto recent = samples.max_offered(now, options_.up_window);
     if (!recent) {
       return {clamp_to(options_.range, current), "no samples yet: keep"};
     }
     const int64_t wanted_up = ceil_replicas(*recent / target);
     if (wanted_up > current) {
-      const int64_t limit =
-          std::max(ceil_replicas(static_cast<double>(current) * options_.max_up_factor),
-                   current + options_.min_up_step);
+      // The bound counts ready replicas, not those still starting: while a cold start is under
+      // way the queue keeps growing, and doubling the count already asked for every cycle
+      // would overshoot by orders of magnitude.
+      const int64_t limit = std::max(
+          current,
+          std::max(ceil_replicas(static_cast<double>(fleet.ready) * options_.max_up_factor),
+                   fleet.ready + options_.min_up_step));
       const int64_t desired = clamp_to(options_.range, std::min(wanted_up, limit));
-      return {desired, fmt::format("up: mean demand {:.1f} over {} s / target {:.2f} = {}{}",
-                                   *recent, options_.up_window.count() / 1000, target, wanted_up,
-                                   wanted_up > limit ? fmt::format(" (capped at {})", limit) : "")};
+      return {desired,
+              fmt::format(
+                  "up: busiest second needs concurrency {:.1f} over {} s / target {:.2f} = {}{}",
+                  *recent, options_.up_window.count() / 1000, target, wanted_up,
+                  wanted_up > limit ? fmt::format(" (capped at {})", limit) : "")};
     }
     // Down only when the busiest second of the whole down window asks for fewer.
-    const auto busiest = samples.max_demand(now, options_.down_window);
+    const auto busiest = samples.max_offered(now, options_.down_window);
     const int64_t wanted_down = ceil_replicas(busiest.value_or(0) / target);
     if (wanted_down < current && samples.covers(now, options_.down_window)) {
       const int64_t step =
@@ -51,9 +57,9 @@ class ApaPolicy final : public Policy {
                                    busiest.value_or(0), options_.down_window.count() / 1000, target,
                                    wanted_down, step)};
     }
-    return {
-        clamp_to(options_.range, current),
-        fmt::format("hold: mean demand {:.1f} / target {:.2f} = {}", *recent, target, wanted_up)};
+    return {clamp_to(options_.range, current),
+            fmt::format("hold: busiest second needs concurrency {:.1f} / target {:.2f} = {}",
+                        *recent, target, wanted_up)};
   }
 
  private:

@@ -26,6 +26,17 @@ struct Sample {
   Millis time{0};          // end of the second
   double concurrency = 0;  // mean requests in flight at replicas
   double queued = 0;       // mean requests waiting at the gateway
+  double arrivals = 0;     // requests that arrived in the second
+  double completions = 0;  // requests the replicas finished in the second
+
+  // What the baselines scale on: in flight plus waiting (Knative and Ray count the queue).
+  double demand() const { return concurrency + queued; }
+  // The concurrency the offered load would need (APA): Little's law with the replicas' own
+  // latency, concurrency x arrivals / completions, so a queue that grows while replicas are
+  // full counts in proportion to the load it turns away, not by its length; plus what serving
+  // the backlog within 10 s needs. With nothing completing yet (scale from zero), waiting
+  // requests ask for one replica: how many more are needed shows once it serves.
+  double offered() const;
 };
 
 // The last samples of an endpoint, oldest first, bounded to `capacity` (enough for the longest
@@ -39,6 +50,9 @@ class SampleWindow {
   std::optional<double> mean_demand(Millis now, Millis window) const;
   // Largest concurrency + queued of one sample in (now - window, now]; nullopt when none.
   std::optional<double> max_demand(Millis now, Millis window) const;
+  // The same two over Sample::offered().
+  std::optional<double> mean_offered(Millis now, Millis window) const;
+  std::optional<double> max_offered(Millis now, Millis window) const;
   // Whether samples cover the whole window (the oldest is at or before now - window + 1 s).
   bool covers(Millis now, Millis window) const;
   size_t size() const { return samples_.size(); }
@@ -91,8 +105,9 @@ struct ApaOptions {
   ReplicaRange range;
 };
 
-// Horizontal: desired = ceil(demand / target_concurrency), demand = in-flight + queued.
-// Up: the mean over `up_window`, acted on at once, bounded by max(x2, +min_up_step). Down: only
+// Horizontal: desired = ceil(offered concurrency / target_concurrency) (Sample::offered).
+// Up: the busiest second of `up_window`, acted on at once, bounded by max(x2, +min_up_step) of
+// the ready replicas (never below what was already asked for). Down: only
 // when even the busiest second of `down_window` asks for fewer, at most max_down_fraction per
 // cycle. Clamped to the range. `target_concurrency` is read through the pointer each cycle,
 // so the vertical policy can move it.

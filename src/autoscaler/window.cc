@@ -1,6 +1,45 @@
+#include <algorithm>
+
 #include "autoscaler/autoscaler.h"
 
 namespace flotilla::autoscaler {
+namespace {
+
+// Mean or max of `value(sample)` over samples with time in (now - window, now].
+template <typename Value>
+std::optional<double> aggregate(const std::deque<Sample>& samples, Millis now, Millis window,
+                                bool mean, Value value) {
+  double sum = 0;
+  std::optional<double> best;
+  int count = 0;
+  for (auto it = samples.rbegin(); it != samples.rend() && it->time > now - window; ++it) {
+    if (it->time <= now) {
+      const double v = value(*it);
+      sum += v;
+      best = best ? std::max(*best, v) : v;
+      ++count;
+    }
+  }
+  if (count == 0) {
+    return std::nullopt;
+  }
+  return mean ? sum / count : *best;
+}
+
+}  // namespace
+
+double Sample::offered() const {
+  if (completions > 0) {
+    // Plus the backlog, to be served within kBacklogDrainSeconds: each waiting request needs the
+    // replicas' mean latency (concurrency / completions, Little's law).
+    constexpr double kBacklogDrainSeconds = 10;
+    return concurrency * std::max(1.0, arrivals / completions) +
+           queued * (concurrency / completions) / kBacklogDrainSeconds;
+  }
+  // Nothing served yet (scale from zero): a waiting request asks for a first replica; how
+  // many more are needed shows once it serves.
+  return concurrency + (queued > 0 ? 1.0 : 0.0);
+}
 
 void SampleWindow::add(const Sample& sample) {
   samples_.push_back(sample);
@@ -10,26 +49,19 @@ void SampleWindow::add(const Sample& sample) {
 }
 
 std::optional<double> SampleWindow::mean_demand(Millis now, Millis window) const {
-  double sum = 0;
-  int count = 0;
-  for (auto it = samples_.rbegin(); it != samples_.rend() && it->time > now - window; ++it) {
-    if (it->time <= now) {
-      sum += it->concurrency + it->queued;
-      ++count;
-    }
-  }
-  return count == 0 ? std::nullopt : std::optional<double>(sum / count);
+  return aggregate(samples_, now, window, true, [](const Sample& s) { return s.demand(); });
 }
 
 std::optional<double> SampleWindow::max_demand(Millis now, Millis window) const {
-  std::optional<double> best;
-  for (auto it = samples_.rbegin(); it != samples_.rend() && it->time > now - window; ++it) {
-    if (it->time <= now) {
-      const double demand = it->concurrency + it->queued;
-      best = best ? std::max(*best, demand) : demand;
-    }
-  }
-  return best;
+  return aggregate(samples_, now, window, false, [](const Sample& s) { return s.demand(); });
+}
+
+std::optional<double> SampleWindow::mean_offered(Millis now, Millis window) const {
+  return aggregate(samples_, now, window, true, [](const Sample& s) { return s.offered(); });
+}
+
+std::optional<double> SampleWindow::max_offered(Millis now, Millis window) const {
+  return aggregate(samples_, now, window, false, [](const Sample& s) { return s.offered(); });
 }
 
 bool SampleWindow::covers(Millis now, Millis window) const {

@@ -15,4 +15,7 @@ constexpr int kExitCannotListen = 3;
 // runs whichever was parsed.
 std::function<int()> add_gateway_command(CLI::App& app);
 
+// Adds `flotilla sim`; the returned callable runs it.
+std::function<int()> add_sim_command(CLI::App& app);
+
 }  // namespace flotilla::cli

@@ -1,4 +1,4 @@
-// `flotilla`: the command-line entry point. Subcommands: replica, gateway.
+// `flotilla`: the command-line entry point. Subcommands: replica, gateway, sim.
 #include <chrono>
 #include <cstdio>
 #include <iostream>
@@ -155,6 +155,7 @@ int main(int argc, char** argv) {
   flotilla::ReplicaFlags replica_flags;
   flotilla::add_replica_command(app, replica_flags);
   auto run_gateway = flotilla::cli::add_gateway_command(app);
+  auto run_sim = flotilla::cli::add_sim_command(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -165,6 +166,9 @@ int main(int argc, char** argv) {
   }
   if (app.got_subcommand("gateway")) {
     return run_gateway();
+  }
+  if (app.got_subcommand("sim")) {
+    return run_sim();
   }
   return 0;
 }

@@ -92,14 +92,17 @@ TEST(ApaHorizontalTest, OneBusySecondInTheDownWindowBlocksScaleDown) {
   EXPECT_EQ(policy->decide(sec(460), window, Fleet{10, 0, 10}).desired, 8);
 }
 
-TEST(ApaHorizontalTest, QueueGrowthCountsAsDemand) {
+TEST(ApaHorizontalTest, CountsTurnedAwayLoadAndBacklogByLittlesLaw) {
   double target = 2;
   auto policy = make_apa_policy(ApaOptions{}, &target);
   SampleWindow window;
-  for (int64_t s = 1; s <= 20; ++s) {
-    window.add(Sample{sec(s), 4, 4});  // replicas full at 4, 4 more waiting
-  }
-  EXPECT_EQ(policy->decide(sec(20), window, Fleet{2, 0, 2}).desired, 4);
+  // Replicas full at 4 in flight serve 400/s while 800/s arrive: 8 would be in flight.
+  window.add(Sample{sec(1), 4, 0, 800, 400});
+  EXPECT_DOUBLE_EQ(window.max_offered(sec(1), sec(20)).value(), 8);
+  EXPECT_EQ(policy->decide(sec(1), window, Fleet{2, 0, 2}).desired, 4);
+  // A backlog of 4000 at 10 ms each (4 / 400 per s) served within 10 s needs 4 more.
+  window.add(Sample{sec(2), 4, 4000, 400, 400});
+  EXPECT_DOUBLE_EQ(window.max_offered(sec(2), sec(1)).value(), 8);
 }
 
 TEST(ApaHorizontalTest, ReadsTheTargetEachCycle) {
@@ -120,9 +123,9 @@ TEST(ApaHorizontalTest, ScalesToZeroOnlyWhenAllowed) {
   SampleWindow window;
   fill_constant(window, 1, 400, 0);
   EXPECT_EQ(policy->decide(sec(400), window, Fleet{1, 0, 1}).desired, 0);
-  // From zero, queued requests at the gateway bring the first replicas back.
+  // From zero, requests waiting at the gateway bring a first replica back.
   window.add(Sample{sec(401), 0, 3});
-  EXPECT_EQ(policy->decide(sec(401), window, Fleet{0, 0, 0}).desired, 1);  // mean 3/20 s -> 1
+  EXPECT_EQ(policy->decide(sec(401), window, Fleet{0, 0, 0}).desired, 1);
 }
 
 // ---- APA vertical ----------------------------------------------------------------------------

@@ -1,0 +1,135 @@
+// `flotilla sim`: runs a fleet simulation of one scenario (or trace) under one policy.
+#include <fstream>
+#include <iostream>
+#include <memory>
+
+#include <nlohmann/json.hpp>
+
+#include "cli/commands.h"
+#include "sim/sim.h"
+
+namespace flotilla::cli {
+namespace {
+
+struct SimFlags {
+  std::string scenario;
+  std::string policy = "apa";
+  std::string trace;
+  double rate_scale = 1;
+  uint64_t seed = 1;
+  bool round_robin = false;
+  int64_t static_replicas = 0;
+  std::string csv;
+  std::string output = "text";
+  bool list = false;
+};
+
+int run_sim(const SimFlags& flags) {
+  if (flags.list) {
+    for (const std::string& name : sim::scenario_names()) {
+      std::cout << name << ": " << sim::find_scenario(name)->description << "\n";
+    }
+    return 0;
+  }
+  auto policy = sim::parse_policy_kind(flags.policy);
+  if (!policy.is_ok()) {
+    std::cerr << "flotilla sim: " << policy.status().message() << "\n";
+    return kExitBadInput;
+  }
+  sim::Scenario scenario;
+  if (!flags.trace.empty()) {
+    auto loaded = sim::trace_scenario(flags.trace, flags.rate_scale);
+    if (!loaded.is_ok()) {
+      std::cerr << "flotilla sim: " << loaded.status().message() << "\n";
+      return kExitBadInput;
+    }
+    scenario = std::move(loaded).value();
+  } else {
+    auto found = sim::find_scenario(flags.scenario);
+    if (!found) {
+      std::cerr << "flotilla sim: unknown scenario '" << flags.scenario
+                << "' (flotilla sim --list shows them)\n";
+      return kExitBadInput;
+    }
+    scenario = *found;
+    if (flags.rate_scale != 1) {
+      if (!(flags.rate_scale > 0)) {
+        std::cerr << "flotilla sim: --rate-scale must be above 0\n";
+        return kExitBadInput;
+      }
+      sim::scale_rate(scenario, flags.rate_scale);
+    }
+  }
+  sim::SimOptions options;
+  options.policy = *policy;
+  options.seed = flags.seed;
+  options.round_robin = flags.round_robin;
+  options.static_replicas = flags.static_replicas;
+  const sim::SimResult result = sim::simulate(scenario, options);
+  if (!flags.csv.empty()) {
+    std::ofstream out(flags.csv);
+    out << sim::to_csv(result);
+    if (!out) {
+      std::cerr << "flotilla sim: cannot write '" << flags.csv << "'\n";
+      return kExitBadInput;
+    }
+  }
+  const sim::Summary& s = result.summary;
+  if (flags.output == "json") {
+    const nlohmann::json summary = {{"scenario", scenario.name},
+                                    {"policy", sim::policy_name(*policy)},
+                                    {"requests", s.requests},
+                                    {"over_slo_pct", s.over_slo_pct},
+                                    {"rejected_pct", s.rejected_pct},
+                                    {"replica_seconds", s.replica_seconds},
+                                    {"scale_events", s.scale_events},
+                                    {"p99_ms", s.p99_ms},
+                                    {"final_target_concurrency", s.final_target},
+                                    {"events", s.events},
+                                    {"wall_seconds", s.wall_seconds}};
+    std::cout << summary.dump() << "\n";
+  } else {
+    std::printf(
+        "%s/%s: %llu requests, %.3f%% over the %.0f ms SLO or rejected, %.3f%% rejected, "
+        "%.0f replica-seconds, %lld scale events, p99 %.1f ms (%llu events in %.2f s)\n",
+        scenario.name.c_str(), std::string(sim::policy_name(*policy)).c_str(),
+        static_cast<unsigned long long>(s.requests), s.over_slo_pct, scenario.slo_ms,
+        s.rejected_pct, s.replica_seconds, static_cast<long long>(s.scale_events), s.p99_ms,
+        static_cast<unsigned long long>(s.events), s.wall_seconds);
+  }
+  return 0;
+}
+
+}  // namespace
+
+std::function<int()> add_sim_command(CLI::App& app) {
+  auto flags = std::make_shared<SimFlags>();
+  CLI::App* cmd = app.add_subcommand(
+      "sim", "Simulate an endpoint's fleet under an autoscaling policy (discrete events).");
+  cmd->add_option("scenario", flags->scenario, "Scenario name (--list shows them)");
+  cmd->add_flag("--list", flags->list, "List the scenarios");
+  cmd->add_option("--policy", flags->policy, "apa, hpa, kpa, ray or static")
+      ->check(CLI::IsMember({"apa", "hpa", "kpa", "ray", "static"}))
+      ->capture_default_str();
+  cmd->add_option("--trace", flags->trace,
+                  "Replay a CSV trace (first column: request timestamps) instead of a scenario");
+  cmd->add_option("--rate-scale", flags->rate_scale,
+                  "Multiply the offered rate (of the trace or the scenario)")
+      ->capture_default_str();
+  cmd->add_option("--seed", flags->seed, "Random seed (same seed, same result)")
+      ->capture_default_str();
+  cmd->add_flag("--round-robin", flags->round_robin,
+                "The gateway balances round robin instead of power of two choices");
+  cmd->add_option("--static-replicas", flags->static_replicas,
+                  "Replicas for --policy static (0: provision for the peak)")
+      ->capture_default_str();
+  cmd->add_option("--csv", flags->csv, "Write per-second rows to this CSV file");
+  cmd->add_option("-o,--output", flags->output, "text or json")
+      ->check(CLI::IsMember({"text", "json"}))
+      ->capture_default_str();
+  return [flags]() -> int {
+    return run_sim(*flags);
+  };
+}
+
+}  // namespace flotilla::cli

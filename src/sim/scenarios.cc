@@ -1,0 +1,228 @@
+// The shipped scenarios, trace loading and policy names.
+#include <cmath>
+#include <fstream>
+#include <map>
+
+#include "sim/sim.h"
+
+namespace flotilla::sim {
+
+double LoadShape::rate_at(double seconds) const {
+  if (!per_second.empty()) {
+    const auto index = static_cast<size_t>(std::max(0.0, seconds));
+    return index < per_second.size() ? per_second[index] : 0;
+  }
+  if (points.empty() || seconds <= points.front().first) {
+    return points.empty() ? 0 : points.front().second;
+  }
+  for (size_t i = 1; i < points.size(); ++i) {
+    if (seconds <= points[i].first) {
+      const auto& [t0, r0] = points[i - 1];
+      const auto& [t1, r1] = points[i];
+      return t1 == t0 ? r1 : r0 + (r1 - r0) * (seconds - t0) / (t1 - t0);
+    }
+  }
+  return points.back().second;
+}
+
+double LoadShape::end_seconds() const {
+  return !per_second.empty() ? static_cast<double>(per_second.size())
+                             : (points.empty() ? 0 : points.back().first);
+}
+
+namespace {
+
+Scenario base(std::string name, std::string description) {
+  Scenario scenario;
+  scenario.name = std::move(name);
+  scenario.description = std::move(description);
+  return scenario;
+}
+
+std::map<std::string, Scenario> all_scenarios() {
+  std::map<std::string, Scenario> all;
+  {
+    Scenario s = base("spike", "1K req/s, then 10x within 5 s for 3 minutes, then back");
+    s.load.points = {{0, 1000}, {120, 1000}, {125, 10000}, {300, 10000}, {305, 1000}, {600, 1000}};
+    s.initial_replicas = 2;
+    all[s.name] = s;
+  }
+  {
+    Scenario s = base("diurnal", "a day compressed to 24 minutes: 500 to 5K req/s and back");
+    for (int minute = 0; minute <= 1440; minute += 10) {
+      const double phase = 2 * 3.141592653589793 * minute / 1440;
+      s.load.points.emplace_back(minute, 500 + 4500 * (1 - std::cos(phase)) / 2);
+    }
+    s.initial_replicas = 1;
+    all[s.name] = s;
+  }
+  {
+    Scenario s = base("ramp", "10 to 10K req/s in 60 s, then held");
+    s.load.points = {{0, 10}, {30, 10}, {90, 10000}, {300, 10000}};
+    s.initial_replicas = 1;
+    all[s.name] = s;
+  }
+  {
+    Scenario s = base("zero", "200 req/s, nothing for 8 minutes, then 200 req/s again");
+    s.load.points = {{0, 200}, {120, 200}, {120.001, 0}, {600, 0}, {600.001, 200}, {720, 200}};
+    s.min_replicas = 0;
+    s.initial_replicas = 1;
+    s.queue_timeout_s = 30;  // requests held while the first replica cold-starts
+    all[s.name] = s;
+  }
+  {
+    Scenario s = base("unknown-capacity",
+                      "replicas take 32 concurrent requests but are configured for 4: learn it");
+    s.load.points = {{0, 2000}, {900, 2000}};
+    s.replica.service_ms = 20;
+    s.replica.saturation = 32;
+    s.configured_concurrency = 4;
+    s.slo_ms = 200;
+    s.initial_replicas = 10;
+    all[s.name] = s;
+  }
+  {
+    Scenario s = base("steady", "1K req/s for 10 minutes (with --rate-scale: the scale test)");
+    s.load.points = {{0, 1000}, {600, 1000}};
+    s.initial_replicas = 2;
+    all[s.name] = s;
+  }
+  {
+    Scenario s = base("hetero", "3K req/s on a fleet where 30% of replicas are 3x slower");
+    s.load.points = {{0, 3000}, {300, 3000}};
+    s.replica.slow_fraction = 0.3;
+    s.initial_replicas = 8;
+    all[s.name] = s;
+  }
+  return all;
+}
+
+// "YYYY-MM-DD HH:MM:SS[.fraction]" or plain seconds → seconds since an arbitrary epoch.
+std::optional<double> parse_timestamp(const std::string& text) {
+  int year, month, day, hour, minute;
+  double second;
+  if (std::sscanf(text.c_str(), "%d-%d-%d %d:%d:%lf", &year, &month, &day, &hour, &minute,
+                  &second) == 6) {
+    // Days from the civil date (Howard Hinnant's algorithm).
+    year -= month <= 2;
+    const int era = (year >= 0 ? year : year - 399) / 400;
+    const int yoe = year - era * 400;
+    const int doy = (153 * (month + (month > 2 ? -3 : 9)) + 2) / 5 + day - 1;
+    const int doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    const double days = era * 146097.0 + doe - 719468;
+    return days * 86400 + hour * 3600 + minute * 60 + second;
+  }
+  char* end = nullptr;
+  const double value = std::strtod(text.c_str(), &end);
+  if (end != text.c_str() && *end == '\0') {
+    return value;
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
+std::optional<Scenario> find_scenario(std::string_view name) {
+  auto all = all_scenarios();
+  auto it = all.find(std::string(name));
+  if (it == all.end()) {
+    return std::nullopt;
+  }
+  return it->second;
+}
+
+std::vector<std::string> scenario_names() {
+  std::vector<std::string> names;
+  for (const auto& [name, scenario] : all_scenarios()) {
+    names.push_back(name);
+  }
+  return names;
+}
+
+Result<Scenario> trace_scenario(const std::string& path, double rate_scale) {
+  if (!(rate_scale > 0)) {
+    return invalid_argument("--rate-scale must be above 0");
+  }
+  std::ifstream file(path);
+  if (!file) {
+    return invalid_argument("cannot read trace '" + path + "'");
+  }
+  std::string line;
+  std::vector<double> times;
+  size_t line_number = 0;
+  while (std::getline(file, line)) {
+    ++line_number;
+    const std::string first = line.substr(0, line.find(','));
+    const auto time = parse_timestamp(first);
+    if (!time) {
+      if (line_number == 1) {
+        continue;  // the header
+      }
+      return invalid_argument(path + ":" + std::to_string(line_number) + ": '" + first +
+                              "' is not a timestamp");
+    }
+    times.push_back(*time);
+  }
+  if (times.empty()) {
+    return invalid_argument("trace '" + path + "' has no requests");
+  }
+  std::sort(times.begin(), times.end());
+  Scenario scenario = base("trace", "replay of " + path);
+  const double start = times.front();
+  const auto seconds = static_cast<size_t>(times.back() - start) + 1;
+  scenario.load.per_second.assign(seconds, 0);
+  for (double time : times) {
+    scenario.load.per_second[static_cast<size_t>(time - start)] += rate_scale;
+  }
+  scenario.min_replicas = 1;
+  scenario.initial_replicas = 1;
+  return scenario;
+}
+
+void scale_rate(Scenario& scenario, double factor) {
+  for (auto& [time, rate] : scenario.load.points) {
+    rate *= factor;
+  }
+  for (double& rate : scenario.load.per_second) {
+    rate *= factor;
+  }
+  scenario.initial_replicas = std::max<int64_t>(
+      scenario.min_replicas,
+      static_cast<int64_t>(std::ceil(static_cast<double>(scenario.initial_replicas) * factor)));
+  scenario.max_replicas = std::max(
+      scenario.max_replicas,
+      static_cast<int64_t>(std::ceil(static_cast<double>(scenario.max_replicas) * factor)));
+}
+
+Result<PolicyKind> parse_policy_kind(std::string_view name) {
+  if (name == "apa")
+    return PolicyKind::kApa;
+  if (name == "hpa")
+    return PolicyKind::kHpa;
+  if (name == "kpa")
+    return PolicyKind::kKpa;
+  if (name == "ray")
+    return PolicyKind::kRay;
+  if (name == "static")
+    return PolicyKind::kStatic;
+  return invalid_argument("unknown policy '" + std::string(name) +
+                          "' (use apa, hpa, kpa, ray or static)");
+}
+
+std::string_view policy_name(PolicyKind kind) {
+  switch (kind) {
+    case PolicyKind::kApa:
+      return "apa";
+    case PolicyKind::kHpa:
+      return "hpa";
+    case PolicyKind::kKpa:
+      return "kpa";
+    case PolicyKind::kRay:
+      return "ray";
+    case PolicyKind::kStatic:
+      return "static";
+  }
+  return "";
+}
+
+}  // namespace flotilla::sim

@@ -1,0 +1,113 @@
+// The sim module's contract (DESIGN.md §3, §8): a discrete-event simulator of one endpoint's
+// fleet behind the gateway, driving the production autoscaler policies and the gateway's
+// balancer code. Deterministic for a seed; single-threaded; no I/O except reading trace files.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "common/common.h"
+
+namespace flotilla::sim {
+
+// Offered load: requests per second as a piecewise-linear function of time, or a per-second
+// series (a trace). Arrivals are Poisson at the current rate.
+struct LoadShape {
+  std::vector<std::pair<double, double>> points;  // (seconds, requests/s), sorted by time
+  std::vector<double> per_second;                 // if not empty: rate of second i
+  double rate_at(double seconds) const;
+  double end_seconds() const;
+};
+
+// How a replica serves: a request alone takes `service_ms`; up to `saturation` concurrent
+// requests run without slowing each other; past it each takes longer in proportion (processor
+// sharing with a saturation point, evaluated when the request starts).
+struct ReplicaModel {
+  double service_ms = 10;
+  double saturation = 8;
+  double cold_start_s = 5;   // mean; drawn from a lognormal with sigma 0.25
+  double slow_fraction = 0;  // share of replicas that are slower (heterogeneous fleet)
+  double slow_factor = 3;    // how much slower they are
+};
+
+struct Scenario {
+  std::string name;
+  std::string description;
+  LoadShape load;
+  ReplicaModel replica;
+  double slo_ms = 100;  // a request over this (or rejected) misses the SLO
+  int64_t min_replicas = 1;
+  int64_t max_replicas = 10'000;
+  int64_t initial_replicas = 1;
+  double queue_timeout_s = 5;
+  int64_t queue_capacity = 100'000;
+  // The per-replica concurrency a user would configure for the baselines (their target), and
+  // APA's starting point for its learned target: usually the model's saturation point, unless
+  // the scenario is about learning it.
+  double configured_concurrency = 8;
+};
+
+// The scenarios shipped with the simulator (spike, diurnal, ramp, zero, unknown-capacity,
+// hetero, steady); nullopt for an unknown name.
+std::optional<Scenario> find_scenario(std::string_view name);
+std::vector<std::string> scenario_names();
+
+// A scenario replaying a trace: a CSV whose first column holds request timestamps
+// ("YYYY-MM-DD HH:MM:SS[.fraction]" or seconds); the header line is skipped. The per-second
+// request counts, times `rate_scale`, become the offered load.
+Result<Scenario> trace_scenario(const std::string& path, double rate_scale);
+
+// Multiplies the offered load, and the starting and maximum replica counts with it.
+void scale_rate(Scenario& scenario, double factor);
+
+enum class PolicyKind { kApa, kHpa, kKpa, kRay, kStatic };
+Result<PolicyKind> parse_policy_kind(std::string_view name);
+std::string_view policy_name(PolicyKind kind);
+
+struct SimOptions {
+  PolicyKind policy = PolicyKind::kApa;
+  bool round_robin = false;  // the gateway's round robin instead of power of two choices
+  uint64_t seed = 1;
+  int64_t static_replicas = 0;  // for kStatic; 0: provision for the scenario's peak
+};
+
+// One simulated second.
+struct SecondStats {
+  int64_t second = 0;
+  uint64_t arrivals = 0;
+  int64_t ready = 0;
+  int64_t pending = 0;
+  double in_flight = 0;  // mean over the second
+  double queued = 0;     // mean over the second
+  double p50_ms = 0;     // of requests completed in the second (0 if none)
+  double p99_ms = 0;
+  uint64_t rejected = 0;
+  double target_concurrency = 0;
+};
+
+struct Summary {
+  uint64_t requests = 0;
+  double over_slo_pct = 0;  // completed over the SLO, plus rejected, over all requests
+  double rejected_pct = 0;
+  double replica_seconds = 0;  // ready + starting replicas, integrated over time
+  int64_t scale_events = 0;    // changes of the desired replica count
+  double p99_ms = 0;           // of completed requests
+  double final_target = 0;     // the per-replica target at the end (APA learns it)
+  uint64_t events = 0;         // discrete events processed
+  double wall_seconds = 0;     // how long the simulation took to run
+};
+
+struct SimResult {
+  std::vector<SecondStats> seconds;
+  Summary summary;
+};
+
+SimResult simulate(const Scenario& scenario, const SimOptions& options);
+
+// The per-second rows as CSV (with a header line).
+std::string to_csv(const SimResult& result);
+
+}  // namespace flotilla::sim
