@@ -30,13 +30,9 @@ class ApaPolicy final : public Policy {
     }
     const int64_t wanted_up = ceil_replicas(*recent / target);
     if (wanted_up > current) {
-      // The bound counts ready replicas, not those still starting: while a cold start is under
-      // way the queue keeps growing, and doubling the count already asked for every cycle
-      // would overshoot by orders of magnitude.
-      const int64_t limit = std::max(
-          current,
-          std::max(ceil_replicas(static_cast<double>(fleet.ready) * options_.max_up_factor),
-                   fleet.ready + options_.min_up_step));
+      const int64_t limit =
+          std::max(ceil_replicas(static_cast<double>(current) * options_.max_up_factor),
+                   current + options_.min_up_step);
       const int64_t desired = clamp_to(options_.range, std::min(wanted_up, limit));
       return {desired,
               fmt::format(
@@ -88,7 +84,7 @@ Decision VerticalPolicy::decide_target(const ReplicaSignals& signals) {
   }
   const bool slow =
       baseline_ms_ && signals.latency_ms > *baseline_ms_ * options_.overload_latency_ratio;
-  const bool overload = slow || queueing || saturated;
+  const bool overload = slow || queueing;
   const bool headroom = baseline_ms_ && !overload &&
                         signals.latency_ms <= *baseline_ms_ * options_.headroom_latency_ratio &&
                         signals.cpu_utilization < options_.cpu_headroom &&

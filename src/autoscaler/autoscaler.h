@@ -34,7 +34,7 @@ struct Sample {
   // The concurrency the offered load would need (APA): Little's law with the replicas' own
   // latency, concurrency x arrivals / completions, so a queue that grows while replicas are
   // full counts in proportion to the load it turns away, not by its length; plus what serving
-  // the backlog within 10 s needs. With nothing completing yet (scale from zero), waiting
+  // the backlog within 5 s needs. With nothing completing yet (scale from zero), waiting
   // requests ask for one replica: how many more are needed shows once it serves.
   double offered() const;
 };
@@ -107,7 +107,7 @@ struct ApaOptions {
 
 // Horizontal: desired = ceil(offered concurrency / target_concurrency) (Sample::offered).
 // Up: the busiest second of `up_window`, acted on at once, bounded by max(x2, +min_up_step) of
-// the ready replicas (never below what was already asked for). Down: only
+// the count already asked for. Down: only
 // when even the busiest second of `down_window` asks for fewer, at most max_down_fraction per
 // cycle. Clamped to the range. `target_concurrency` is read through the pointer each cycle,
 // so the vertical policy can move it.
@@ -135,15 +135,17 @@ struct VerticalOptions {
   double decrease_factor = 0.75;  // multiplicative decrease (-25%, the per-cycle bound)
   double increase_step = 1;       // additive increase ...
   double max_change = 0.25;       // ... bounded to +25% per cycle
-  double busy_fraction = 0.8;     // raise only when replicas are this busy relative to target
+  double busy_fraction = 0.7;     // raise only when replicas are this busy relative to target
   int decrease_cycles = 1;        // cycles in a row an overload must last before a decrease
-  int increase_cycles = 2;        // cycles in a row headroom must last before an increase
+  int increase_cycles = 1;        // cycles in a row headroom must last before an increase
 };
 
 // Learns the latency baseline (the lowest latency seen without queueing or CPU saturation) and
-// moves the target: fast multiplicative decrease on overload, slow additive increase with
-// headroom while replicas are busy; a signal acts only past its threshold and after it held for
-// the configured cycles in a row.
+// moves the target: fast multiplicative decrease on overload (latency past the threshold, or
+// requests queued inside replicas), slow additive increase with headroom (latency at baseline,
+// CPU below cpu_headroom) while replicas are busy. A saturated CPU at baseline latency changes
+// nothing: the replica is at its most efficient point. A signal acts only past its threshold
+// and after it held for the configured cycles in a row.
 class VerticalPolicy {
  public:
   explicit VerticalPolicy(const VerticalOptions& options);

@@ -32,7 +32,7 @@ double Sample::offered() const {
   if (completions > 0) {
     // Plus the backlog, to be served within kBacklogDrainSeconds: each waiting request needs the
     // replicas' mean latency (concurrency / completions, Little's law).
-    constexpr double kBacklogDrainSeconds = 10;
+    constexpr double kBacklogDrainSeconds = 5;
     return concurrency * std::max(1.0, arrivals / completions) +
            queued * (concurrency / completions) / kBacklogDrainSeconds;
   }

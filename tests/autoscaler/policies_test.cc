@@ -100,9 +100,9 @@ TEST(ApaHorizontalTest, CountsTurnedAwayLoadAndBacklogByLittlesLaw) {
   window.add(Sample{sec(1), 4, 0, 800, 400});
   EXPECT_DOUBLE_EQ(window.max_offered(sec(1), sec(20)).value(), 8);
   EXPECT_EQ(policy->decide(sec(1), window, Fleet{2, 0, 2}).desired, 4);
-  // A backlog of 4000 at 10 ms each (4 / 400 per s) served within 10 s needs 4 more.
+  // A backlog of 4000 at 10 ms each (4 / 400 per s) served within 5 s needs 8 more.
   window.add(Sample{sec(2), 4, 4000, 400, 400});
-  EXPECT_DOUBLE_EQ(window.max_offered(sec(2), sec(1)).value(), 8);
+  EXPECT_DOUBLE_EQ(window.max_offered(sec(2), sec(1)).value(), 12);
 }
 
 TEST(ApaHorizontalTest, ReadsTheTargetEachCycle) {
@@ -139,16 +139,18 @@ TEST(VerticalPolicyTest, DecreasesFastOnOverload) {
   EXPECT_NE(decision.reason.find("overload"), std::string::npos) << decision.reason;
   policy.decide_target({10, 3, 2, 0.5});  // queueing inside the replica is overload too
   EXPECT_DOUBLE_EQ(policy.target(), 2.25);
-  policy.decide_target({10, 2, 0, 0.95});  // and so is a saturated CPU
-  EXPECT_DOUBLE_EQ(policy.target(), 1.6875);
+  // A saturated CPU at baseline latency is a replica at its sweet spot: no change either way.
+  EXPECT_TRUE(policy.decide_target({10, 2.25, 0, 0.97}).reason.empty());
+  EXPECT_DOUBLE_EQ(policy.target(), 2.25);
 }
 
-TEST(VerticalPolicyTest, IncreasesSlowlyOnlyWithSustainedHeadroomUnderLoad) {
+TEST(VerticalPolicyTest, IncreasesAdditivelyOnlyWithHeadroomUnderLoad) {
   VerticalPolicy policy(VerticalOptions{});
   policy.decide_target({10, 1, 0, 0.2});
-  EXPECT_TRUE(policy.decide_target({10.5, 3.5, 0, 0.5}).reason.empty());  // once: not yet
   EXPECT_FALSE(policy.decide_target({10.5, 3.5, 0, 0.5}).reason.empty());
-  EXPECT_DOUBLE_EQ(policy.target(), 5);  // +1 (within +25%)
+  EXPECT_DOUBLE_EQ(policy.target(), 5);                                 // +1 (within +25%)
+  EXPECT_TRUE(policy.decide_target({12, 4.5, 0, 0.5}).reason.empty());  // latency 1.2x: hold
+  EXPECT_DOUBLE_EQ(policy.target(), 5);
   // Idle replicas say nothing about their capacity: no increase.
   for (int i = 0; i < 5; ++i) {
     policy.decide_target({10, 0.5, 0, 0.1});
