@@ -100,10 +100,13 @@ class Simulator {
   SimResult run() {
     const auto wall_start = std::chrono::steady_clock::now();
     const double end = scenario_.load.end_seconds();
-    for (int64_t i = 0; i < scenario_.initial_replicas; ++i) {
+    // Static provisioning is in place from the start; the others start from the scenario's.
+    const int64_t initial =
+        options_.policy == PolicyKind::kStatic ? static_replicas_ : scenario_.initial_replicas;
+    for (int64_t i = 0; i < initial; ++i) {
       add_replica(/*cold=*/false);
     }
-    desired_ = scenario_.initial_replicas;
+    desired_ = initial;
     schedule(0, EventKind::kArrival);
     schedule(1, EventKind::kSecond);
     schedule(seconds_of(policy_->period()), EventKind::kDecide);
@@ -185,6 +188,7 @@ class Simulator {
               1, static_cast<int64_t>(
                      std::ceil(peak * scenario_.replica.service_ms / 1000 / (0.7 * per_replica))));
         }
+        static_replicas_ = replicas;
         policy_ = autoscaler::make_static_policy(replicas);
         break;
       }
@@ -491,6 +495,7 @@ class Simulator {
   std::unique_ptr<gateway::Balancer> balancer_;
   autoscaler::VerticalPolicy vertical_;
   std::unique_ptr<autoscaler::Policy> policy_;
+  int64_t static_replicas_ = 0;  // the count of the static policy
   autoscaler::SampleWindow window_;
 
   std::priority_queue<Event, std::vector<Event>, std::greater<>> events_;
