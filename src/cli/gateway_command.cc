@@ -1,6 +1,5 @@
 // `flotilla gateway`: the gateway as its own process, fronting the replicas of a YAML endpoint
 // table (--config, reloaded when it changes) or a plain list of upstreams (--upstreams).
-#include <fstream>
 #include <iostream>
 #include <memory>
 #include <sstream>
@@ -85,16 +84,6 @@ Result<gateway::EndpointTable> table_from_upstreams(const std::string& list, int
   return table;
 }
 
-Result<std::string> read_file(const std::string& path) {
-  std::ifstream file(path);
-  if (!file) {
-    return invalid_argument("cannot read '" + path + "'");
-  }
-  std::stringstream text;
-  text << file.rdbuf();
-  return text.str();
-}
-
 int fail(const std::string& message) {
   std::cerr << "flotilla gateway: " << message << "\n";
   return kExitBadInput;
@@ -119,20 +108,12 @@ int run_gateway(const GatewayFlags& flags) {
   gateway::AuthConfig auth;
   std::string default_endpoint = flags.default_endpoint;
   if (!flags.config.empty()) {
-    auto text = read_file(flags.config);
-    if (!text.is_ok()) {
-      return fail(text.status().message());
+    auto config = gateway::load_gateway_config(flags.config);
+    if (!config.is_ok()) {
+      return fail(config.status().message());
     }
-    auto parsed = gateway::parse_endpoint_table_yaml(*text);
-    if (!parsed.is_ok()) {
-      return fail(flags.config + ": " + parsed.status().message());
-    }
-    auto parsed_auth = gateway::parse_auth_config_yaml(*text);
-    if (!parsed_auth.is_ok()) {
-      return fail(flags.config + ": " + parsed_auth.status().message());
-    }
-    table = std::move(parsed).value();
-    auth = std::move(parsed_auth).value();
+    table = std::move(config->table);
+    auth = std::move(config->auth);
   } else {
     auto parsed = table_from_upstreams(flags.upstreams, flags.max_in_flight);
     if (!parsed.is_ok()) {

@@ -1,5 +1,7 @@
 // The endpoint table's YAML form and validation.
+#include <fstream>
 #include <set>
+#include <sstream>
 
 #include <yaml-cpp/yaml.h>
 
@@ -166,6 +168,25 @@ Result<EndpointTable> parse_endpoint_table_yaml(std::string_view text) {
   }
   FLOTILLA_RETURN_IF_ERROR(validate_endpoint_table(table));
   return table;
+}
+
+Result<GatewayConfig> load_gateway_config(const std::string& path) {
+  std::ifstream file(path);
+  if (!file) {
+    return invalid_argument("cannot read '" + path + "'");
+  }
+  std::stringstream text;
+  text << file.rdbuf();
+  GatewayConfig config;
+  auto table = parse_endpoint_table_yaml(text.str());
+  if (!table.is_ok()) {
+    return table.status().with_context(path);
+  }
+  auto auth = parse_auth_config_yaml(text.str());
+  if (!auth.is_ok()) {
+    return auth.status().with_context(path);
+  }
+  return GatewayConfig{std::move(table).value(), std::move(auth).value()};
 }
 
 }  // namespace flotilla::gateway

@@ -94,6 +94,16 @@ Status validate_endpoint_table(const EndpointTable& table);
 // Reads the YAML form used by `flotilla gateway --config` (docs/gateway.md) and validates it.
 Result<EndpointTable> parse_endpoint_table_yaml(std::string_view text);
 
+// A whole `--config` file: the endpoint table and the optional `auth:` section.
+struct GatewayConfig {
+  EndpointTable table;
+  AuthConfig auth;
+};
+
+// Reads and parses the config file at `path`. Errors: "cannot read '<path>'", or
+// "<path>: <field>: <problem>".
+Result<GatewayConfig> load_gateway_config(const std::string& path);
+
 // The per-endpoint queue of requests waiting for a replica slot (DESIGN.md §1): bounded, FIFO,
 // each entry with a deadline. Deadlines must not decrease in push order (an endpoint has one
 // queue timeout), so the oldest entry always expires first. Pure: time comes in as an argument.

@@ -17,10 +17,8 @@
 #include <condition_variable>
 #include <deque>
 #include <filesystem>
-#include <fstream>
 #include <map>
 #include <mutex>
-#include <sstream>
 #include <thread>
 #include <unordered_map>
 
@@ -1275,20 +1273,15 @@ void GatewayImpl::check_config() {
     return;
   }
   config_stamp_ = stamp;
-  std::ifstream file(path);
-  std::stringstream text;
-  text << file.rdbuf();
-  auto table = parse_endpoint_table_yaml(text.str());
-  auto auth = parse_auth_config_yaml(text.str());
-  if (!table.is_ok() || !auth.is_ok()) {
-    spdlog::error("config '{}' not applied: {}", path,
-                  (!table.is_ok() ? table.status() : auth.status()).message());
+  auto config = load_gateway_config(path);
+  if (!config.is_ok()) {
+    spdlog::error("config not applied: {}", config.status().message());
     return;
   }
   {
     std::lock_guard lock(swap_mutex_);
-    table_ = std::move(table).value();
-    auth_ = std::move(auth).value();
+    table_ = std::move(config->table);
+    auth_ = std::move(config->auth);
     publish_locked();
   }
   spdlog::info("config '{}' applied", path);

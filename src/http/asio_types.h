@@ -27,6 +27,12 @@ using SteadyTimer = asio::basic_waitable_timer<std::chrono::steady_clock,
                                                asio::wait_traits<std::chrono::steady_clock>,
                                                asio::io_context::executor_type>;
 
+// A Beast parse error: the bytes are not HTTP (as opposed to the stream ending early).
+inline bool is_malformed_http(const beast::error_code& ec) {
+  return ec.category() == bhttp::make_error_code(bhttp::error::end_of_stream).category() &&
+         ec != bhttp::error::end_of_stream && ec != bhttp::error::partial_message;
+}
+
 // Sends `head` then `body` with one non-blocking sendmsg (no SIGPIPE). Returns the bytes sent
 // (possibly fewer than both: the socket buffer is full), 0 when nothing could be sent now, or
 // -errno on a failure.

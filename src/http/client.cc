@@ -383,8 +383,7 @@ void Connection::on_read(beast::error_code ec) {
       fail(UpstreamFailure::kTimeout,
            "no response within " + std::to_string(timeout_.count()) + " ms");
     } else if (ec == bhttp::error::body_limit || ec == bhttp::error::header_limit ||
-               (ec.category() == bhttp::make_error_code(bhttp::error::end_of_stream).category() &&
-                ec != bhttp::error::end_of_stream && ec != bhttp::error::partial_message)) {
+               is_malformed_http(ec)) {
       fail(UpstreamFailure::kBadResponse, "bad response: " + ec.message());
     } else if (!parser_->got_some() && buffer_.size() == 0) {
       fail(UpstreamFailure::kClosedBeforeResponse, "closed before responding: " + ec.message());

@@ -363,8 +363,7 @@ class Session : public std::enable_shared_from_this<Session> {
     } else if (ec == bhttp::error::header_limit) {
       reject(431, "request header is larger than the limit of " +
                       std::to_string(server_.options().max_header_bytes) + " bytes");
-    } else if (ec.category() == bhttp::make_error_code(bhttp::error::end_of_stream).category() &&
-               ec != bhttp::error::end_of_stream && ec != bhttp::error::partial_message) {
+    } else if (is_malformed_http(ec)) {
       reject(400, "malformed HTTP request: " + ec.message());
     } else {
       // Timeouts, resets and closed connections: nobody is left to answer.

@@ -370,13 +370,7 @@ class GatewayTestCase(unittest.TestCase):
     maxDiff = 4000
 
     def assertJsonError(self, r, status):
-        self.assertEqual(r.status, status, r)
-        self.assertIn("application/json", r.headers.get("content-type", ""), r)
-        j = r.json()
-        self.assertIsInstance(j, dict, r)
-        self.assertIsInstance(j.get("error"), str, r)
-        self.assertTrue(j["error"], r)
-        return j
+        return harness.assert_json_error(self, r, status)
 
     def assertOk(self, r):
         self.assertEqual(r.status, 200, r)

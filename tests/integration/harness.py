@@ -386,3 +386,15 @@ def write_yaml(directory, name, text):
         f.write(text)
     os.replace(tmp, path)
     return path
+
+
+def assert_json_error(test, r, status):
+    """`r` has `status`, a JSON content type and a body {"error": "<non-empty text>"} (the
+    gateway's and the OIP error shape). Returns the decoded body."""
+    test.assertEqual(r.status, status, r)
+    test.assertIn("application/json", r.headers.get("content-type", ""), r)
+    j = r.json()
+    test.assertIsInstance(j, dict, r)
+    test.assertIsInstance(j.get("error"), str, r)
+    test.assertTrue(j["error"], r)
+    return j

@@ -246,12 +246,7 @@ class ReplicaTestCase(unittest.TestCase):
                              f"output {out.get('name')}")
 
     def assertOipError(self, r, status):
-        self.assertEqual(r.status, status, r)
-        self.assertIn("application/json", r.headers.get("content-type", ""), r)
-        j = r.json()
-        self.assertIsInstance(j, dict, r)
-        self.assertIsInstance(j.get("error"), str, r)
-        self.assertTrue(j["error"], r)
+        harness.assert_json_error(self, r, status)
 
     def assertMlflowError(self, r, status=400, code="BAD_REQUEST"):
         self.assertEqual(r.status, status, r)
