@@ -9,7 +9,7 @@ PACKAGES=(
   build-essential cmake ninja-build pkg-config clang libclang-rt-14-dev
   # libraries
   libboost-dev libsimdjson-dev nlohmann-json3-dev libspdlog-dev libfmt-dev libcli11-dev
-  libyaml-cpp-dev libxgboost-dev libssl-dev libgtest-dev libgmock-dev libbenchmark-dev
+  libyaml-cpp-dev libxgboost-dev libssl-dev libsqlite3-dev libgtest-dev libgmock-dev libbenchmark-dev
   # tests, fixtures and benchmarks
   python3 python3-xgboost python3-sklearn python3-numpy python3-aiohttp python3-matplotlib
   prometheus wrk curl

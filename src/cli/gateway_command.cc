@@ -44,23 +44,6 @@ struct MintFlags {
   std::vector<std::string> endpoints;
 };
 
-// "host:port" → host and port.
-Result<std::pair<std::string, uint16_t>> split_address(const std::string& address) {
-  const size_t colon = address.rfind(':');
-  if (colon == std::string::npos || colon == 0 || colon + 1 == address.size()) {
-    return invalid_argument("'" + address + "' is not host:port");
-  }
-  try {
-    const int port = std::stoi(address.substr(colon + 1));
-    if (port < 0 || port > 65535) {
-      return invalid_argument("port in '" + address + "' must be 0 to 65535");
-    }
-    return std::make_pair(address.substr(0, colon), static_cast<uint16_t>(port));
-  } catch (const std::exception&) {
-    return invalid_argument("port in '" + address + "' is not a number");
-  }
-}
-
 // --upstreams a:1,b:2 → one endpoint "default" with one version whose replicas are those.
 Result<gateway::EndpointTable> table_from_upstreams(const std::string& list, int64_t cap) {
   gateway::EndpointEntry endpoint;
@@ -181,6 +164,22 @@ int run_mint_token(const MintFlags& flags) {
 }
 
 }  // namespace
+
+Result<std::pair<std::string, uint16_t>> split_address(const std::string& address) {
+  const size_t colon = address.rfind(':');
+  if (colon == std::string::npos || colon == 0 || colon + 1 == address.size()) {
+    return invalid_argument("'" + address + "' is not host:port");
+  }
+  try {
+    const int port = std::stoi(address.substr(colon + 1));
+    if (port < 0 || port > 65535) {
+      return invalid_argument("port in '" + address + "' must be 0 to 65535");
+    }
+    return std::make_pair(address.substr(0, colon), static_cast<uint16_t>(port));
+  } catch (const std::exception&) {
+    return invalid_argument("port in '" + address + "' is not a number");
+  }
+}
 
 std::function<int()> add_gateway_command(CLI::App& app) {
   auto flags = std::make_shared<GatewayFlags>();

@@ -1,4 +1,6 @@
-// `flotilla`: the command-line entry point. Subcommands: replica, gateway, sim.
+// `flotilla`: the command-line entry point. Subcommands: replica, gateway, sim, up, and the
+// control-plane client commands (deploy, ls, get, predict, rm, tokens, events).
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <iostream>
@@ -36,13 +38,14 @@ struct ReplicaFlags {
   int64_t drain_timeout_ms = 30'000;
   int predict_threads = 1;
   std::string log_level = "info";
+  bool standby = false;
 };
 
 void add_replica_command(CLI::App& app, ReplicaFlags& flags) {
   CLI::App* cmd = app.add_subcommand("replica",
                                      "Serve one model over the Open Inference "
                                      "Protocol v2, MLflow /invocations and /metrics.");
-  cmd->add_option("--model", flags.model, "Model file or MLflow model directory")->required();
+  cmd->add_option("--model", flags.model, "Model file or MLflow model directory (required)");
   cmd->add_option("--name", flags.name, "Model name (default: the file's stem or directory name)");
   cmd->add_option("--runtime", flags.runtime,
                   "auto, xgboost or synthetic (auto never picks synthetic)")
@@ -86,11 +89,58 @@ void add_replica_command(CLI::App& app, ReplicaFlags& flags) {
       ->capture_default_str();
   cmd->add_option("--log-level", flags.log_level, "trace, debug, info, warn, error or off")
       ->capture_default_str();
+  cmd->add_flag("--standby", flags.standby,
+                "Warm pool mode (for orchestrators): start, then read one JSON line "
+                "{\"args\": [replica flags]} from stdin and serve as if started with them; "
+                "exit on end of input");
+}
+
+int run_replica(const ReplicaFlags& flags);
+
+// A warm pool process: everything a replica needs is loaded; the model comes later, on stdin,
+// so that a scale-up pays only for the model load.
+int run_standby(const ReplicaFlags& standby_flags) {
+  if (Status status = init_logging(standby_flags.log_level); !status.is_ok()) {
+    std::cerr << "flotilla replica: " << status.message() << "\n";
+    return kExitBadInput;
+  }
+  spdlog::info("standby: waiting on stdin for the model to serve");
+  std::string line;
+  if (!std::getline(std::cin, line)) {
+    return 0;  // the orchestrator closed the pool
+  }
+  std::vector<std::string> args;
+  try {
+    args = nlohmann::json::parse(line).at("args").get<std::vector<std::string>>();
+  } catch (const std::exception& e) {
+    std::cerr << "flotilla replica --standby: bad command line on stdin: " << e.what() << "\n";
+    return kExitBadInput;
+  }
+  CLI::App app{"flotilla replica (from standby)"};
+  ReplicaFlags flags;
+  add_replica_command(app, flags);
+  args.insert(args.begin(), "replica");
+  std::reverse(args.begin(), args.end());  // CLI11 takes arguments in reverse order
+  try {
+    app.parse(args);
+  } catch (const CLI::ParseError& e) {
+    std::cerr << "flotilla replica --standby: " << e.what() << "\n";
+    return kExitBadInput;
+  }
+  if (flags.standby) {
+    std::cerr << "flotilla replica --standby: --standby on stdin\n";
+    return kExitBadInput;
+  }
+  return run_replica(flags);
 }
 
 int run_replica(const ReplicaFlags& flags) {
   if (Status status = init_logging(flags.log_level); !status.is_ok()) {
     std::cerr << "flotilla replica: " << status.message() << "\n";
+    return kExitBadInput;
+  }
+  if (flags.model.empty()) {
+    std::cerr << "flotilla replica: --model is required\n";
     return kExitBadInput;
   }
   auto kind = runtime::parse_runtime_kind(flags.runtime);
@@ -156,13 +206,16 @@ int main(int argc, char** argv) {
   flotilla::add_replica_command(app, replica_flags);
   auto run_gateway = flotilla::cli::add_gateway_command(app);
   auto run_sim = flotilla::cli::add_sim_command(app);
+  auto run_up = flotilla::cli::add_up_command(app);
+  auto run_client = flotilla::cli::add_client_commands(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
   }
   if (app.got_subcommand("replica")) {
-    return flotilla::run_replica(replica_flags);
+    return replica_flags.standby ? flotilla::run_standby(replica_flags)
+                                 : flotilla::run_replica(replica_flags);
   }
   if (app.got_subcommand("gateway")) {
     return run_gateway();
@@ -170,5 +223,9 @@ int main(int argc, char** argv) {
   if (app.got_subcommand("sim")) {
     return run_sim();
   }
-  return 0;
+  if (app.got_subcommand("up")) {
+    return run_up();
+  }
+  const int code = run_client();
+  return code < 0 ? 0 : code;
 }

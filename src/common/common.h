@@ -184,6 +184,12 @@ inline bool equals_ignore_case(std::string_view a, std::string_view b) {
 }
 
 // ---------------------------------------------------------------------------------------------
+// Wall clock
+
+// Milliseconds since the Unix epoch: timestamps for events and records that outlive a process.
+int64_t unix_time_ms();
+
+// ---------------------------------------------------------------------------------------------
 // Logging
 
 // Sends spdlog's default logger to stderr at `level` ("trace" .. "off"). Returns an error for

@@ -1,3 +1,4 @@
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 
@@ -106,6 +107,12 @@ void bug(const char* what, const char* file, int line) {
 }
 
 }  // namespace detail
+
+int64_t unix_time_ms() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
 
 Status init_logging(std::string_view level) {
   auto parsed = spdlog::level::from_str(std::string(level));

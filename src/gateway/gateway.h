@@ -67,23 +67,27 @@ struct ReplicaEntry {
   uint16_t port = 0;
   int64_t max_in_flight = 0;  // the per-replica cap; 0 means none
   ReplicaState state = ReplicaState::kReady;
+  bool operator==(const ReplicaEntry&) const = default;
 };
 
 struct VersionEntry {
   std::string name;
   int64_t traffic = 0;  // percent; an endpoint's versions sum to 100
   std::vector<ReplicaEntry> replicas;
+  bool operator==(const VersionEntry&) const = default;
 };
 
 struct EndpointEntry {
   std::string name;
   std::vector<VersionEntry> versions;
+  bool operator==(const EndpointEntry&) const = default;
 };
 
 // An immutable snapshot of every endpoint, swapped as a whole (std::shared_ptr<const ...>).
 struct EndpointTable {
   std::vector<EndpointEntry> endpoints;
   const EndpointEntry* find(std::string_view name) const;
+  bool operator==(const EndpointTable&) const = default;
 };
 
 // Checks a table: names present and unique, traffic in [0, 100] summing to 100 per endpoint,

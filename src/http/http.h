@@ -217,4 +217,12 @@ class ClientPool {
   virtual size_t idle_connections() const = 0;
 };
 
+// Sends one request to host:port on a fresh connection and waits for the whole response, at
+// most `timeout` from the start; blocks the calling thread. For tools and control loops (the
+// CLI, readiness probes), never for the request path. Failures come back in
+// ClientResponse::failure as with ClientPool (kConnect, kTimeout, ...); response headers are
+// all kept.
+ClientResponse fetch(const std::string& host, uint16_t port, ClientRequest request,
+                     std::chrono::milliseconds timeout);
+
 }  // namespace flotilla::http

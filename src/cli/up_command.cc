@@ -1,0 +1,201 @@
+// `flotilla up`: embedded mode (DESIGN.md §2). The control plane, the gateway and the local
+// orchestrator in one process; replicas are child processes. State lives in --data-dir.
+//
+// Shutdown order on SIGTERM or SIGINT: the control plane stops (no new decisions), the gateway
+// drains (in-flight requests finish on their replicas), then the replicas drain and stop.
+#include <filesystem>
+#include <iostream>
+#include <memory>
+#include <thread>
+
+#include <fcntl.h>
+#include <signal.h>
+#include <spdlog/spdlog.h>
+#include <sys/file.h>
+#include <unistd.h>
+
+#include "cli/commands.h"
+#include "control/control.h"
+#include "gateway/gateway.h"
+#include "orchestrator/orchestrator.h"
+
+namespace flotilla::cli {
+namespace {
+
+struct UpFlags {
+  std::string data_dir = ".flotilla";
+  std::string gateway_addr = "127.0.0.1:8080";
+  std::string api_addr = "127.0.0.1:8081";
+  int gateway_workers = 0;
+  int warm_pool = 1;
+  std::vector<std::string> open_routes = {"health"};
+  int64_t drain_timeout_ms = 30'000;
+  std::string log_level = "info";
+  std::string replica_log_level = "warn";
+};
+
+int fail(const std::string& message, int code = kExitBadInput) {
+  std::cerr << "flotilla up: " << message << "\n";
+  return code;
+}
+
+// Holds an exclusive lock on <data_dir>/lock for the life of the process (released by the
+// kernel even on kill -9), so two `flotilla up` never share a data directory.
+Result<int> lock_data_dir(const std::string& data_dir) {
+  const std::string path = data_dir + "/lock";
+  const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+  if (fd < 0) {
+    return unavailable("cannot open '" + path + "': " + std::strerror(errno));
+  }
+  if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
+    ::close(fd);
+    return unavailable("data directory '" + data_dir + "' is in use by another flotilla up (lock " +
+                       path + ")");
+  }
+  return fd;
+}
+
+int run_up(const UpFlags& flags) {
+  if (Status status = init_logging(flags.log_level); !status.is_ok()) {
+    return fail(status.message());
+  }
+  auto gateway_address = split_address(flags.gateway_addr);
+  auto api_address = split_address(flags.api_addr);
+  if (!gateway_address.is_ok() || !api_address.is_ok()) {
+    return fail(
+        "--gateway-addr / --api-addr: " +
+        (gateway_address.is_ok() ? api_address.status() : gateway_address.status()).message());
+  }
+  std::error_code error;
+  const std::string data_dir = std::filesystem::absolute(flags.data_dir, error).lexically_normal();
+  std::filesystem::create_directories(data_dir, error);
+  if (error) {
+    return fail("cannot create data directory '" + data_dir + "': " + error.message());
+  }
+  Result<int> lock = lock_data_dir(data_dir);
+  if (!lock.is_ok()) {
+    return fail(lock.status().message());
+  }
+
+  // Signals are taken synchronously by this thread (sigwait); every thread started from here on
+  // inherits the mask. Replicas get a clean mask at spawn.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGTERM);
+  sigaddset(&signals, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  ::signal(SIGPIPE, SIG_IGN);
+
+  MetricsRegistry& registry = default_registry();
+  register_process_metrics(registry);
+
+  orchestrator::LocalOptions local;
+  local.binary = std::filesystem::read_symlink("/proc/self/exe", error).string();
+  local.log_dir = data_dir + "/logs";
+  local.warm_pool_size = flags.warm_pool;
+  local.replica_args = {"--log-level", flags.replica_log_level};
+  local.stop_timeout = std::chrono::milliseconds(flags.drain_timeout_ms);
+  auto orchestrator = orchestrator::create_local_orchestrator(local);
+  if (!orchestrator.is_ok()) {
+    return fail(orchestrator.status().message());
+  }
+  if (std::string reason = orchestrator::cgroup_unavailable_reason(local.cgroup_root);
+      !reason.empty()) {
+    spdlog::warn("per-replica CPU and memory limits are off: {}", reason);
+  }
+
+  gateway::GatewayOptions gateway_options;
+  gateway_options.server.host = gateway_address->first;
+  gateway_options.server.port = gateway_address->second;
+  gateway_options.server.workers = flags.gateway_workers;
+  gateway::AuthConfig closed;
+  closed.enabled = true;  // no request passes before the control plane publishes the tokens
+  auto gateway = gateway::Gateway::create(gateway_options, gateway::EndpointTable{}, closed,
+                                          nullptr, registry);
+  if (!gateway.is_ok()) {
+    return fail(gateway.status().message(), kExitCannotListen);
+  }
+
+  control::ControlOptions control_options;
+  control_options.data_dir = data_dir;
+  control_options.api.host = api_address->first;
+  control_options.api.port = api_address->second;
+  control_options.gateway_url =
+      "http://" + gateway_address->first + ":" + std::to_string((*gateway)->port());
+  control_options.open_routes = flags.open_routes;
+  auto control =
+      control::ControlPlane::create(control_options, **orchestrator, **gateway, registry);
+  if (!control.is_ok()) {
+    (*orchestrator)->shutdown(std::chrono::milliseconds(flags.drain_timeout_ms));
+    return fail(control.status().message(), control.status().code() == StatusCode::kUnavailable
+                                                ? kExitCannotListen
+                                                : kExitBadInput);
+  }
+
+  std::thread gateway_thread([&] { (*gateway)->run(); });
+  std::thread api_thread([&] { (*control)->run(); });
+  std::cout << "flotilla up: gateway " << control_options.gateway_url << ", api http://"
+            << api_address->first << ":" << (*control)->api_port() << ", data dir " << data_dir
+            << std::endl;
+  if (!(*control)->new_admin_token().empty()) {
+    std::cout << "admin token (shown once; also in " << data_dir
+              << "/admin.token): " << (*control)->new_admin_token() << std::endl;
+  }
+
+  int received = 0;
+  sigwait(&signals, &received);
+  spdlog::info("{}: shutting down", strsignal(received));
+  const auto timeout = std::chrono::milliseconds(flags.drain_timeout_ms);
+  (*control)->shutdown(timeout);
+  (*gateway)->drain(timeout);
+  gateway_thread.join();
+  api_thread.join();
+  (*orchestrator)->shutdown(timeout);
+  orchestrator->reset();  // its thread ends before the control plane it reports to
+  spdlog::info("stopped");
+  return 0;
+}
+
+}  // namespace
+
+std::function<int()> add_up_command(CLI::App& app) {
+  auto flags = std::make_shared<UpFlags>();
+  CLI::App* cmd = app.add_subcommand(
+      "up",
+      "Run the platform on this machine: control plane API, gateway and replicas (embedded "
+      "mode). Prints both addresses when ready; SIGTERM or Ctrl-C drains and stops everything.");
+  cmd->add_option("--data-dir", flags->data_dir,
+                  "State directory: SQLite database, admin token, replica logs")
+      ->capture_default_str();
+  cmd->add_option("--gateway-addr", flags->gateway_addr,
+                  "Where clients send requests (port 0: any free port)")
+      ->capture_default_str();
+  cmd->add_option("--api-addr", flags->api_addr, "Where the control plane API listens")
+      ->capture_default_str();
+  cmd->add_option("--gateway-workers", flags->gateway_workers,
+                  "Gateway event loops (0: one per core)")
+      ->check(CLI::Range(0, 256))
+      ->capture_default_str();
+  cmd->add_option("--warm-pool", flags->warm_pool,
+                  "Idle replica processes kept ready per runtime (0: none)")
+      ->check(CLI::Range(0, 64))
+      ->capture_default_str();
+  cmd->add_option("--open-routes", flags->open_routes,
+                  "Gateway routes served without a token: health, metrics, stats, models")
+      ->check(CLI::IsMember({"health", "metrics", "stats", "models"}))
+      ->capture_default_str();
+  cmd->add_option("--drain-timeout-ms", flags->drain_timeout_ms,
+                  "How long in-flight requests may take at shutdown and when a replica stops")
+      ->check(CLI::Range(int64_t{0}, int64_t{3'600'000}))
+      ->capture_default_str();
+  cmd->add_option("--log-level", flags->log_level, "trace, debug, info, warn, error or off")
+      ->capture_default_str();
+  cmd->add_option("--replica-log-level", flags->replica_log_level,
+                  "Log level of the replicas (their logs: <data-dir>/logs)")
+      ->capture_default_str();
+  return [flags] {
+    return run_up(*flags);
+  };
+}
+
+}  // namespace flotilla::cli

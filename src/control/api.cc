@@ -1,0 +1,274 @@
+// The control plane's REST API (docs/control-plane.md), shaped after the managed-serving API
+// users already script against: /api/2.0/serving-endpoints and /api/2.0/tokens. Errors are
+// {"error_code": "...", "message": "..."} with the matching HTTP status.
+#include <charconv>
+
+#include "control/control_plane.h"
+
+namespace flotilla::control {
+namespace {
+
+constexpr std::string_view kEndpointsPrefix = "/api/2.0/serving-endpoints";
+constexpr std::string_view kTokensPrefix = "/api/2.0/tokens";
+
+http::Response json_response(int status, const nlohmann::json& body) {
+  http::Response response;
+  response.status = status;
+  response.body = body.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+  return response;
+}
+
+http::Response error_response(int status, std::string_view code, const std::string& message) {
+  return json_response(status, {{"error_code", code}, {"message", message}});
+}
+
+http::Response error_response(const Status& status) {
+  switch (status.code()) {
+    case StatusCode::kInvalidArgument:
+      return error_response(400, "INVALID_PARAMETER_VALUE", status.message());
+    case StatusCode::kNotFound:
+      return error_response(404, "RESOURCE_DOES_NOT_EXIST", status.message());
+    case StatusCode::kFailedPrecondition:
+      return error_response(409, "RESOURCE_ALREADY_EXISTS", status.message());
+    default:
+      return error_response(500, "INTERNAL_ERROR", status.message());
+  }
+}
+
+http::Response method_not_allowed(std::string_view allowed) {
+  http::Response response =
+      error_response(405, "METHOD_NOT_ALLOWED", "this route accepts " + std::string(allowed));
+  response.headers.emplace_back("Allow", std::string(allowed));
+  return response;
+}
+
+// The value of `name` in a query string, "" when absent.
+std::string query_value(std::string_view query, std::string_view name) {
+  while (!query.empty()) {
+    const size_t end = query.find('&');
+    const std::string_view pair = query.substr(0, end);
+    if (pair.starts_with(name) && pair.size() > name.size() && pair[name.size()] == '=') {
+      return std::string(pair.substr(name.size() + 1));
+    }
+    query = end == std::string_view::npos ? std::string_view() : query.substr(end + 1);
+  }
+  return "";
+}
+
+}  // namespace
+
+http::Response ControlPlaneImpl::handle_api(const http::Request& request) {
+  std::string_view target = request.target;
+  const size_t question = target.find('?');
+  const std::string_view path = target.substr(0, question);
+
+  if (path == "/health") {
+    return json_response(200, {{"status", "ok"}});
+  }
+  if (path == "/metrics" && request.method == http::Method::kGet) {
+    http::Response response;
+    response.content_type = "text/plain; version=0.0.4";
+    response.body = registry_.render();
+    return response;
+  }
+  std::string actor;
+  switch (check_admin(http::find_header(request.headers, "authorization"), &actor)) {
+    case gateway::AuthResult::kAllowed:
+      break;
+    case gateway::AuthResult::kMissing:
+      return error_response(401, "UNAUTHENTICATED",
+                            "missing Authorization: Bearer <token> (an admin token; see "
+                            "<data-dir>/admin.token)");
+    case gateway::AuthResult::kInvalid:
+      return error_response(401, "UNAUTHENTICATED", "invalid token");
+    case gateway::AuthResult::kForbidden:
+      return error_response(403, "PERMISSION_DENIED",
+                            "this token may call endpoints but not the control plane API");
+  }
+  if (path == "/api/2.0/info") {
+    return json_response(200,
+                         {{"gateway", options_.gateway_url},
+                          {"api", "http://" + options_.api.host + ":" + std::to_string(api_port())},
+                          {"data_dir", options_.data_dir},
+                          {"version", FLOTILLA_VERSION}});
+  }
+  if (path.starts_with(kEndpointsPrefix)) {
+    return handle_endpoints(
+        request, std::string_view(request.target).substr(kEndpointsPrefix.size()), actor);
+  }
+  if (path.starts_with(kTokensPrefix)) {
+    return handle_tokens(request, path.substr(kTokensPrefix.size()), actor);
+  }
+  return error_response(
+      404, "ENDPOINT_NOT_FOUND",
+      "no API route " + std::string(path) + " (see /api/2.0/serving-endpoints, /api/2.0/tokens)");
+}
+
+http::Response ControlPlaneImpl::handle_endpoints(const http::Request& request,
+                                                  std::string_view rest, const std::string& actor) {
+  const size_t question = rest.find('?');
+  const std::string_view query =
+      question == std::string_view::npos ? std::string_view() : rest.substr(question + 1);
+  rest = rest.substr(0, question);
+  if (rest.empty() || rest == "/") {
+    if (request.method == http::Method::kGet) {
+      nlohmann::json list = nlohmann::json::array();
+      for (const std::string& name : endpoint_names()) {
+        if (Result<nlohmann::json> view = endpoint_view(name); view.is_ok()) {
+          list.push_back(std::move(view).value());
+        }
+      }
+      return json_response(200, {{"endpoints", std::move(list)}});
+    }
+    if (request.method == http::Method::kPost) {
+      Result<nlohmann::json> view = create_endpoint(request.body, actor);
+      return view.is_ok() ? json_response(200, *view) : error_response(view.status());
+    }
+    return method_not_allowed("GET, POST");
+  }
+  if (rest.front() != '/') {
+    return error_response(404, "ENDPOINT_NOT_FOUND", "no API route " + request.target);
+  }
+  rest.remove_prefix(1);
+  const size_t slash = rest.find('/');
+  const std::string name(rest.substr(0, slash));
+  const std::string_view action =
+      slash == std::string_view::npos ? std::string_view() : rest.substr(slash + 1);
+
+  if (action.empty()) {
+    if (request.method == http::Method::kGet) {
+      Result<nlohmann::json> view = endpoint_view(name);
+      if (!view.is_ok()) {
+        return error_response(view.status());
+      }
+      Result<std::vector<EventRow>> events = store_->list_events(name, 20);
+      nlohmann::json list = nlohmann::json::array();
+      for (const EventRow& event : events.is_ok() ? *events : std::vector<EventRow>{}) {
+        list.push_back({{"timestamp", event.unix_ms},
+                        {"kind", event.kind},
+                        {"actor", event.actor},
+                        {"message", event.message}});
+      }
+      (*view)["events"] = std::move(list);
+      return json_response(200, *view);
+    }
+    if (request.method == http::Method::kDelete) {
+      Status status = delete_endpoint(name, actor);
+      return status.is_ok() ? json_response(200, nlohmann::json::object()) : error_response(status);
+    }
+    return method_not_allowed("GET, DELETE");
+  }
+  if (action == "config") {
+    if (request.method != http::Method::kPut) {
+      return method_not_allowed("PUT");
+    }
+    Result<nlohmann::json> view = update_endpoint(name, request.body, actor);
+    return view.is_ok() ? json_response(200, *view) : error_response(view.status());
+  }
+  if (action == "events") {
+    if (request.method != http::Method::kGet) {
+      return method_not_allowed("GET");
+    }
+    if (Result<nlohmann::json> view = endpoint_view(name); !view.is_ok()) {
+      // Events of a deleted endpoint stay readable; only names never seen are unknown.
+      Result<std::vector<EventRow>> any = store_->list_events(name, 1);
+      if (!any.is_ok() || any->empty()) {
+        return error_response(view.status());
+      }
+    }
+    size_t limit = 100;
+    const std::string limit_text = query_value(query, "limit");
+    if (!limit_text.empty()) {
+      const auto [end, error] =
+          std::from_chars(limit_text.data(), limit_text.data() + limit_text.size(), limit);
+      if (error != std::errc() || end != limit_text.data() + limit_text.size() || limit == 0 ||
+          limit > 10'000) {
+        return error_response(400, "INVALID_PARAMETER_VALUE",
+                              "limit: must be an integer from 1 to 10000");
+      }
+    }
+    Result<std::vector<EventRow>> events = store_->list_events(name, limit);
+    if (!events.is_ok()) {
+      return error_response(events.status());
+    }
+    nlohmann::json list = nlohmann::json::array();
+    for (const EventRow& event : *events) {
+      list.push_back({{"id", event.id},
+                      {"timestamp", event.unix_ms},
+                      {"kind", event.kind},
+                      {"actor", event.actor},
+                      {"message", event.message}});
+    }
+    return json_response(200, {{"events", std::move(list)}});
+  }
+  return error_response(404, "ENDPOINT_NOT_FOUND", "no API route " + request.target);
+}
+
+http::Response ControlPlaneImpl::handle_tokens(const http::Request& request, std::string_view rest,
+                                               const std::string& actor) {
+  if (rest.empty() || rest == "/") {
+    if (request.method == http::Method::kGet) {
+      return json_response(200, {{"tokens", list_tokens()}});
+    }
+    if (request.method != http::Method::kPost) {
+      return method_not_allowed("GET, POST");
+    }
+    const nlohmann::json body = nlohmann::json::parse(request.body, nullptr, false);
+    if (body.is_discarded() || !body.is_object()) {
+      return error_response(400, "INVALID_PARAMETER_VALUE", "body: must be a JSON object");
+    }
+    for (const auto& [key, value] : body.items()) {
+      if (key != "id" && key != "endpoints" && key != "admin" && key != "comment") {
+        return error_response(400, "INVALID_PARAMETER_VALUE", "unknown field '" + key + "'");
+      }
+    }
+    if (!body.contains("id") || !body["id"].is_string()) {
+      return error_response(400, "INVALID_PARAMETER_VALUE", "id: required, a string");
+    }
+    std::vector<std::string> endpoints;
+    if (body.contains("endpoints")) {
+      if (!body["endpoints"].is_array()) {
+        return error_response(400, "INVALID_PARAMETER_VALUE", "endpoints: must be a list");
+      }
+      for (const auto& endpoint : body["endpoints"]) {
+        if (!endpoint.is_string()) {
+          return error_response(400, "INVALID_PARAMETER_VALUE",
+                                "endpoints: must be a list of names");
+        }
+        endpoints.push_back(endpoint.get<std::string>());
+      }
+    }
+    if (body.contains("admin") && !body["admin"].is_boolean()) {
+      return error_response(400, "INVALID_PARAMETER_VALUE", "admin: must be true or false");
+    }
+    if (body.contains("comment") && !body["comment"].is_string()) {
+      return error_response(400, "INVALID_PARAMETER_VALUE", "comment: must be a string");
+    }
+    const bool admin = body.value("admin", false);
+    if (admin && !endpoints.empty()) {
+      return error_response(400, "INVALID_PARAMETER_VALUE",
+                            "endpoints: an admin token may call every endpoint; leave it out");
+    }
+    Result<nlohmann::json> created =
+        create_token(body["id"].get<std::string>(), std::move(endpoints), admin,
+                     body.value("comment", std::string()), actor);
+    return created.is_ok() ? json_response(200, *created) : error_response(created.status());
+  }
+  if (rest.front() == '/' && rest.find('/', 1) == std::string_view::npos) {
+    if (request.method != http::Method::kDelete) {
+      return method_not_allowed("DELETE");
+    }
+    const std::string id(rest.substr(1));
+    if (id == actor) {
+      return error_response(400, "INVALID_PARAMETER_VALUE",
+                            "token '" + id +
+                                "' is the one making this call; revoke it with "
+                                "another admin token");
+    }
+    Status status = revoke_token(id, actor);
+    return status.is_ok() ? json_response(200, nlohmann::json::object()) : error_response(status);
+  }
+  return error_response(404, "ENDPOINT_NOT_FOUND", "no API route " + request.target);
+}
+
+}  // namespace flotilla::control

@@ -1,0 +1,543 @@
+// The control plane: endpoint operations, tokens and events over the SQLite store, the
+// reconciler thread, and the REST API (api.cc) on an http::Server.
+//
+// Concurrency: API calls run on the API server's worker and the reconciler on its own thread;
+// both take mu_ for any read-modify-write of endpoints_ or tokens_ and the store write that goes
+// with it, so concurrent calls on one endpoint are serialized and memory never disagrees with
+// the database. Orchestrator events arrive on the orchestrator's thread and only touch the
+// store (which serializes itself) and wake the reconciler. The gateway and orchestrator are
+// called without holding mu_ when a call may take long (table swaps, ensure()).
+#include "control/control_plane.h"
+
+#include <filesystem>
+#include <fstream>
+
+#include <spdlog/spdlog.h>
+#include <sys/stat.h>
+
+#include "control/replica_json.h"
+#include "runtime/runtime.h"
+
+namespace flotilla::control {
+namespace {
+
+std::string describe_versions(const EndpointSpec& spec) {
+  std::string text;
+  for (const ServedModelSpec& served : spec.served_models) {
+    text += (text.empty() ? "" : ", ") + served.name + " " + std::to_string(served.traffic) + "%";
+  }
+  return text;
+}
+
+// What an update does to the running replicas: which versions need new ones.
+std::string describe_update(const std::string& endpoint, const EndpointSpec& before,
+                            const EndpointSpec& after) {
+  std::vector<std::string> starting;
+  for (const ServedModelSpec& served : after.served_models) {
+    const std::string key = deployment_key(endpoint, served);
+    bool kept = false;
+    for (const ServedModelSpec& old : before.served_models) {
+      kept = kept || deployment_key(endpoint, old) == key;
+    }
+    if (!kept) {
+      starting.push_back(served.name);
+    }
+  }
+  if (starting.empty()) {
+    return "applied without restarting replicas: " + describe_versions(after);
+  }
+  std::string names;
+  for (const std::string& name : starting) {
+    names += (names.empty() ? "" : ", ") + name;
+  }
+  return "rollout started: starting " + names + "; traffic moves to " + describe_versions(after) +
+         " once they are ready";
+}
+
+}  // namespace
+
+std::string resolve_runtime(const ServedModelSpec& served) {
+  if (served.runtime != "auto") {
+    return served.runtime;
+  }
+  Result<runtime::RuntimeKind> kind = runtime::detect_runtime(served.model);
+  if (kind.is_ok() && *kind == runtime::RuntimeKind::kXgboost) {
+    return "xgboost";
+  }
+  return "auto";  // the replica reports why it cannot tell
+}
+
+Result<std::unique_ptr<ControlPlane>> ControlPlane::create(const ControlOptions& options,
+                                                           orchestrator::Orchestrator& orchestrator,
+                                                           gateway::Gateway& gateway,
+                                                           MetricsRegistry& registry) {
+  std::error_code error;
+  std::filesystem::create_directories(options.data_dir, error);
+  if (error) {
+    return unavailable("cannot create data directory '" + options.data_dir +
+                       "': " + error.message());
+  }
+  FLOTILLA_ASSIGN_OR_RETURN(std::unique_ptr<Store> store,
+                            Store::open(options.data_dir + "/state.db"));
+  auto plane = std::unique_ptr<ControlPlaneImpl>(
+      new ControlPlaneImpl(options, std::move(store), orchestrator, gateway, registry));
+  FLOTILLA_RETURN_IF_ERROR(plane->start());
+  return std::unique_ptr<ControlPlane>(std::move(plane));
+}
+
+ControlPlaneImpl::ControlPlaneImpl(const ControlOptions& options, std::unique_ptr<Store> store,
+                                   orchestrator::Orchestrator& orchestrator,
+                                   gateway::Gateway& gateway, MetricsRegistry& registry)
+    : options_(options),
+      store_(std::move(store)),
+      orchestrator_(orchestrator),
+      gateway_(gateway),
+      registry_(registry),
+      rollouts_(registry.counter("flotilla_rollouts_total",
+                                 "Endpoint configs that became the serving config")),
+      cold_start_warm_(registry.histogram(
+          "flotilla_replica_cold_start_seconds", "Replica start to ready",
+          {0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120}, {{"warm_pool", "true"}})),
+      cold_start_fresh_(registry.histogram(
+          "flotilla_replica_cold_start_seconds", "Replica start to ready",
+          {0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120}, {{"warm_pool", "false"}})),
+      replica_failures_(registry.counter("flotilla_replica_failures_total",
+                                         "Replicas that exited or timed out unasked")) {
+  for (orchestrator::ReplicaState state :
+       {orchestrator::ReplicaState::kStarting, orchestrator::ReplicaState::kLoading,
+        orchestrator::ReplicaState::kReady, orchestrator::ReplicaState::kDraining,
+        orchestrator::ReplicaState::kFailed}) {
+    replicas_by_state_.emplace_back(
+        state, &registry.gauge("flotilla_replicas", "Replicas by state",
+                               {{"state", std::string(orchestrator::state_name(state))}}));
+  }
+}
+
+ControlPlaneImpl::~ControlPlaneImpl() {
+  shutdown(std::chrono::milliseconds(1'000));
+}
+
+Status ControlPlaneImpl::start() {
+  FLOTILLA_ASSIGN_OR_RETURN(std::vector<EndpointRecord> records, store_->list_endpoints());
+  for (const EndpointRecord& record : records) {
+    Result<EndpointSpec> target = parse_endpoint_spec(record.spec_json);
+    if (!target.is_ok()) {
+      return target.status().with_context("stored endpoint '" + record.name + "'");
+    }
+    Stored stored;
+    stored.state.target = std::move(target).value();
+    if (!record.serving_json.empty()) {
+      Result<EndpointSpec> serving = parse_endpoint_spec(record.serving_json);
+      if (!serving.is_ok()) {
+        return serving.status().with_context("stored endpoint '" + record.name + "'");
+      }
+      stored.state.serving = std::move(serving).value();
+    }
+    stored.record = record;
+    endpoints_.emplace(record.name, std::move(stored));
+  }
+  FLOTILLA_ASSIGN_OR_RETURN(tokens_, store_->list_tokens());
+  if (tokens_.empty()) {
+    FLOTILLA_RETURN_IF_ERROR(mint_first_admin_token());
+  }
+
+  orchestrator_.watch([this](const orchestrator::ReplicaEvent& event) { on_replica(event); });
+  FLOTILLA_ASSIGN_OR_RETURN(std::vector<ReplicaRecord> replica_records, store_->list_replicas());
+  std::vector<orchestrator::Replica> leftovers;
+  for (const ReplicaRecord& record : replica_records) {
+    Result<orchestrator::Replica> replica =
+        replica_from_json(nlohmann::json::parse(record.json, nullptr, false));
+    if (replica.is_ok()) {
+      leftovers.push_back(std::move(replica).value());
+    } else {
+      spdlog::warn("ignoring stored replica {}: {}", record.id, replica.status().message());
+      (void)store_->delete_replica(record.id);
+    }
+  }
+  orchestrator_.adopt(std::move(leftovers));
+  publish_auth();
+
+  http::ServerOptions api_options = options_.api;
+  api_options.workers = 1;
+  api_options.capture_headers = true;
+  api_options.max_body_bytes = std::min<size_t>(api_options.max_body_bytes, 1024 * 1024);
+  FLOTILLA_ASSIGN_OR_RETURN(
+      api_, http::Server::create(api_options,
+                                 [this](http::Request&& request, http::Responder&& responder) {
+                                   responder.send(handle_api(request));
+                                 }));
+  reconcile_once();
+  reconciler_ = std::thread([this] { reconcile_loop(); });
+  return Status::ok();
+}
+
+Status ControlPlaneImpl::mint_first_admin_token() {
+  FLOTILLA_ASSIGN_OR_RETURN(gateway::NewToken token, gateway::generate_token("admin", {}));
+  TokenRow row{token.record, true, "created by the first start of flotilla up", unix_time_ms()};
+  FLOTILLA_RETURN_IF_ERROR(store_->create_token(row));
+  const std::string path = options_.data_dir + "/admin.token";
+  {
+    std::ofstream out(path, std::ios::trunc);
+    out << token.token << "\n";
+    if (!out) {
+      return unavailable("cannot write '" + path + "'");
+    }
+  }
+  ::chmod(path.c_str(), 0600);
+  tokens_.push_back(row);
+  new_admin_token_ = token.token;
+  record_event("", "token_created", "flotilla", "admin token 'admin' created");
+  return Status::ok();
+}
+
+uint16_t ControlPlaneImpl::api_port() const {
+  return api_->port();
+}
+
+void ControlPlaneImpl::run() {
+  api_->run();
+}
+
+void ControlPlaneImpl::shutdown(std::chrono::milliseconds timeout) {
+  {
+    std::lock_guard lock(mu_);
+    if (stopping_) {
+      return;
+    }
+    stopping_ = true;
+  }
+  wake_.notify_all();
+  if (reconciler_.joinable()) {
+    reconciler_.join();
+  }
+  if (api_) {
+    api_->drain(timeout);
+  }
+}
+
+void ControlPlaneImpl::record_event(const std::string& endpoint, const std::string& kind,
+                                    const std::string& actor, const std::string& message) {
+  Result<int64_t> id =
+      store_->append_event(EventRow{0, unix_time_ms(), endpoint, kind, actor, message});
+  if (!id.is_ok()) {
+    spdlog::error("cannot record event '{}': {}", message, id.status().message());
+  }
+}
+
+void ControlPlaneImpl::on_replica(const orchestrator::ReplicaEvent& event) {
+  const orchestrator::Replica& replica = event.replica;
+  record_event(replica.deployment.endpoint, "replica_" + event.kind, "orchestrator",
+               replica.id + (event.message.empty() ? "" : ": " + event.message));
+  const bool gone = replica.state == orchestrator::ReplicaState::kStopped ||
+                    replica.state == orchestrator::ReplicaState::kFailed;
+  Status stored = gone ? store_->delete_replica(replica.id)
+                       : store_->put_replica(ReplicaRecord{replica.id, replica.deployment.endpoint,
+                                                           to_json(replica).dump()});
+  if (!stored.is_ok()) {
+    spdlog::error("cannot store replica {}: {}", replica.id, stored.message());
+  }
+  if (event.kind == "ready") {
+    const double seconds =
+        static_cast<double>(replica.ready_unix_ms - replica.started_unix_ms) / 1000.0;
+    (replica.from_warm_pool ? cold_start_warm_ : cold_start_fresh_).observe(seconds);
+  } else if (event.kind == "failed" || event.kind == "timeout") {
+    replica_failures_.inc();
+  }
+  wake_.notify_all();
+}
+
+void ControlPlaneImpl::reconcile_loop() {
+  std::unique_lock lock(mu_);
+  while (!stopping_) {
+    wake_.wait_for(lock, options_.reconcile_interval);
+    if (stopping_) {
+      break;
+    }
+    lock.unlock();
+    reconcile_once();
+    lock.lock();
+  }
+}
+
+void ControlPlaneImpl::reconcile_once() {
+  // One pass: read the replicas, decide under mu_ (promotions are written there), then act
+  // without it.
+  const std::vector<orchestrator::Replica> replicas = orchestrator_.list();
+  for (auto& [state, gauge] : replicas_by_state_) {
+    gauge->set(static_cast<double>(
+        std::count_if(replicas.begin(), replicas.end(),
+                      [&](const auto& replica) { return replica.state == state; })));
+  }
+  ReconcilePlan plan;
+  {
+    std::lock_guard lock(mu_);
+    std::vector<EndpointState> states;
+    states.reserve(endpoints_.size());
+    for (const auto& [name, stored] : endpoints_) {
+      states.push_back(stored.state);
+    }
+    plan = reconcile(states, replicas, resolve_runtime);
+    for (const std::string& name : plan.promoted) {
+      Stored& stored = endpoints_.at(name);
+      const bool first = !stored.state.serving.has_value();
+      stored.state.serving = stored.state.target;
+      stored.record.serving_json = to_json(stored.state.target).dump();
+      stored.record.updated_unix_ms = unix_time_ms();
+      if (Status status = store_->update_endpoint(stored.record); !status.is_ok()) {
+        spdlog::error("cannot store the serving config of '{}': {}", name, status.message());
+      }
+      rollouts_.inc();
+      record_event(
+          name, first ? "ready" : "rollout_complete", "reconciler",
+          (first ? "serving " : "traffic switched to ") + describe_versions(stored.state.target));
+    }
+  }
+  if (!(plan.table == published_table_)) {
+    if (Status status = gateway_.update_table(plan.table); status.is_ok()) {
+      published_table_ = plan.table;
+    } else {
+      spdlog::error("gateway refused the endpoint table: {}", status.message());
+    }
+  }
+  for (const auto& [deployment, count] : plan.ensure) {
+    orchestrator_.ensure(deployment, count);
+  }
+}
+
+void ControlPlaneImpl::publish_auth() {
+  gateway::AuthConfig auth;
+  auth.enabled = true;
+  auth.open_routes = options_.open_routes;
+  std::vector<gateway::TokenRecord> admins;
+  for (const TokenRow& row : tokens_) {
+    auth.tokens.push_back(row.record);
+    if (row.admin) {
+      admins.push_back(row.record);
+    }
+  }
+  admin_auth_ = std::make_shared<const gateway::Authenticator>(std::move(admins));
+  gateway_.update_auth(std::move(auth));
+}
+
+// ---- Endpoint operations (called by the API with mu_ not held) --------------------------------
+
+Result<nlohmann::json> ControlPlaneImpl::create_endpoint(std::string_view body,
+                                                         const std::string& actor) {
+  FLOTILLA_ASSIGN_OR_RETURN(EndpointSpec spec, parse_endpoint_spec(body));
+  FLOTILLA_RETURN_IF_ERROR(check_model_paths(spec));
+  {
+    std::lock_guard lock(mu_);
+    if (endpoints_.contains(spec.name)) {
+      return Status(StatusCode::kFailedPrecondition, "endpoint '" + spec.name + "' already exists");
+    }
+    Stored stored;
+    stored.state.target = spec;
+    stored.record =
+        EndpointRecord{spec.name, to_json(spec).dump(), "", unix_time_ms(), unix_time_ms()};
+    FLOTILLA_RETURN_IF_ERROR(store_->create_endpoint(stored.record));
+    endpoints_.emplace(spec.name, std::move(stored));
+    record_event(spec.name, "created", actor, "created: starting " + describe_versions(spec));
+  }
+  wake_.notify_all();
+  return endpoint_view(spec.name);
+}
+
+Result<nlohmann::json> ControlPlaneImpl::update_endpoint(const std::string& name,
+                                                         std::string_view body,
+                                                         const std::string& actor) {
+  FLOTILLA_ASSIGN_OR_RETURN(EndpointSpec spec, parse_endpoint_spec(body, name));
+  FLOTILLA_RETURN_IF_ERROR(check_model_paths(spec));
+  {
+    std::lock_guard lock(mu_);
+    auto it = endpoints_.find(name);
+    if (it == endpoints_.end()) {
+      return not_found("endpoint '" + name + "' does not exist");
+    }
+    Stored& stored = it->second;
+    if (stored.state.target != spec) {
+      const EndpointSpec before = stored.state.serving.value_or(stored.state.target);
+      EndpointRecord record = stored.record;
+      record.spec_json = to_json(spec).dump();
+      record.updated_unix_ms = unix_time_ms();
+      FLOTILLA_RETURN_IF_ERROR(store_->update_endpoint(record));
+      stored.record = std::move(record);
+      stored.state.target = spec;
+      record_event(name, "updated", actor, describe_update(name, before, spec));
+    }
+  }
+  wake_.notify_all();
+  return endpoint_view(name);
+}
+
+Status ControlPlaneImpl::delete_endpoint(const std::string& name, const std::string& actor) {
+  {
+    std::lock_guard lock(mu_);
+    if (!endpoints_.contains(name)) {
+      return not_found("endpoint '" + name + "' does not exist");
+    }
+    FLOTILLA_RETURN_IF_ERROR(store_->delete_endpoint(name));
+    endpoints_.erase(name);
+    record_event(name, "deleted", actor, "deleted: its replicas drain and stop");
+  }
+  wake_.notify_all();
+  return Status::ok();
+}
+
+Result<nlohmann::json> ControlPlaneImpl::endpoint_view(const std::string& name) {
+  EndpointState state;
+  EndpointRecord record;
+  {
+    std::lock_guard lock(mu_);
+    auto it = endpoints_.find(name);
+    if (it == endpoints_.end()) {
+      return not_found("endpoint '" + name + "' does not exist");
+    }
+    state = it->second.state;
+    record = it->second.record;
+  }
+  const std::vector<orchestrator::Replica> replicas = orchestrator_.list();
+  nlohmann::json view;
+  view["name"] = name;
+  bool ready = state.serving.has_value();
+  nlohmann::json versions = nlohmann::json::array();
+  std::vector<const EndpointSpec*> specs = {&state.target};
+  if (state.serving && *state.serving != state.target) {
+    specs.push_back(&*state.serving);
+  }
+  for (const EndpointSpec* spec : specs) {
+    for (const ServedModelSpec& served : spec->served_models) {
+      const std::string key = deployment_key(name, served);
+      int ready_replicas = 0;
+      for (const auto& replica : replicas) {
+        ready_replicas +=
+            replica.deployment.key == key && replica.state == orchestrator::ReplicaState::kReady;
+      }
+      const bool serving =
+          state.serving &&
+          std::any_of(state.serving->served_models.begin(), state.serving->served_models.end(),
+                      [&](const ServedModelSpec& s) { return deployment_key(name, s) == key; });
+      if (serving && served.traffic > 0 && spec == &*state.serving && ready_replicas == 0) {
+        ready = false;
+      }
+      nlohmann::json version = to_json(served);
+      version["deployment_key"] = key;
+      version["role"] = spec == &state.target ? "target" : "previous";
+      version["serving"] = serving;
+      version["replicas_wanted"] = provisioned_replicas(served);
+      version["replicas_ready"] = ready_replicas;
+      version["target_concurrency_per_replica"] = initial_target_concurrency(served);
+      versions.push_back(std::move(version));
+    }
+  }
+  view["state"] = {
+      {"ready", ready ? "READY" : "NOT_READY"},
+      {"config_update", state.serving == state.target ? "NOT_UPDATING" : "IN_PROGRESS"}};
+  view["config"] = state.serving ? to_json(*state.serving) : nlohmann::json(nullptr);
+  view["pending_config"] =
+      state.serving == state.target ? nlohmann::json(nullptr) : to_json(state.target);
+  view["versions"] = std::move(versions);
+  nlohmann::json replica_list = nlohmann::json::array();
+  for (const auto& replica : replicas) {
+    if (replica.deployment.endpoint == name) {
+      nlohmann::json entry = to_json(replica);
+      entry.erase("deployment");
+      entry.erase("process_start_ticks");
+      replica_list.push_back(std::move(entry));
+    }
+  }
+  view["replicas"] = std::move(replica_list);
+  view["creation_timestamp"] = record.created_unix_ms;
+  view["last_updated_timestamp"] = record.updated_unix_ms;
+  return view;
+}
+
+std::vector<std::string> ControlPlaneImpl::endpoint_names() {
+  std::lock_guard lock(mu_);
+  std::vector<std::string> names;
+  for (const auto& [name, stored] : endpoints_) {
+    names.push_back(name);
+  }
+  return names;
+}
+
+// ---- Tokens ------------------------------------------------------------------------------------
+
+Result<nlohmann::json> ControlPlaneImpl::create_token(const std::string& id,
+                                                      std::vector<std::string> endpoints,
+                                                      bool admin, const std::string& comment,
+                                                      const std::string& actor) {
+  FLOTILLA_ASSIGN_OR_RETURN(gateway::NewToken token, gateway::generate_token(id, endpoints));
+  TokenRow row{token.record, admin, comment, unix_time_ms()};
+  {
+    std::lock_guard lock(mu_);
+    FLOTILLA_RETURN_IF_ERROR(store_->create_token(row));
+    tokens_.push_back(row);
+    publish_auth();
+  }
+  record_event("", "token_created", actor, "token '" + id + "' created");
+  nlohmann::json info = token_view(row);
+  return nlohmann::json{{"token", token.token}, {"token_info", info}};
+}
+
+Status ControlPlaneImpl::revoke_token(const std::string& id, const std::string& actor) {
+  {
+    std::lock_guard lock(mu_);
+    FLOTILLA_RETURN_IF_ERROR(store_->delete_token(id));
+    std::erase_if(tokens_, [&](const TokenRow& row) { return row.record.id == id; });
+    publish_auth();
+  }
+  record_event("", "token_revoked", actor, "token '" + id + "' revoked");
+  return Status::ok();
+}
+
+nlohmann::json ControlPlaneImpl::token_view(const TokenRow& row) {
+  return {{"id", row.record.id},
+          {"endpoints", row.record.endpoints},
+          {"admin", row.admin},
+          {"comment", row.comment},
+          {"creation_timestamp", row.created_unix_ms}};
+}
+
+nlohmann::json ControlPlaneImpl::list_tokens() {
+  std::lock_guard lock(mu_);
+  nlohmann::json list = nlohmann::json::array();
+  for (const TokenRow& row : tokens_) {
+    list.push_back(token_view(row));
+  }
+  return list;
+}
+
+gateway::AuthResult ControlPlaneImpl::check_admin(std::string_view authorization,
+                                                  std::string* token_id) {
+  std::shared_ptr<const gateway::Authenticator> admins;
+  {
+    std::lock_guard lock(mu_);
+    admins = admin_auth_;
+  }
+  const gateway::AuthResult result = admins->check(authorization, "");
+  if (result == gateway::AuthResult::kInvalid) {
+    // A valid non-admin token says so, rather than "invalid".
+    std::lock_guard lock(mu_);
+    gateway::Authenticator all([&] {
+      std::vector<gateway::TokenRecord> records;
+      for (const TokenRow& row : tokens_) {
+        records.push_back(row.record);
+      }
+      return records;
+    }());
+    if (all.check(authorization, "") == gateway::AuthResult::kAllowed) {
+      return gateway::AuthResult::kForbidden;
+    }
+  }
+  if (result == gateway::AuthResult::kAllowed && token_id != nullptr) {
+    // "Bearer flt_<id>_<secret>": the id names the actor in the event log.
+    const size_t start = authorization.find("flt_");
+    const size_t end = authorization.rfind('_');
+    if (start != std::string_view::npos && end > start + 4) {
+      *token_id = std::string(authorization.substr(start + 4, end - start - 4));
+    }
+  }
+  return result;
+}
+
+}  // namespace flotilla::control

@@ -1,0 +1,100 @@
+// The control plane's implementation class, shared by control_plane.cc (operations, reconciler)
+// and api.cc (the REST routes). Private to the control module.
+#pragma once
+
+#include <condition_variable>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "control/control.h"
+#include "control/reconciler.h"
+#include "control/spec.h"
+#include "control/store.h"
+
+namespace flotilla::control {
+
+// The runtime a served model's replicas run: "auto" resolved from the artifact where it can be.
+std::string resolve_runtime(const ServedModelSpec& served);
+
+class ControlPlaneImpl final : public ControlPlane {
+ public:
+  ControlPlaneImpl(const ControlOptions& options, std::unique_ptr<Store> store,
+                   orchestrator::Orchestrator& orchestrator, gateway::Gateway& gateway,
+                   MetricsRegistry& registry);
+  ~ControlPlaneImpl() override;
+
+  // Loads the stored state, adopts leftover replicas, binds the API, starts the reconciler.
+  Status start();
+
+  uint16_t api_port() const override;
+  const std::string& new_admin_token() const override { return new_admin_token_; }
+  void run() override;
+  void shutdown(std::chrono::milliseconds timeout) override;
+
+ private:
+  struct Stored {
+    EndpointState state;
+    EndpointRecord record;
+  };
+
+  // The REST API (api.cc): routes, auth, JSON errors.
+  http::Response handle_api(const http::Request& request);
+  http::Response handle_endpoints(const http::Request& request, std::string_view rest,
+                                  const std::string& actor);
+  http::Response handle_tokens(const http::Request& request, std::string_view rest,
+                               const std::string& actor);
+
+  Result<nlohmann::json> create_endpoint(std::string_view body, const std::string& actor);
+  Result<nlohmann::json> update_endpoint(const std::string& name, std::string_view body,
+                                         const std::string& actor);
+  Status delete_endpoint(const std::string& name, const std::string& actor);
+  Result<nlohmann::json> endpoint_view(const std::string& name);
+  std::vector<std::string> endpoint_names();
+
+  Result<nlohmann::json> create_token(const std::string& id, std::vector<std::string> endpoints,
+                                      bool admin, const std::string& comment,
+                                      const std::string& actor);
+  Status revoke_token(const std::string& id, const std::string& actor);
+  nlohmann::json list_tokens();
+  static nlohmann::json token_view(const TokenRow& row);
+  // kAllowed for an admin token (its id in *token_id), kForbidden for a valid non-admin one.
+  gateway::AuthResult check_admin(std::string_view authorization, std::string* token_id);
+
+  Status mint_first_admin_token();
+  void publish_auth();  // requires mu_ (or the single thread of start())
+  void record_event(const std::string& endpoint, const std::string& kind, const std::string& actor,
+                    const std::string& message);
+  void on_replica(const orchestrator::ReplicaEvent& event);
+  void reconcile_loop();
+  void reconcile_once();
+
+  const ControlOptions options_;
+  std::unique_ptr<Store> store_;
+  orchestrator::Orchestrator& orchestrator_;
+  gateway::Gateway& gateway_;
+  MetricsRegistry& registry_;
+  Counter& rollouts_;
+  Histogram& cold_start_warm_;
+  Histogram& cold_start_fresh_;
+  Counter& replica_failures_;
+  std::vector<std::pair<orchestrator::ReplicaState, Gauge*>> replicas_by_state_;
+
+  std::mutex mu_;
+  std::condition_variable wake_;             // the reconciler waits on it between passes
+  std::map<std::string, Stored> endpoints_;  // guarded by mu_
+  std::vector<TokenRow> tokens_;             // guarded by mu_
+  std::shared_ptr<const gateway::Authenticator> admin_auth_;  // guarded by mu_
+  bool stopping_ = false;                                     // guarded by mu_
+  gateway::EndpointTable published_table_;                    // reconciler thread only
+  std::string new_admin_token_;
+  std::unique_ptr<http::Server> api_;
+  std::thread reconciler_;
+};
+
+}  // namespace flotilla::control

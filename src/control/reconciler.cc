@@ -1,0 +1,112 @@
+#include "control/reconciler.h"
+
+#include <map>
+#include <set>
+
+namespace flotilla::control {
+namespace {
+
+using orchestrator::Replica;
+using orchestrator::ReplicaState;
+
+int ready_count(const std::vector<Replica>& replicas, const std::string& key) {
+  int ready = 0;
+  for (const Replica& replica : replicas) {
+    ready += replica.deployment.key == key && replica.state == ReplicaState::kReady;
+  }
+  return ready;
+}
+
+bool all_ready(const std::string& endpoint, const EndpointSpec& spec,
+               const std::vector<Replica>& replicas) {
+  for (const ServedModelSpec& served : spec.served_models) {
+    if (ready_count(replicas, deployment_key(endpoint, served)) < provisioned_replicas(served)) {
+      return false;
+    }
+  }
+  return true;
+}
+
+gateway::EndpointEntry table_entry(const EndpointSpec& spec, const std::vector<Replica>& replicas) {
+  gateway::EndpointEntry entry;
+  entry.name = spec.name;
+  for (const ServedModelSpec& served : spec.served_models) {
+    gateway::VersionEntry version;
+    version.name = served.name;
+    version.traffic = served.traffic;
+    const std::string key = deployment_key(spec.name, served);
+    for (const Replica& replica : replicas) {
+      if (replica.deployment.key == key && replica.state == ReplicaState::kReady) {
+        version.replicas.push_back(gateway::ReplicaEntry{replica.id, replica.host, replica.port,
+                                                         initial_target_concurrency(served),
+                                                         gateway::ReplicaState::kReady});
+      }
+    }
+    entry.versions.push_back(std::move(version));
+  }
+  return entry;
+}
+
+}  // namespace
+
+orchestrator::Deployment make_deployment(const std::string& endpoint, const ServedModelSpec& served,
+                                         const RuntimeResolver& resolve_runtime) {
+  orchestrator::Deployment deployment;
+  deployment.key = deployment_key(endpoint, served);
+  deployment.endpoint = endpoint;
+  deployment.version = served.name;
+  deployment.model = served.model;
+  deployment.runtime = resolve_runtime(served);
+  deployment.cpus = served.resources.cpus;
+  deployment.memory_bytes = served.resources.memory_mb * 1024 * 1024;
+  return deployment;
+}
+
+ReconcilePlan reconcile(const std::vector<EndpointState>& endpoints,
+                        const std::vector<Replica>& replicas,
+                        const RuntimeResolver& resolve_runtime) {
+  ReconcilePlan plan;
+  std::set<std::string> wanted_keys;
+  auto want = [&](const std::string& endpoint, const ServedModelSpec& served) {
+    orchestrator::Deployment deployment = make_deployment(endpoint, served, resolve_runtime);
+    if (wanted_keys.insert(deployment.key).second) {
+      plan.ensure.emplace_back(std::move(deployment),
+                               static_cast<int>(provisioned_replicas(served)));
+    }
+  };
+
+  for (const EndpointState& state : endpoints) {
+    const std::string& name = state.target.name;
+    std::optional<EndpointSpec> serving = state.serving;
+    if (serving != state.target && all_ready(name, state.target, replicas)) {
+      serving = state.target;
+      plan.promoted.push_back(name);
+    }
+    for (const ServedModelSpec& served : state.target.served_models) {
+      want(name, served);
+    }
+    if (serving) {
+      for (const ServedModelSpec& served : serving->served_models) {
+        want(name, served);
+      }
+    }
+    // Before the first promotion the endpoint is listed with the target's versions and no
+    // ready replica: the gateway holds its requests until one is ready (cold start).
+    plan.table.endpoints.push_back(table_entry(serving ? *serving : state.target, replicas));
+  }
+
+  // Retire whatever runs and is no longer wanted: old versions, deleted endpoints.
+  std::set<std::string> retired;
+  for (const Replica& replica : replicas) {
+    const std::string& key = replica.deployment.key;
+    const bool live = replica.state != ReplicaState::kStopped &&
+                      replica.state != ReplicaState::kFailed &&
+                      replica.state != ReplicaState::kDraining;
+    if (live && !wanted_keys.contains(key) && retired.insert(key).second) {
+      plan.ensure.emplace_back(replica.deployment, 0);
+    }
+  }
+  return plan;
+}
+
+}  // namespace flotilla::control

@@ -1,0 +1,506 @@
+#include "control/spec.h"
+
+#include <algorithm>
+#include <array>
+#include <charconv>
+#include <cstdio>
+#include <filesystem>
+#include <initializer_list>
+#include <limits>
+#include <memory>
+#include <set>
+#include <system_error>
+#include <utility>
+
+#include <openssl/evp.h>
+#include <yaml-cpp/yaml.h>
+
+namespace flotilla::control {
+namespace {
+
+constexpr size_t kMaxNameLength = 64;
+constexpr int64_t kMaxPerReplicaConcurrency = 4096;
+constexpr double kMaxCpus = 1024;
+constexpr int64_t kFullTraffic = 100;
+constexpr ConcurrencyRange kDefaultPerReplicaBounds{1, 64};
+constexpr std::array<std::string_view, 3> kRuntimes = {"auto", "xgboost", "synthetic"};
+constexpr size_t kKeyHexDigits = 16;
+
+// yaml-cpp tags a plain (unquoted) scalar "?" and a quoted one "!". Numbers and booleans must be
+// plain or explicitly tagged, so `traffic: "50"` (or JSON "50") is refused as a string.
+constexpr std::string_view kPlainTag = "?";
+constexpr std::string_view kIntTag = "tag:yaml.org,2002:int";
+constexpr std::string_view kFloatTag = "tag:yaml.org,2002:float";
+constexpr std::string_view kBoolTag = "tag:yaml.org,2002:bool";
+
+std::string index_where(const std::string& where, size_t i) {
+  return where + "[" + std::to_string(i) + "]";
+}
+
+bool is_name_char(char c) {
+  return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '-' ||
+         c == '_' || c == '.';
+}
+
+Status check_name(const std::string& name, const std::string& where) {
+  if (name.empty() || name.size() > kMaxNameLength) {
+    return invalid_argument(where + ": must be 1 to 64 characters");
+  }
+  for (char c : name) {
+    if (!is_name_char(c)) {
+      return invalid_argument(where + ": '" + name +
+                              "' may hold only letters, digits, '-', '_' and '.'");
+    }
+  }
+  const char first = name.front();
+  if (first == '-' || first == '_' || first == '.') {
+    return invalid_argument(where + ": '" + name + "' must start with a letter or digit");
+  }
+  return Status::ok();
+}
+
+// Well-formed UTF-8 (no overlong forms, surrogates or code points past U+10FFFF), so that the
+// canonical JSON of a parsed spec can always be dumped: nlohmann::json throws on invalid UTF-8.
+bool is_valid_utf8(std::string_view text) {
+  size_t i = 0;
+  while (i < text.size()) {
+    const auto byte = static_cast<unsigned char>(text[i]);
+    size_t extra = 0;
+    uint32_t code = 0;
+    if (byte < 0x80) {
+      ++i;
+      continue;
+    }
+    if ((byte & 0xE0) == 0xC0) {
+      extra = 1;
+      code = byte & 0x1F;
+    } else if ((byte & 0xF0) == 0xE0) {
+      extra = 2;
+      code = byte & 0x0F;
+    } else if ((byte & 0xF8) == 0xF0) {
+      extra = 3;
+      code = byte & 0x07;
+    } else {
+      return false;
+    }
+    if (i + extra >= text.size()) {
+      return false;
+    }
+    for (size_t k = 1; k <= extra; ++k) {
+      const auto next = static_cast<unsigned char>(text[i + k]);
+      if ((next & 0xC0) != 0x80) {
+        return false;
+      }
+      code = (code << 6) | (next & 0x3F);
+    }
+    constexpr std::array<uint32_t, 4> kMinCode = {0, 0x80, 0x800, 0x10000};
+    if (code < kMinCode[extra] || code > 0x10FFFF || (code >= 0xD800 && code <= 0xDFFF)) {
+      return false;
+    }
+    i += extra + 1;
+  }
+  return true;
+}
+
+// `node` is a mapping whose keys are distinct strings, all in `known`.
+Status check_keys(const YAML::Node& node, std::initializer_list<std::string_view> known,
+                  const std::string& where) {
+  if (!node.IsMap()) {
+    return invalid_argument(where + ": must be a mapping");
+  }
+  std::set<std::string> seen;
+  for (const auto& entry : node) {
+    if (!entry.first.IsScalar()) {
+      return invalid_argument(where + ": field names must be strings");
+    }
+    const std::string& key = entry.first.Scalar();
+    if (std::find(known.begin(), known.end(), key) == known.end()) {
+      return invalid_argument(where + ": unknown field '" + key + "'");
+    }
+    // yaml-cpp keeps both entries of a repeated key and lookups find the first; refuse it
+    // rather than silently ignoring one of the two values.
+    if (!seen.insert(key).second) {
+      return invalid_argument(where + ": field '" + key + "' appears twice");
+    }
+  }
+  return Status::ok();
+}
+
+bool has_tag(const YAML::Node& node, std::initializer_list<std::string_view> tags) {
+  const std::string& tag = node.Tag();
+  return std::find(tags.begin(), tags.end(), tag) != tags.end();
+}
+
+Result<std::string> read_string(const YAML::Node& node, const std::string& where) {
+  if (!node.IsScalar()) {
+    return invalid_argument(where + ": must be a string");
+  }
+  return node.Scalar();
+}
+
+// The message for an integer outside [min, max] or not an integer at all.
+std::string integer_range_text(int64_t min, int64_t max) {
+  if (max == std::numeric_limits<int64_t>::max()) {
+    return "must be an integer >= " + std::to_string(min);
+  }
+  return "must be an integer from " + std::to_string(min) + " to " + std::to_string(max);
+}
+
+// A decimal integer in [min, max]. Refuses 1.5, "abc", "50" (quoted), 1e3 and 0x10.
+Result<int64_t> read_int(const YAML::Node& node, const std::string& where, int64_t min,
+                         int64_t max) {
+  const std::string message = where + ": " + integer_range_text(min, max);
+  if (!node.IsScalar() || !has_tag(node, {kPlainTag, kIntTag})) {
+    return invalid_argument(message);
+  }
+  const std::string& text = node.Scalar();
+  const char* begin = text.data();
+  const char* end = text.data() + text.size();
+  if (begin != end && *begin == '+') {
+    ++begin;
+  }
+  int64_t value = 0;
+  const auto [ptr, ec] = std::from_chars(begin, end, value);
+  if (begin == end || ec != std::errc() || ptr != end || value < min || value > max) {
+    return invalid_argument(message);
+  }
+  return value;
+}
+
+// A finite decimal number in [min, max] (integers included).
+Result<double> read_number(const YAML::Node& node, const std::string& where, double min,
+                           double max) {
+  char bounds[64];
+  std::snprintf(bounds, sizeof(bounds), "must be a number from %g to %g", min, max);
+  const std::string message = where + ": " + bounds;
+  if (!node.IsScalar() || !has_tag(node, {kPlainTag, kIntTag, kFloatTag})) {
+    return invalid_argument(message);
+  }
+  const std::string& text = node.Scalar();
+  const char* begin = text.data();
+  const char* end = text.data() + text.size();
+  if (begin != end && *begin == '+') {
+    ++begin;
+  }
+  double value = 0;
+  const auto [ptr, ec] = std::from_chars(begin, end, value);
+  // The negated comparison also refuses NaN; from_chars accepts "nan" and "inf".
+  if (begin == end || ec != std::errc() || ptr != end || !(value >= min && value <= max)) {
+    return invalid_argument(message);
+  }
+  return value;
+}
+
+// YAML 1.2 core schema booleans only: yaml-cpp would also take yes/no/on/off/y/n, which read
+// as strings elsewhere and make "booleans must be booleans" ambiguous.
+Result<bool> read_bool(const YAML::Node& node, const std::string& where) {
+  const std::string message = where + ": must be true or false";
+  if (!node.IsScalar() || !has_tag(node, {kPlainTag, kBoolTag})) {
+    return invalid_argument(message);
+  }
+  const std::string& text = node.Scalar();
+  if (text == "true" || text == "True" || text == "TRUE") {
+    return true;
+  }
+  if (text == "false" || text == "False" || text == "FALSE") {
+    return false;
+  }
+  return invalid_argument(message);
+}
+
+// {min, max} with either key optional: a missing one keeps its value in `range`.
+Status read_range(const YAML::Node& node, const std::string& where, int64_t lowest, int64_t highest,
+                  ConcurrencyRange& range) {
+  FLOTILLA_RETURN_IF_ERROR(check_keys(node, {"min", "max"}, where));
+  if (const YAML::Node min = node["min"]) {
+    FLOTILLA_ASSIGN_OR_RETURN(range.min, read_int(min, where + ".min", lowest, highest));
+  }
+  if (const YAML::Node max = node["max"]) {
+    FLOTILLA_ASSIGN_OR_RETURN(range.max,
+                              read_int(max, where + ".max", std::max<int64_t>(lowest, 1), highest));
+  }
+  if (range.min > range.max) {
+    return invalid_argument(where + ": min (" + std::to_string(range.min) +
+                            ") must not exceed max (" + std::to_string(range.max) + ")");
+  }
+  return Status::ok();
+}
+
+Status check_model(const std::string& model, const std::string& where) {
+  if (model.empty()) {
+    return invalid_argument(where + ": must not be empty");
+  }
+  if (model.starts_with("http://") || model.starts_with("https://")) {
+    return invalid_argument(where + ": '" + model +
+                            "': http(s) URLs are not supported until the artifact store lands "
+                            "(#6); give an absolute path");
+  }
+  for (char c : model) {
+    if (static_cast<unsigned char>(c) < 0x20 || c == 0x7F) {
+      return invalid_argument(where + ": must not contain control characters");
+    }
+  }
+  if (!is_valid_utf8(model)) {
+    return invalid_argument(where + ": must be valid UTF-8");
+  }
+  if (model.front() != '/') {
+    return invalid_argument(where + ": '" + model + "' must be an absolute path");
+  }
+  return Status::ok();
+}
+
+// One entry of served_models; `traffic_given` says whether the spec set its traffic.
+Result<ServedModelSpec> read_served_model(const YAML::Node& node, const std::string& where,
+                                          bool& traffic_given) {
+  FLOTILLA_RETURN_IF_ERROR(
+      check_keys(node,
+                 {"name", "model", "runtime", "concurrency", "per_replica_concurrency",
+                  "scale_to_zero", "traffic", "resources"},
+                 where));
+  ServedModelSpec served;
+
+  const YAML::Node name = node["name"];
+  if (!name) {
+    return invalid_argument(where + ".name: is required");
+  }
+  FLOTILLA_ASSIGN_OR_RETURN(served.name, read_string(name, where + ".name"));
+  FLOTILLA_RETURN_IF_ERROR(check_name(served.name, where + ".name"));
+
+  const YAML::Node model = node["model"];
+  if (!model) {
+    return invalid_argument(where + ".model: is required");
+  }
+  FLOTILLA_ASSIGN_OR_RETURN(served.model, read_string(model, where + ".model"));
+  FLOTILLA_RETURN_IF_ERROR(check_model(served.model, where + ".model"));
+
+  if (const YAML::Node runtime = node["runtime"]) {
+    FLOTILLA_ASSIGN_OR_RETURN(served.runtime, read_string(runtime, where + ".runtime"));
+    if (std::find(kRuntimes.begin(), kRuntimes.end(), served.runtime) == kRuntimes.end()) {
+      return invalid_argument(where + ".runtime: unknown runtime '" + served.runtime +
+                              "' (use auto, xgboost or synthetic)");
+    }
+  }
+
+  if (const YAML::Node concurrency = node["concurrency"]) {
+    FLOTILLA_RETURN_IF_ERROR(read_range(concurrency, where + ".concurrency", 0,
+                                        std::numeric_limits<int64_t>::max(), served.concurrency));
+  }
+
+  // An explicit null reads as absent, so a JSON client may send "per_replica_concurrency": null.
+  if (const YAML::Node bounds = node["per_replica_concurrency"]; bounds && !bounds.IsNull()) {
+    ConcurrencyRange range = kDefaultPerReplicaBounds;
+    FLOTILLA_RETURN_IF_ERROR(read_range(bounds, where + ".per_replica_concurrency", 1,
+                                        kMaxPerReplicaConcurrency, range));
+    served.per_replica_concurrency = range;
+  }
+
+  if (const YAML::Node scale_to_zero = node["scale_to_zero"]) {
+    FLOTILLA_ASSIGN_OR_RETURN(served.scale_to_zero,
+                              read_bool(scale_to_zero, where + ".scale_to_zero"));
+  }
+
+  traffic_given = false;
+  if (const YAML::Node traffic = node["traffic"]) {
+    FLOTILLA_ASSIGN_OR_RETURN(served.traffic,
+                              read_int(traffic, where + ".traffic", 0, kFullTraffic));
+    traffic_given = true;
+  }
+
+  if (const YAML::Node resources = node["resources"]) {
+    const std::string resources_where = where + ".resources";
+    FLOTILLA_RETURN_IF_ERROR(check_keys(resources, {"cpus", "memory_mb"}, resources_where));
+    if (const YAML::Node cpus = resources["cpus"]) {
+      FLOTILLA_ASSIGN_OR_RETURN(served.resources.cpus,
+                                read_number(cpus, resources_where + ".cpus", 0, kMaxCpus));
+    }
+    if (const YAML::Node memory = resources["memory_mb"]) {
+      FLOTILLA_ASSIGN_OR_RETURN(
+          served.resources.memory_mb,
+          read_int(memory, resources_where + ".memory_mb", 0, std::numeric_limits<int64_t>::max()));
+    }
+  }
+  return served;
+}
+
+Result<EndpointSpec> read_spec(const YAML::Node& root, std::string_view name_from_path) {
+  if (!root || root.IsNull()) {
+    return invalid_argument("spec: is empty");
+  }
+  FLOTILLA_RETURN_IF_ERROR(check_keys(root, {"name", "served_models"}, "spec"));
+  EndpointSpec spec;
+
+  if (const YAML::Node name = root["name"]) {
+    FLOTILLA_ASSIGN_OR_RETURN(spec.name, read_string(name, "name"));
+    FLOTILLA_RETURN_IF_ERROR(check_name(spec.name, "name"));
+    if (!name_from_path.empty() && spec.name != name_from_path) {
+      return invalid_argument("name: '" + spec.name + "' does not match the endpoint '" +
+                              std::string(name_from_path) + "' in the request path");
+    }
+  } else if (!name_from_path.empty()) {
+    spec.name = std::string(name_from_path);
+    FLOTILLA_RETURN_IF_ERROR(check_name(spec.name, "name"));
+  } else {
+    return invalid_argument("name: is required");
+  }
+
+  const YAML::Node served_models = root["served_models"];
+  if (!served_models) {
+    return invalid_argument("served_models: is required");
+  }
+  if (!served_models.IsSequence() || served_models.size() == 0) {
+    return invalid_argument("served_models: must be a non-empty list");
+  }
+  std::set<std::string> names;
+  int64_t traffic_sum = 0;
+  for (size_t i = 0; i < served_models.size(); ++i) {
+    const std::string where = index_where("served_models", i);
+    bool traffic_given = false;
+    FLOTILLA_ASSIGN_OR_RETURN(ServedModelSpec served,
+                              read_served_model(served_models[i], where, traffic_given));
+    if (!traffic_given && served_models.size() > 1) {
+      return invalid_argument(where + ".traffic: is required when there are several served models");
+    }
+    if (!names.insert(served.name).second) {
+      return invalid_argument(where + ".name: '" + served.name + "' appears twice");
+    }
+    traffic_sum += served.traffic;
+    spec.served_models.push_back(std::move(served));
+  }
+  if (traffic_sum != kFullTraffic) {
+    return invalid_argument("served_models: traffic sums to " + std::to_string(traffic_sum) +
+                            ", must be 100");
+  }
+  return spec;
+}
+
+nlohmann::json range_json(const ConcurrencyRange& range) {
+  return {{"min", range.min}, {"max", range.max}};
+}
+
+struct MdCtxDeleter {
+  void operator()(EVP_MD_CTX* ctx) const { EVP_MD_CTX_free(ctx); }
+};
+using MdCtx = std::unique_ptr<EVP_MD_CTX, MdCtxDeleter>;
+
+// Appends `field` with its length in front, so no two different field lists give one string.
+void append_field(std::string& out, std::string_view field) {
+  out += std::to_string(field.size());
+  out += ':';
+  out += field;
+  out += ';';
+}
+
+// The first `digits` lowercase hex digits of SHA-256(text), or "" when OpenSSL fails.
+std::string sha256_hex_prefix(std::string_view text, size_t digits) {
+  MdCtx ctx(EVP_MD_CTX_new());
+  unsigned char digest[EVP_MAX_MD_SIZE];
+  unsigned int digest_size = 0;
+  if (ctx == nullptr || EVP_DigestInit_ex(ctx.get(), EVP_sha256(), nullptr) != 1 ||
+      EVP_DigestUpdate(ctx.get(), text.data(), text.size()) != 1 ||
+      EVP_DigestFinal_ex(ctx.get(), digest, &digest_size) != 1) {
+    return "";
+  }
+  static constexpr char kHex[] = "0123456789abcdef";
+  std::string hex;
+  for (unsigned int i = 0; i < digest_size && hex.size() < digits; ++i) {
+    hex += kHex[digest[i] >> 4];
+    hex += kHex[digest[i] & 0x0F];
+  }
+  return hex.substr(0, digits);
+}
+
+int64_t runtime_default_target(const std::string& runtime) {
+  if (runtime == "synthetic") {
+    return 8;
+  }
+  return 16;  // xgboost and auto
+}
+
+}  // namespace
+
+Result<EndpointSpec> parse_endpoint_spec(std::string_view text, std::string_view name_from_path) {
+  try {
+    return read_spec(YAML::Load(std::string(text)), name_from_path);
+  } catch (const std::exception& e) {
+    // yaml-cpp throws on syntax errors (and on lookups in malformed trees).
+    return invalid_argument(std::string("spec: invalid YAML or JSON: ") + e.what());
+  }
+}
+
+nlohmann::json to_json(const ServedModelSpec& served) {
+  nlohmann::json json = {
+      {"name", served.name},
+      {"model", served.model},
+      {"runtime", served.runtime},
+      {"concurrency", range_json(served.concurrency)},
+      {"scale_to_zero", served.scale_to_zero},
+      {"traffic", served.traffic},
+      {"resources", {{"cpus", served.resources.cpus}, {"memory_mb", served.resources.memory_mb}}},
+  };
+  if (served.per_replica_concurrency) {
+    json["per_replica_concurrency"] = range_json(*served.per_replica_concurrency);
+  }
+  return json;
+}
+
+nlohmann::json to_json(const EndpointSpec& spec) {
+  nlohmann::json served_models = nlohmann::json::array();
+  for (const ServedModelSpec& served : spec.served_models) {
+    served_models.push_back(to_json(served));
+  }
+  return {{"name", spec.name}, {"served_models", std::move(served_models)}};
+}
+
+Status check_model_paths(const EndpointSpec& spec) {
+  for (size_t i = 0; i < spec.served_models.size(); ++i) {
+    const std::string& model = spec.served_models[i].model;
+    const std::string where = index_where("served_models", i) + ".model";
+    std::error_code ec;
+    const bool exists = std::filesystem::exists(model, ec);
+    if (ec) {
+      return invalid_argument(where + ": '" + model + "' cannot be checked: " + ec.message());
+    }
+    if (!exists) {
+      return invalid_argument(where + ": '" + model + "' does not exist");
+    }
+  }
+  return Status::ok();
+}
+
+std::string deployment_key(std::string_view endpoint, const ServedModelSpec& served) {
+  // Shortest round-trip form of cpus, so equal doubles always give equal text.
+  char cpus[64];
+  const auto [end, ec] = std::to_chars(cpus, cpus + sizeof(cpus), served.resources.cpus);
+  const std::string_view cpus_text =
+      ec == std::errc() ? std::string_view(cpus, end - cpus) : std::string_view();
+
+  std::string canonical;
+  append_field(canonical, endpoint);
+  append_field(canonical, served.name);
+  append_field(canonical, served.model);
+  append_field(canonical, served.runtime);
+  append_field(canonical, cpus_text);
+  append_field(canonical, std::to_string(served.resources.memory_mb));
+  return std::string(endpoint) + "/" + served.name + "/" +
+         sha256_hex_prefix(canonical, kKeyHexDigits);
+}
+
+ConcurrencyRange per_replica_bounds(const ServedModelSpec& served) {
+  return served.per_replica_concurrency.value_or(kDefaultPerReplicaBounds);
+}
+
+int64_t initial_target_concurrency(const ServedModelSpec& served) {
+  const ConcurrencyRange bounds = per_replica_bounds(served);
+  // Not std::clamp: it is undefined for min > max, which only a hand-built spec could hold.
+  return std::min(std::max(runtime_default_target(served.runtime), bounds.min), bounds.max);
+}
+
+int64_t provisioned_replicas(const ServedModelSpec& served) {
+  // A valid spec has bounds.min >= 1; the guard keeps a hand-built one from dividing by zero.
+  const int64_t target = std::max<int64_t>(1, initial_target_concurrency(served));
+  const int64_t min = std::max<int64_t>(0, served.concurrency.min);
+  const int64_t replicas = min / target + (min % target != 0 ? 1 : 0);  // ceil, no overflow
+  return std::max<int64_t>(1, replicas);
+}
+
+}  // namespace flotilla::control

@@ -1,0 +1,94 @@
+// Endpoint specs (DESIGN.md §7): parsing from YAML or JSON with errors that name the field,
+// the canonical JSON form stored in SQLite and shown by the API, and the numbers derived from a
+// spec (deployment key, per-replica concurrency, provisioned replica count). Private to the
+// control module. Pure: no I/O except check_model_paths(). Thread-safe.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "common/common.h"
+
+namespace flotilla::control {
+
+struct ConcurrencyRange {
+  int64_t min = 0;
+  int64_t max = 0;
+  bool operator==(const ConcurrencyRange&) const = default;
+};
+
+// Per-replica resource limits, applied through cgroup v2 where the machine allows it.
+struct Resources {
+  double cpus = 0;        // 0: no limit
+  int64_t memory_mb = 0;  // 0: no limit
+  bool operator==(const Resources&) const = default;
+};
+
+// One served model: a version of the endpoint.
+struct ServedModelSpec {
+  std::string name;              // the version name
+  std::string model;             // absolute path (the CLI resolves relative paths)
+  std::string runtime = "auto";  // auto | xgboost | synthetic
+  ConcurrencyRange concurrency{1, 64};
+  // Bounds for the per-replica target concurrency; nullopt: the runtime's defaults.
+  std::optional<ConcurrencyRange> per_replica_concurrency;
+  bool scale_to_zero = false;
+  int64_t traffic = 100;  // percent; the served models of an endpoint sum to 100
+  Resources resources;
+  bool operator==(const ServedModelSpec&) const = default;
+};
+
+struct EndpointSpec {
+  std::string name;
+  std::vector<ServedModelSpec> served_models;
+  bool operator==(const EndpointSpec&) const = default;
+};
+
+// Parses and validates a spec in YAML or JSON (JSON is read as YAML). `name_from_path`, when not
+// empty, is the endpoint named by the request URL: the spec may then leave `name` out, and a
+// different `name` is an error. Errors (kInvalidArgument) name the field and the problem:
+//   "served_models[1].traffic: must be an integer from 0 to 100"
+//   "served_models[0]: unknown field 'modle'"
+//   "served_models: traffic sums to 90, must be 100"
+// Rules: name 1–64 of [A-Za-z0-9-_.] starting with a letter or digit; served_models a non-empty
+// list with unique names (same rule); model non-empty and an absolute path (an http(s):// URL
+// is refused until the artifact store lands, #6); runtime one of auto, xgboost, synthetic;
+// concurrency 0 <= min <= max, max >= 1; per_replica_concurrency 1 <= min <= max <= 4096;
+// traffic an integer in [0, 100], may be left out only when there is one served model;
+// resources.cpus in [0, 1024], resources.memory_mb >= 0; unknown fields refused at every level.
+Result<EndpointSpec> parse_endpoint_spec(std::string_view text,
+                                         std::string_view name_from_path = {});
+
+// The canonical JSON form: every field present, defaults filled in except an absent
+// per_replica_concurrency. parse_endpoint_spec(to_json(spec).dump()) == spec.
+nlohmann::json to_json(const EndpointSpec& spec);
+nlohmann::json to_json(const ServedModelSpec& served);
+
+// Fails with kInvalidArgument ("served_models[0].model: '/x/y' does not exist") when a served
+// model's path does not exist. Reads the file system.
+Status check_model_paths(const EndpointSpec& spec);
+
+// Identifies what a replica of `served` runs: equal keys mean interchangeable replicas. Built
+// from the endpoint name and the fields that need a replica restart when they change (name,
+// model, runtime, resources) and nothing else, so a change of traffic or concurrency keeps
+// the key. Form: "<endpoint>/<version>/<16 hex digits>".
+std::string deployment_key(std::string_view endpoint, const ServedModelSpec& served);
+
+// The per-replica concurrency bounds: the spec's, else the runtime's defaults (every runtime
+// today: {1, 64}).
+ConcurrencyRange per_replica_bounds(const ServedModelSpec& served);
+
+// The per-replica target concurrency until the autoscaler learns it: the runtime's default
+// (xgboost 16, synthetic 8, auto 16) clamped into per_replica_bounds(). It is also the cap the
+// gateway enforces per replica.
+int64_t initial_target_concurrency(const ServedModelSpec& served);
+
+// Replicas to keep ready: max(1, ceil(concurrency.min / initial_target_concurrency)).
+int64_t provisioned_replicas(const ServedModelSpec& served);
+
+}  // namespace flotilla::control

@@ -1,0 +1,651 @@
+// The local orchestrator: replicas as child processes of `flotilla replica`
+// (docs/control-plane.md).
+//
+// One thread owns the processes. Every tick it reaps exited children, notices adopted
+// processes that are gone, probes starting replicas for readiness, moves draining replicas on
+// to SIGTERM and SIGKILL, starts or drains replicas to match what ensure() asked for, and keeps
+// the warm pool full. State is guarded by mu_; the thread drops it for readiness probes (I/O)
+// and to call watchers, so list() and ensure() never wait on a slow replica.
+#include <algorithm>
+#include <condition_variable>
+#include <cstring>
+#include <filesystem>
+#include <map>
+#include <mutex>
+#include <random>
+#include <sstream>
+#include <thread>
+
+#include <nlohmann/json.hpp>
+#include <signal.h>
+#include <spdlog/spdlog.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "http/http.h"
+#include "orchestrator/orchestrator.h"
+#include "orchestrator/process_util.h"
+
+namespace flotilla::orchestrator {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using std::chrono::milliseconds;
+
+constexpr milliseconds kProbeTimeout{500};
+
+struct Process {
+  Replica replica;
+  bool child = true;  // ours to waitpid; adopted ones are watched through /proc
+  Clock::time_point started;
+  Clock::time_point drain_started;
+  Clock::time_point term_sent;
+  bool terminated = false;  // SIGTERM sent
+  Clock::time_point failed_at;
+  std::string cgroup;  // the cgroup directory made for it, "" when none
+};
+
+// An idle `flotilla replica --standby` process waiting on its stdin for the replica's flags.
+struct Standby {
+  int64_t pid = 0;
+  int control_fd = -1;  // our end of the socket pair that is its stdin
+  std::string log_path;
+};
+
+struct Wanted {
+  Deployment deployment;
+  int replicas = 0;
+  int failures = 0;  // consecutive failures, reset when a replica becomes ready
+  Clock::time_point next_start;
+};
+
+std::string random_suffix() {
+  static std::mutex mu;
+  static std::mt19937_64 engine(std::random_device{}());
+  std::lock_guard lock(mu);
+  char text[7];
+  std::snprintf(text, sizeof(text), "%06llx",
+                static_cast<unsigned long long>(engine() & 0xffffffULL));
+  return text;
+}
+
+class LocalOrchestrator final : public Orchestrator {
+ public:
+  explicit LocalOrchestrator(LocalOptions options)
+      : options_(std::move(options)),
+        cgroup_reason_(cgroup_unavailable_reason(options_.cgroup_root)) {
+    thread_ = std::thread([this] { loop(); });
+  }
+
+  ~LocalOrchestrator() override {
+    shutdown(options_.stop_timeout);
+    {
+      std::lock_guard lock(mu_);
+      stopping_ = true;
+    }
+    wake_.notify_all();
+    thread_.join();
+  }
+
+  void ensure(const Deployment& deployment, int replicas) override {
+    std::lock_guard lock(mu_);
+    if (shut_down_) {
+      return;
+    }
+    auto it = wanted_.find(deployment.key);
+    if (it == wanted_.end()) {
+      if (replicas == 0) {
+        // Nothing wanted and nothing known: still drain leftovers of this key (adopted ones).
+        bool any = std::any_of(processes_.begin(), processes_.end(), [&](const auto& entry) {
+          return entry.second.replica.deployment.key == deployment.key;
+        });
+        if (!any) {
+          return;
+        }
+      }
+      it = wanted_.emplace(deployment.key, Wanted{deployment, replicas, 0, Clock::now()}).first;
+    } else if (!deployment.model.empty()) {
+      it->second.deployment = deployment;
+    }
+    if (it->second.replicas != replicas) {
+      it->second.replicas = replicas;
+      wake_.notify_all();
+    }
+  }
+
+  Status drain(const std::string& replica_id) override {
+    std::vector<ReplicaEvent> events;
+    {
+      std::lock_guard lock(mu_);
+      auto it = processes_.find(replica_id);
+      if (it == processes_.end() || it->second.replica.state == ReplicaState::kFailed) {
+        return not_found("replica '" + replica_id + "' does not exist");
+      }
+      start_drain(it->second, "drained by request", events);
+    }
+    publish(events);
+    return Status::ok();
+  }
+
+  std::vector<Replica> list() const override {
+    std::lock_guard lock(mu_);
+    std::vector<Replica> replicas;
+    replicas.reserve(processes_.size());
+    for (const auto& [id, process] : processes_) {
+      replicas.push_back(process.replica);
+    }
+    return replicas;
+  }
+
+  void watch(std::function<void(const ReplicaEvent&)> on_change) override {
+    std::lock_guard lock(mu_);
+    watchers_.push_back(std::move(on_change));
+  }
+
+  void adopt(std::vector<Replica> replicas) override {
+    std::vector<ReplicaEvent> events;
+    {
+      std::lock_guard lock(mu_);
+      for (Replica& replica : replicas) {
+        if (replica.state == ReplicaState::kFailed || replica.state == ReplicaState::kStopped) {
+          continue;
+        }
+        if (!process_matches(replica.pid, replica.process_start_ticks)) {
+          replica.state = ReplicaState::kStopped;
+          events.push_back({replica, "lost",
+                            "process " + std::to_string(replica.pid) +
+                                " is gone (it exited while no orchestrator ran)"});
+          continue;
+        }
+        Process process;
+        process.replica = replica;
+        process.child = false;
+        process.started = Clock::now();
+        if (replica.state == ReplicaState::kDraining) {
+          process.drain_started = Clock::now() - options_.drain_delay;
+        }
+        events.push_back({replica, "adopted",
+                          "process " + std::to_string(replica.pid) + " adopted as " +
+                              std::string(state_name(replica.state))});
+        processes_.emplace(replica.id, std::move(process));
+      }
+    }
+    publish(events);
+  }
+
+  void shutdown(milliseconds timeout) override {
+    std::vector<ReplicaEvent> events;
+    {
+      std::lock_guard lock(mu_);
+      if (shut_down_) {
+        return;
+      }
+      shut_down_ = true;
+      for (auto& [key, wanted] : wanted_) {
+        wanted.replicas = 0;
+      }
+      for (auto& [id, process] : processes_) {
+        if (process.replica.state != ReplicaState::kFailed) {
+          start_drain(process, "shutting down", events);
+        }
+      }
+      for (auto& [runtime, pool] : pools_) {
+        for (Standby& standby : pool) {
+          ::close(standby.control_fd);  // EOF on its stdin: it exits
+        }
+      }
+    }
+    publish(events);
+    wake_.notify_all();
+    // The loop thread carries the drains through; wait for it to finish them.
+    std::unique_lock lock(mu_);
+    const auto deadline = Clock::now() + timeout + options_.drain_delay;
+    idle_.wait_until(lock, deadline, [this] { return live_process_count() == 0; });
+    for (auto& [id, process] : processes_) {
+      if (process.replica.state != ReplicaState::kFailed &&
+          process.replica.state != ReplicaState::kStopped) {
+        ::kill(static_cast<pid_t>(process.replica.pid), SIGKILL);
+      }
+    }
+  }
+
+ private:
+  size_t live_process_count() const {
+    size_t live = 0;
+    for (const auto& [id, process] : processes_) {
+      live += process.replica.state != ReplicaState::kFailed &&
+              process.replica.state != ReplicaState::kStopped;
+    }
+    for (const auto& [runtime, pool] : pools_) {
+      live += pool.size();
+    }
+    return live;
+  }
+
+  void publish(const std::vector<ReplicaEvent>& events) {
+    if (events.empty()) {
+      return;
+    }
+    std::vector<std::function<void(const ReplicaEvent&)>> watchers;
+    {
+      std::lock_guard lock(mu_);
+      watchers = watchers_;
+    }
+    for (const ReplicaEvent& event : events) {
+      spdlog::info("replica {} ({} {}): {}{}", event.replica.id, event.replica.deployment.endpoint,
+                   event.replica.deployment.version, event.kind,
+                   event.message.empty() ? "" : ": " + event.message);
+      for (const auto& watcher : watchers) {
+        watcher(event);
+      }
+    }
+  }
+
+  void start_drain(Process& process, const std::string& why, std::vector<ReplicaEvent>& events) {
+    if (process.replica.state == ReplicaState::kDraining ||
+        process.replica.state == ReplicaState::kStopped) {
+      return;
+    }
+    process.replica.state = ReplicaState::kDraining;
+    process.replica.reason = why;
+    process.drain_started = Clock::now();
+    events.push_back({process.replica, "draining", why});
+  }
+
+  void loop() {
+    std::unique_lock lock(mu_);
+    while (!stopping_) {
+      std::vector<ReplicaEvent> events;
+      reap(events);
+      lock.unlock();
+      probe_starting(events);
+      lock.lock();
+      advance_drains();
+      if (!shut_down_) {
+        scale(events);
+        fill_pools();
+      }
+      expire_failed();
+      forget_retired();
+      lock.unlock();
+      publish(events);
+      lock.lock();
+      idle_.notify_all();
+      wake_.wait_for(lock, options_.tick);
+    }
+  }
+
+  // Reaps exited children and notices adopted processes that are gone.
+  void reap(std::vector<ReplicaEvent>& events) {
+    for (;;) {
+      int status = 0;
+      const pid_t pid = ::waitpid(-1, &status, WNOHANG);
+      if (pid <= 0) {
+        break;
+      }
+      on_exit(pid, describe_exit(status), WIFEXITED(status), events);
+    }
+    for (auto& [id, process] : processes_) {
+      const ReplicaState state = process.replica.state;
+      if (!process.child && state != ReplicaState::kFailed && state != ReplicaState::kStopped &&
+          !process_matches(process.replica.pid, process.replica.process_start_ticks)) {
+        on_exit(static_cast<pid_t>(process.replica.pid), "exited (exit status unknown: adopted)",
+                true, events);
+      }
+    }
+  }
+
+  void on_exit(pid_t pid, const std::string& how, bool exited_by_itself,
+               std::vector<ReplicaEvent>& events) {
+    for (auto& [runtime, pool] : pools_) {
+      auto it = std::find_if(pool.begin(), pool.end(),
+                             [&](const Standby& standby) { return standby.pid == pid; });
+      if (it != pool.end()) {
+        if (!shut_down_) {
+          spdlog::warn("warm pool process {} {}: {}", pid, how, last_log_line(it->log_path));
+        }
+        ::close(it->control_fd);
+        pool.erase(it);
+        return;
+      }
+    }
+    for (auto& [id, process] : processes_) {
+      Replica& replica = process.replica;
+      if (replica.pid != pid || replica.state == ReplicaState::kFailed ||
+          replica.state == ReplicaState::kStopped) {
+        continue;
+      }
+      remove_cgroup(process);
+      if (replica.state == ReplicaState::kDraining) {
+        replica.state = ReplicaState::kStopped;
+        events.push_back({replica, "stopped", how});
+        return;
+      }
+      replica.state = ReplicaState::kFailed;
+      // A replica that exits on its own says why on its last log line ("cannot load model").
+      const std::string last_line = exited_by_itself ? last_log_line(log_path(replica.id)) : "";
+      replica.reason = how + (last_line.empty() ? "" : ": " + last_line);
+      process.failed_at = Clock::now();
+      count_failure(replica.deployment.key);
+      events.push_back({replica, "failed", replica.reason});
+      return;
+    }
+  }
+
+  void count_failure(const std::string& key) {
+    auto it = wanted_.find(key);
+    if (it == wanted_.end()) {
+      return;
+    }
+    Wanted& wanted = it->second;
+    wanted.failures += 1;
+    auto backoff = options_.restart_backoff * (1LL << std::min(wanted.failures - 1, 16));
+    backoff = std::min<milliseconds>(backoff, options_.max_restart_backoff);
+    wanted.next_start = Clock::now() + backoff;
+  }
+
+  // Probes replicas that are not ready yet, without holding mu_ during the requests.
+  void probe_starting(std::vector<ReplicaEvent>& events) {
+    std::vector<std::tuple<std::string, std::string, uint16_t>> targets;
+    {
+      std::lock_guard lock(mu_);
+      for (const auto& [id, process] : processes_) {
+        const ReplicaState state = process.replica.state;
+        if (state == ReplicaState::kStarting || state == ReplicaState::kLoading) {
+          targets.emplace_back(id, process.replica.host, process.replica.port);
+        }
+      }
+    }
+    for (const auto& [id, host, port] : targets) {
+      http::ClientRequest request;
+      request.method = http::Method::kGet;
+      request.target = "/v2/health/ready";
+      const http::ClientResponse response =
+          http::fetch(host, port, std::move(request), kProbeTimeout);
+      std::lock_guard lock(mu_);
+      auto it = processes_.find(id);
+      if (it == processes_.end()) {
+        continue;
+      }
+      Process& process = it->second;
+      Replica& replica = process.replica;
+      if (replica.state != ReplicaState::kStarting && replica.state != ReplicaState::kLoading) {
+        continue;
+      }
+      if (response.failure == http::UpstreamFailure::kNone && response.status == 200) {
+        replica.state = ReplicaState::kReady;
+        replica.ready_unix_ms = unix_time_ms();
+        if (auto wanted = wanted_.find(replica.deployment.key); wanted != wanted_.end()) {
+          wanted->second.failures = 0;
+        }
+        events.push_back({replica, "ready",
+                          "ready in " +
+                              std::to_string(replica.ready_unix_ms - replica.started_unix_ms) +
+                              " ms" + (replica.from_warm_pool ? " (from the warm pool)" : "")});
+      } else if (Clock::now() - process.started > options_.ready_timeout) {
+        ::kill(static_cast<pid_t>(replica.pid), SIGKILL);
+        replica.reason =
+            "not ready within " + std::to_string(options_.ready_timeout.count() / 1000) + " s";
+        events.push_back({replica, "timeout", replica.reason});
+      }
+    }
+  }
+
+  void advance_drains() {
+    const auto now = Clock::now();
+    for (auto& [id, process] : processes_) {
+      if (process.replica.state != ReplicaState::kDraining) {
+        continue;
+      }
+      const pid_t pid = static_cast<pid_t>(process.replica.pid);
+      if (!process.terminated && now - process.drain_started >= options_.drain_delay) {
+        ::kill(pid, SIGTERM);
+        process.terminated = true;
+        process.term_sent = now;
+      } else if (process.terminated && now - process.term_sent >= options_.stop_timeout) {
+        ::kill(pid, SIGKILL);
+        process.term_sent = now;  // once per stop timeout, should SIGKILL ever not land
+      }
+    }
+  }
+
+  void scale(std::vector<ReplicaEvent>& events) {
+    const auto now = Clock::now();
+    for (auto& [key, wanted] : wanted_) {
+      std::vector<Process*> live;
+      for (auto& [id, process] : processes_) {
+        const ReplicaState state = process.replica.state;
+        if (process.replica.deployment.key == key &&
+            (state == ReplicaState::kStarting || state == ReplicaState::kLoading ||
+             state == ReplicaState::kReady)) {
+          live.push_back(&process);
+        }
+      }
+      if (static_cast<int>(live.size()) > wanted.replicas) {
+        // Not ready first, then the newest.
+        std::sort(live.begin(), live.end(), [](const Process* a, const Process* b) {
+          const bool a_ready = a->replica.state == ReplicaState::kReady;
+          const bool b_ready = b->replica.state == ReplicaState::kReady;
+          if (a_ready != b_ready) {
+            return !a_ready;
+          }
+          return a->replica.started_unix_ms > b->replica.started_unix_ms;
+        });
+        const char* why =
+            wanted.replicas == 0 ? "retired: its version is no longer wanted" : "scaled down";
+        for (size_t i = 0; i < live.size() - static_cast<size_t>(wanted.replicas); ++i) {
+          start_drain(*live[i], why, events);
+        }
+      }
+      if (wanted.deployment.model.empty() || now < wanted.next_start) {
+        continue;  // known only as a key to retire, or backing off after a failure
+      }
+      for (int missing = wanted.replicas - static_cast<int>(live.size()); missing > 0; --missing) {
+        Result<Replica> started = start_replica(wanted.deployment);
+        if (!started.is_ok()) {
+          spdlog::error("cannot start a replica of {}: {}", key, started.status().message());
+          count_failure(key);
+          break;
+        }
+        events.push_back(
+            {*started, "started",
+             "pid " + std::to_string(started->pid) + ", port " + std::to_string(started->port) +
+                 (started->from_warm_pool ? ", from the warm pool" : "") + "; " + started->limits});
+      }
+    }
+  }
+
+  void forget_retired() {
+    for (auto it = wanted_.begin(); it != wanted_.end();) {
+      const bool has_process = std::any_of(processes_.begin(), processes_.end(), [&](auto& entry) {
+        const ReplicaState state = entry.second.replica.state;
+        return entry.second.replica.deployment.key == it->first && state != ReplicaState::kFailed &&
+               state != ReplicaState::kStopped;
+      });
+      it = it->second.replicas == 0 && !has_process ? wanted_.erase(it) : std::next(it);
+    }
+    std::erase_if(processes_, [](const auto& entry) {
+      return entry.second.replica.state == ReplicaState::kStopped;
+    });
+  }
+
+  void expire_failed() {
+    const auto now = Clock::now();
+    std::erase_if(processes_, [&](const auto& entry) {
+      return entry.second.replica.state == ReplicaState::kFailed &&
+             now - entry.second.failed_at > options_.keep_failed;
+    });
+  }
+
+  std::string log_path(const std::string& name) const {
+    return options_.log_dir + "/" + name + ".log";
+  }
+
+  Result<Replica> start_replica(const Deployment& deployment) {
+    Replica replica;
+    replica.id = deployment.endpoint + "-" + deployment.version + "-" + random_suffix();
+    replica.deployment = deployment;
+    replica.host = options_.host;
+    FLOTILLA_ASSIGN_OR_RETURN(replica.port, pick_free_port(options_.host));
+    std::vector<std::string> args = {"--model",   deployment.model,
+                                     "--runtime", deployment.runtime,
+                                     "--name",    deployment.endpoint,
+                                     "--host",    options_.host,
+                                     "--port",    std::to_string(replica.port)};
+    args.insert(args.end(), options_.replica_args.begin(), options_.replica_args.end());
+
+    auto pool = pools_.find(deployment.runtime);
+    if (pool != pools_.end() && !pool->second.empty()) {
+      Standby standby = pool->second.front();
+      pool->second.erase(pool->second.begin());
+      const std::string line = nlohmann::json{{"args", args}}.dump() + "\n";
+      const bool sent = ::send(standby.control_fd, line.data(), line.size(), MSG_NOSIGNAL) ==
+                        static_cast<ssize_t>(line.size());
+      ::close(standby.control_fd);
+      if (sent) {
+        std::error_code ignored;
+        std::filesystem::rename(standby.log_path, log_path(replica.id), ignored);
+        replica.pid = standby.pid;
+        replica.from_warm_pool = true;
+        replica.state = ReplicaState::kLoading;
+      } else {
+        ::kill(static_cast<pid_t>(standby.pid), SIGKILL);  // reaped by the next tick
+      }
+    }
+    if (replica.pid == 0) {
+      std::vector<std::string> argv = {options_.binary, "replica"};
+      argv.insert(argv.end(), args.begin(), args.end());
+      FLOTILLA_ASSIGN_OR_RETURN(replica.pid, spawn(argv, log_path(replica.id), -1));
+    }
+    replica.process_start_ticks = process_start_ticks(replica.pid);
+    replica.started_unix_ms = unix_time_ms();
+    Process process;
+    process.replica = replica;
+    process.started = Clock::now();
+    apply_limits(process);
+    replica.limits = process.replica.limits;
+    processes_.emplace(replica.id, std::move(process));
+    return replica;
+  }
+
+  void fill_pools() {
+    for (const std::string& runtime : options_.warm_pool_runtimes) {
+      auto& pool = pools_[runtime];
+      while (static_cast<int>(pool.size()) < options_.warm_pool_size) {
+        int fds[2];
+        if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, fds) != 0) {
+          spdlog::error("warm pool: socketpair: {}", std::strerror(errno));
+          return;
+        }
+        Standby standby;
+        standby.log_path = log_path("standby-" + runtime + "-" + random_suffix());
+        Result<int64_t> pid = spawn({options_.binary, "replica", "--standby", "--runtime", runtime},
+                                    standby.log_path, fds[1]);
+        ::close(fds[1]);
+        if (!pid.is_ok()) {
+          ::close(fds[0]);
+          spdlog::error("warm pool: {}", pid.status().message());
+          return;
+        }
+        standby.pid = *pid;
+        standby.control_fd = fds[0];
+        pool.push_back(standby);
+      }
+    }
+  }
+
+  void apply_limits(Process& process) {
+    const Deployment& deployment = process.replica.deployment;
+    if (deployment.cpus <= 0 && deployment.memory_bytes <= 0) {
+      process.replica.limits = "no limits asked";
+      return;
+    }
+    if (!cgroup_reason_.empty()) {
+      process.replica.limits = "limits not applied: " + cgroup_reason_;
+      return;
+    }
+    const std::string dir = options_.cgroup_root + "/" + process.replica.id;
+    Status status = make_cgroup(dir, deployment.cpus, deployment.memory_bytes, process.replica.pid);
+    if (!status.is_ok()) {
+      process.replica.limits = "limits not applied: " + status.message();
+      return;
+    }
+    process.cgroup = dir;
+    std::ostringstream text;
+    text << "cgroup v2 " << dir << ":";
+    if (deployment.cpus > 0) {
+      text << " cpus " << deployment.cpus;
+    }
+    if (deployment.memory_bytes > 0) {
+      text << " memory " << deployment.memory_bytes / (1024 * 1024) << " MiB";
+    }
+    process.replica.limits = text.str();
+  }
+
+  void remove_cgroup(Process& process) {
+    if (!process.cgroup.empty()) {
+      ::rmdir(process.cgroup.c_str());
+      process.cgroup.clear();
+    }
+  }
+
+  const LocalOptions options_;
+  const std::string cgroup_reason_;
+  mutable std::mutex mu_;
+  std::condition_variable wake_;              // the loop waits on it between ticks
+  std::condition_variable idle_;              // notified after every tick (shutdown waits on it)
+  std::map<std::string, Process> processes_;  // by replica id
+  std::map<std::string, Wanted> wanted_;      // by deployment key
+  std::map<std::string, std::vector<Standby>> pools_;  // by runtime
+  std::vector<std::function<void(const ReplicaEvent&)>> watchers_;
+  bool shut_down_ = false;
+  bool stopping_ = false;
+  std::thread thread_;
+};
+
+}  // namespace
+
+std::string_view state_name(ReplicaState state) {
+  switch (state) {
+    case ReplicaState::kStarting:
+      return "starting";
+    case ReplicaState::kLoading:
+      return "loading";
+    case ReplicaState::kReady:
+      return "ready";
+    case ReplicaState::kDraining:
+      return "draining";
+    case ReplicaState::kStopped:
+      return "stopped";
+    case ReplicaState::kFailed:
+      return "failed";
+  }
+  return "unknown";
+}
+
+Result<ReplicaState> parse_state(std::string_view name) {
+  for (ReplicaState state :
+       {ReplicaState::kStarting, ReplicaState::kLoading, ReplicaState::kReady,
+        ReplicaState::kDraining, ReplicaState::kStopped, ReplicaState::kFailed}) {
+    if (state_name(state) == name) {
+      return state;
+    }
+  }
+  return invalid_argument("unknown replica state '" + std::string(name) + "'");
+}
+
+Result<std::unique_ptr<Orchestrator>> create_local_orchestrator(const LocalOptions& options) {
+  if (::access(options.binary.c_str(), X_OK) != 0) {
+    return invalid_argument("replica binary '" + options.binary + "' is not executable");
+  }
+  std::error_code error;
+  std::filesystem::create_directories(options.log_dir, error);
+  if (error) {
+    return invalid_argument("cannot create log directory '" + options.log_dir +
+                            "': " + error.message());
+  }
+  return std::unique_ptr<Orchestrator>(std::make_unique<LocalOrchestrator>(options));
+}
+
+}  // namespace flotilla::orchestrator

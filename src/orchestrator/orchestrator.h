@@ -1,0 +1,120 @@
+// The orchestrator module's contract (DESIGN.md §5): where replicas run and how they live and
+// die. The control plane's reconciler says how many replicas of each deployment it wants; the
+// orchestrator starts, probes, restarts, drains and stops them, and reports every change.
+// The `local` driver runs replicas as child processes of this one (docs/control-plane.md).
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "common/common.h"
+
+namespace flotilla::orchestrator {
+
+// starting → loading → ready → draining → stopped, or failed with a reason.
+enum class ReplicaState { kStarting, kLoading, kReady, kDraining, kStopped, kFailed };
+
+std::string_view state_name(ReplicaState state);  // "starting", "loading", ...
+Result<ReplicaState> parse_state(std::string_view name);
+
+// What the replicas of one endpoint version run. Replicas with the same key are
+// interchangeable; replicas of different keys never share a process.
+struct Deployment {
+  std::string key;  // unique per endpoint version and model config (control::deployment_key)
+  std::string endpoint;
+  std::string version;
+  std::string model;         // absolute path
+  std::string runtime;       // auto | xgboost | synthetic
+  double cpus = 0;           // cgroup v2 cpu.max; 0: no limit
+  int64_t memory_bytes = 0;  // cgroup v2 memory.max; 0: no limit
+  bool operator==(const Deployment&) const = default;
+};
+
+struct Replica {
+  std::string id;  // "<endpoint>-<version>-<n>", unique for the life of the data directory
+  Deployment deployment;
+  std::string host;
+  uint16_t port = 0;
+  int64_t pid = 0;
+  // The process's start time in clock ticks since boot (/proc/PID/stat field 22): with the pid
+  // it identifies the process across a restart of the orchestrator, pid reuse included.
+  uint64_t process_start_ticks = 0;
+  ReplicaState state = ReplicaState::kStarting;
+  std::string reason;  // why it failed or is draining; "" otherwise
+  int64_t started_unix_ms = 0;
+  int64_t ready_unix_ms = 0;  // 0 until ready
+  bool from_warm_pool = false;
+  std::string limits;  // the resource limits applied, or why none could be
+};
+
+// One change of one replica, reported to watchers.
+struct ReplicaEvent {
+  Replica replica;   // the replica after the change
+  std::string kind;  // "started", "ready", "failed", "draining", "stopped", "adopted", "lost"
+  std::string message;
+};
+
+// Thread-safety: every method may be called from any thread. Watch callbacks run on the
+// orchestrator's own thread, one at a time; they must not block for long and must not call
+// shutdown().
+class Orchestrator {
+ public:
+  virtual ~Orchestrator() = default;
+
+  // Keeps `replicas` live (starting, loading or ready) replicas of `deployment`: starts missing
+  // ones, replaces failed ones after a backoff, drains surplus ones (those not ready first,
+  // then the newest). `replicas` = 0 retires the deployment. Idempotent; never blocks.
+  virtual void ensure(const Deployment& deployment, int replicas) = 0;
+  // Takes the replica out of service: state draining at once (so it leaves the gateway table),
+  // SIGTERM after the drain delay (the replica finishes its in-flight requests), SIGKILL if it
+  // outlives the stop timeout. Its deployment's count is not lowered, so ensure() starts a
+  // replacement. Unknown id: kNotFound.
+  virtual Status drain(const std::string& replica_id) = 0;
+  // Every replica known: live, draining, and failed ones kept for a while to show why.
+  virtual std::vector<Replica> list() const = 0;
+  // Adds a watcher of replica changes (see ReplicaEvent). Call before the first ensure().
+  virtual void watch(std::function<void(const ReplicaEvent&)> on_change) = 0;
+  // Takes over replicas a previous process of ours started and left running (their records
+  // from the state store): each one whose process still runs (same pid and start time) is
+  // adopted as it was; the others are reported "lost". Call before the first ensure().
+  virtual void adopt(std::vector<Replica> replicas) = 0;
+  // Drains and stops every replica and the warm pool, waiting up to `timeout`; blocks. After
+  // it, the orchestrator starts nothing.
+  virtual void shutdown(std::chrono::milliseconds timeout) = 0;
+};
+
+struct LocalOptions {
+  std::string binary;   // the `flotilla` executable that runs `flotilla replica`
+  std::string log_dir;  // one log file per replica: <log_dir>/<replica id>.log
+  std::string host = "127.0.0.1";
+  // Idle `flotilla replica --standby` processes kept per runtime (process up and libraries
+  // loaded, no model): a new replica takes one and only loads its model. 0: no pool.
+  int warm_pool_size = 1;
+  std::vector<std::string> warm_pool_runtimes = {"xgboost"};
+  std::chrono::milliseconds tick{50};                // how often processes are checked and probed
+  std::chrono::milliseconds ready_timeout{120'000};  // start to ready, else failed
+  std::chrono::milliseconds restart_backoff{500};    // after a failure, doubling per failure
+  std::chrono::milliseconds max_restart_backoff{30'000};
+  // Between draining (the gateway stops sending) and SIGTERM: time for the new table to
+  // reach every gateway worker.
+  std::chrono::milliseconds drain_delay{1'000};
+  std::chrono::milliseconds stop_timeout{30'000};  // SIGTERM to exit, else SIGKILL
+  std::chrono::milliseconds keep_failed{300'000};  // how long failed replicas stay listed
+  // Where per-replica cgroups are made when a deployment has limits (cgroup v2 only).
+  std::string cgroup_root = "/sys/fs/cgroup/flotilla";
+  std::vector<std::string> replica_args;  // extra flags for every replica (--log-level warn)
+};
+
+// Why per-replica cgroup v2 limits cannot be applied on this machine, or "" when they can.
+std::string cgroup_unavailable_reason(const std::string& cgroup_root);
+
+// Starts the local orchestrator's thread. Errors: kInvalidArgument when `binary` is not an
+// executable file or `log_dir` cannot be created.
+Result<std::unique_ptr<Orchestrator>> create_local_orchestrator(const LocalOptions& options);
+
+}  // namespace flotilla::orchestrator

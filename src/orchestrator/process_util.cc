@@ -1,0 +1,213 @@
+#include "orchestrator/process_util.h"
+
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "orchestrator/orchestrator.h"
+
+extern char** environ;
+
+namespace flotilla::orchestrator {
+namespace {
+
+Status write_file(const std::string& path, const std::string& text) {
+  std::ofstream out(path);
+  out << text;
+  out.flush();
+  if (!out) {
+    return unavailable("cannot write '" + text + "' to " + path + ": " + std::strerror(errno));
+  }
+  return Status::ok();
+}
+
+std::string read_file(const std::string& path) {
+  std::ifstream in(path);
+  std::ostringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+}  // namespace
+
+Result<int64_t> spawn(const std::vector<std::string>& argv, const std::string& log_path,
+                      int stdin_fd) {
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  if (stdin_fd >= 0) {
+    posix_spawn_file_actions_adddup2(&actions, stdin_fd, 0);
+  } else {
+    posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0);
+  }
+  posix_spawn_file_actions_addopen(&actions, 1, log_path.c_str(), O_WRONLY | O_CREAT | O_APPEND,
+                                   0644);
+  posix_spawn_file_actions_adddup2(&actions, 1, 2);
+  // The gateway's listening sockets and the database must not leak into replicas: a replica
+  // outliving a killed `flotilla up` would otherwise hold its ports.
+  posix_spawn_file_actions_addclosefrom_np(&actions, 3);
+
+  posix_spawnattr_t attributes;
+  posix_spawnattr_init(&attributes);
+  sigset_t empty;
+  sigemptyset(&empty);
+  sigset_t defaults;
+  sigemptyset(&defaults);
+  for (int signal : {SIGTERM, SIGINT, SIGPIPE, SIGHUP, SIGCHLD}) {
+    sigaddset(&defaults, signal);
+  }
+  posix_spawnattr_setsigmask(&attributes, &empty);
+  posix_spawnattr_setsigdefault(&attributes, &defaults);
+  posix_spawnattr_setpgroup(&attributes, 0);
+  posix_spawnattr_setflags(&attributes,
+                           POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF | POSIX_SPAWN_SETPGROUP);
+
+  std::vector<char*> args;
+  for (const std::string& arg : argv) {
+    args.push_back(const_cast<char*>(arg.c_str()));
+  }
+  args.push_back(nullptr);
+  pid_t pid = 0;
+  const int error = posix_spawn(&pid, argv[0].c_str(), &actions, &attributes, args.data(), environ);
+  posix_spawn_file_actions_destroy(&actions);
+  posix_spawnattr_destroy(&attributes);
+  if (error != 0) {
+    return unavailable("cannot start '" + argv[0] + "': " + std::strerror(error));
+  }
+  return static_cast<int64_t>(pid);
+}
+
+Result<uint16_t> pick_free_port(const std::string& host) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) {
+    return unavailable(std::string("socket: ") + std::strerror(errno));
+  }
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_port = 0;
+  if (::inet_pton(AF_INET, host.c_str(), &address.sin_addr) != 1) {
+    ::close(fd);
+    return invalid_argument("'" + host + "' is not an IPv4 address");
+  }
+  socklen_t length = sizeof(address);
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)) != 0 ||
+      ::getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length) != 0) {
+    const std::string error = std::strerror(errno);
+    ::close(fd);
+    return unavailable("cannot find a free port on " + host + ": " + error);
+  }
+  ::close(fd);
+  return ntohs(address.sin_port);
+}
+
+uint64_t process_start_ticks(int64_t pid) {
+  const std::string stat = read_file("/proc/" + std::to_string(pid) + "/stat");
+  // The command name (field 2) may hold spaces and parentheses: fields count from the last ')'.
+  const size_t end = stat.rfind(')');
+  if (end == std::string::npos) {
+    return 0;
+  }
+  std::istringstream fields(stat.substr(end + 2));
+  std::string field;
+  char state = 0;
+  fields >> state;
+  if (state == 'Z') {
+    return 0;
+  }
+  // Field 3 was the state; field 22 is the start time.
+  for (int index = 4; index <= 22 && fields >> field; ++index) {
+  }
+  try {
+    return std::stoull(field);
+  } catch (...) {
+    return 0;
+  }
+}
+
+bool process_matches(int64_t pid, uint64_t start_ticks) {
+  return pid > 0 && start_ticks != 0 && process_start_ticks(pid) == start_ticks;
+}
+
+std::string describe_exit(int status) {
+  if (WIFEXITED(status)) {
+    return "exited with status " + std::to_string(WEXITSTATUS(status));
+  }
+  if (WIFSIGNALED(status)) {
+    const int signal = WTERMSIG(status);
+    return "killed by signal " + std::to_string(signal) + " (" + strsignal(signal) + ")";
+  }
+  return "ended (status " + std::to_string(status) + ")";
+}
+
+std::string last_log_line(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) {
+    return "";
+  }
+  in.seekg(0, std::ios::end);
+  const std::streamoff size = in.tellg();
+  const std::streamoff start = std::max<std::streamoff>(0, size - 4096);
+  in.seekg(start);
+  std::string tail(static_cast<size_t>(size - start), '\0');
+  in.read(tail.data(), static_cast<std::streamsize>(tail.size()));
+  while (!tail.empty() && (tail.back() == '\n' || tail.back() == '\r' || tail.back() == ' ')) {
+    tail.pop_back();
+  }
+  const size_t newline = tail.rfind('\n');
+  return newline == std::string::npos ? tail : tail.substr(newline + 1);
+}
+
+std::string cgroup_unavailable_reason(const std::string& cgroup_root) {
+  const std::filesystem::path root(cgroup_root);
+  const std::filesystem::path parent = root.parent_path();
+  if (!std::filesystem::exists(parent / "cgroup.controllers")) {
+    return "cgroup v2 is not mounted at " + parent.string() +
+           " (this machine uses cgroup v1 or none)";
+  }
+  const std::string controllers = read_file((parent / "cgroup.controllers").string());
+  if (controllers.find("cpu") == std::string::npos ||
+      controllers.find("memory") == std::string::npos) {
+    return "the cpu and memory controllers are not available in " + parent.string();
+  }
+  std::error_code error;
+  std::filesystem::create_directories(root, error);
+  if (error) {
+    return "cannot create " + root.string() + ": " + error.message();
+  }
+  // Controllers must be enabled for the children of both the parent and our root.
+  if (!write_file((parent / "cgroup.subtree_control").string(), "+cpu +memory").is_ok() ||
+      !write_file((root / "cgroup.subtree_control").string(), "+cpu +memory").is_ok()) {
+    return "cannot enable the cpu and memory controllers under " + root.string();
+  }
+  return "";
+}
+
+Status make_cgroup(const std::string& dir, double cpus, int64_t memory_bytes, int64_t pid) {
+  std::error_code error;
+  std::filesystem::create_directories(dir, error);
+  if (error) {
+    return unavailable("cannot create " + dir + ": " + error.message());
+  }
+  constexpr int64_t kPeriodUs = 100'000;
+  if (cpus > 0) {
+    const auto quota = static_cast<int64_t>(std::llround(cpus * kPeriodUs));
+    FLOTILLA_RETURN_IF_ERROR(
+        write_file(dir + "/cpu.max", std::to_string(quota) + " " + std::to_string(kPeriodUs)));
+  }
+  if (memory_bytes > 0) {
+    FLOTILLA_RETURN_IF_ERROR(write_file(dir + "/memory.max", std::to_string(memory_bytes)));
+  }
+  return write_file(dir + "/cgroup.procs", std::to_string(pid));
+}
+
+}  // namespace flotilla::orchestrator

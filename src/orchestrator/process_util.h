@@ -1,0 +1,39 @@
+// Process plumbing for the local orchestrator: spawning, identifying processes across restarts,
+// exit descriptions, log tails, free ports and cgroup v2 limits. Private to the module.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "common/common.h"
+
+namespace flotilla::orchestrator {
+
+// Starts `argv` (argv[0] the executable path) with stdout and stderr appended to `log_path`,
+// stdin from `stdin_fd` (-1: /dev/null), no other descriptor inherited, default signal mask
+// and dispositions, in a process group of its own (a Ctrl-C meant for `flotilla up` does not
+// reach replicas directly: it stops them in order). Returns the pid.
+Result<int64_t> spawn(const std::vector<std::string>& argv, const std::string& log_path,
+                      int stdin_fd);
+
+// A port free on `host` now (bound to port 0 and released): the replica binds it next.
+Result<uint16_t> pick_free_port(const std::string& host);
+
+// The process's start time in clock ticks since boot (/proc/PID/stat field 22); 0 when it
+// does not exist.
+uint64_t process_start_ticks(int64_t pid);
+
+// Whether process `pid` exists, is not a zombie, and started at `start_ticks`.
+bool process_matches(int64_t pid, uint64_t start_ticks);
+
+// "exited with status 2", "killed by signal 9 (Killed)", from a waitpid status.
+std::string describe_exit(int status);
+
+// The last non-empty line of a file (its last 4 KiB read), "" when unreadable.
+std::string last_log_line(const std::string& path);
+
+// Makes cgroup `dir` with cpu.max and memory.max set (0: no limit) and moves `pid` into it.
+Status make_cgroup(const std::string& dir, double cpus, int64_t memory_bytes, int64_t pid);
+
+}  // namespace flotilla::orchestrator

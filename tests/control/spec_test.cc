@@ -1,0 +1,640 @@
+#include "control/spec.h"
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <stdlib.h>
+
+namespace flotilla::control {
+namespace {
+
+using ::testing::HasSubstr;
+using ::testing::MatchesRegex;
+using ::testing::StartsWith;
+
+ServedModelSpec served_model(std::string name, std::string model) {
+  ServedModelSpec served;
+  served.name = std::move(name);
+  served.model = std::move(model);
+  return served;
+}
+
+// ---- Parsing valid specs ----------------------------------------------------------------------
+
+TEST(ParseEndpointSpecTest, FillsDefaultsForAMinimalYamlSpec) {
+  Result<EndpointSpec> spec = parse_endpoint_spec(R"(
+name: fraud-scorer
+served_models:
+  - name: v1
+    model: /models/fraud
+)");
+  ASSERT_TRUE(spec.is_ok()) << spec.status().to_string();
+  EXPECT_EQ(spec->name, "fraud-scorer");
+  ASSERT_EQ(spec->served_models.size(), 1u);
+  const ServedModelSpec& served = spec->served_models[0];
+  EXPECT_EQ(served.name, "v1");
+  EXPECT_EQ(served.model, "/models/fraud");
+  EXPECT_EQ(served.runtime, "auto");
+  EXPECT_EQ(served.concurrency, (ConcurrencyRange{1, 64}));
+  EXPECT_EQ(served.per_replica_concurrency, std::nullopt);
+  EXPECT_FALSE(served.scale_to_zero);
+  EXPECT_EQ(served.traffic, 100);
+  EXPECT_EQ(served.resources, (Resources{0, 0}));
+}
+
+TEST(ParseEndpointSpecTest, ReadsEveryFieldFromYaml) {
+  Result<EndpointSpec> spec = parse_endpoint_spec(R"(
+name: fraud
+served_models:
+  - name: v1
+    model: /models/fraud-v1
+    runtime: xgboost
+    concurrency: {min: 4, max: 256}
+    per_replica_concurrency: {min: 2, max: 32}
+    scale_to_zero: true
+    traffic: 80
+    resources: {cpus: 1.5, memory_mb: 2048}
+  - name: v2
+    model: /models/fraud-v2
+    runtime: synthetic
+    concurrency: {min: 0, max: 8}
+    traffic: 20
+)");
+  ASSERT_TRUE(spec.is_ok()) << spec.status().to_string();
+  ServedModelSpec v1 = served_model("v1", "/models/fraud-v1");
+  v1.runtime = "xgboost";
+  v1.concurrency = {4, 256};
+  v1.per_replica_concurrency = ConcurrencyRange{2, 32};
+  v1.scale_to_zero = true;
+  v1.traffic = 80;
+  v1.resources = {1.5, 2048};
+  ServedModelSpec v2 = served_model("v2", "/models/fraud-v2");
+  v2.runtime = "synthetic";
+  v2.concurrency = {0, 8};
+  v2.traffic = 20;
+  EXPECT_EQ(*spec, (EndpointSpec{"fraud", {v1, v2}}));
+}
+
+TEST(ParseEndpointSpecTest, JsonAndYamlGiveTheSameSpec) {
+  Result<EndpointSpec> from_yaml = parse_endpoint_spec(R"(
+name: fraud
+served_models:
+  - {name: a, model: /m/a, traffic: 30, scale_to_zero: false, resources: {cpus: 2}}
+  - {name: b, model: /m/b, traffic: 70, concurrency: {min: 3, max: 9}}
+)");
+  Result<EndpointSpec> from_json = parse_endpoint_spec(R"({
+  "name": "fraud",
+  "served_models": [
+    {"name": "a", "model": "/m/a", "traffic": 30, "scale_to_zero": false,
+     "resources": {"cpus": 2}},
+    {"name": "b", "model": "/m/b", "traffic": 70, "concurrency": {"min": 3, "max": 9}}
+  ]
+})");
+  ASSERT_TRUE(from_yaml.is_ok()) << from_yaml.status().to_string();
+  ASSERT_TRUE(from_json.is_ok()) << from_json.status().to_string();
+  EXPECT_EQ(*from_yaml, *from_json);
+  EXPECT_EQ(from_json->served_models[0].resources.cpus, 2.0);
+  EXPECT_EQ(from_json->served_models[1].concurrency, (ConcurrencyRange{3, 9}));
+}
+
+struct ValidCase {
+  std::string label;
+  std::string text;
+  // Checks one field of the parsed spec.
+  std::function<void(const EndpointSpec&)> check;
+};
+
+TEST(ParseEndpointSpecTest, AcceptsEdgeValues) {
+  const std::string name64(64, 'a');
+  const std::vector<ValidCase> cases = {
+      {"name of 64 characters", "{name: " + name64 + ", served_models: [{name: v, model: /m}]}",
+       [&](const EndpointSpec& s) {
+         EXPECT_EQ(s.name, name64);
+       }},
+      {"name starting with a digit", "{name: 9lives, served_models: [{name: 1, model: /m}]}",
+       [](const EndpointSpec& s) {
+         EXPECT_EQ(s.name, "9lives");
+         EXPECT_EQ(s.served_models[0].name, "1");
+       }},
+      {"names with '-', '_' and '.'",
+       "{name: a-b_c.d, served_models: [{name: v1.2_x-y, model: /m}]}",
+       [](const EndpointSpec& s) {
+         EXPECT_EQ(s.served_models[0].name, "v1.2_x-y");
+       }},
+      {"traffic 0 for one version",
+       "{name: e, served_models: [{name: a, model: /a, traffic: 0}, "
+       "{name: b, model: /b, traffic: 100}]}",
+       [](const EndpointSpec& s) {
+         EXPECT_EQ(s.served_models[0].traffic, 0);
+       }},
+      {"explicit traffic 100 for a single version",
+       "{name: e, served_models: [{name: a, model: /a, traffic: 100}]}",
+       [](const EndpointSpec& s) {
+         EXPECT_EQ(s.served_models[0].traffic, 100);
+       }},
+      {"a plus sign on an integer",
+       "{name: e, served_models: [{name: a, model: /a, traffic: +100}]}",
+       [](const EndpointSpec& s) {
+         EXPECT_EQ(s.served_models[0].traffic, 100);
+       }},
+      {"concurrency min 0 and max 1",
+       "{name: e, served_models: [{name: a, model: /a, concurrency: {min: 0, max: 1}}]}",
+       [](const EndpointSpec& s) {
+         EXPECT_EQ(s.served_models[0].concurrency, (ConcurrencyRange{0, 1}));
+       }},
+      {"concurrency with only min keeps the default max",
+       "{name: e, served_models: [{name: a, model: /a, concurrency: {min: 5}}]}",
+       [](const EndpointSpec& s) {
+         EXPECT_EQ(s.served_models[0].concurrency, (ConcurrencyRange{5, 64}));
+       }},
+      {"concurrency with only max keeps the default min",
+       "{name: e, served_models: [{name: a, model: /a, concurrency: {max: 1000}}]}",
+       [](const EndpointSpec& s) {
+         EXPECT_EQ(s.served_models[0].concurrency, (ConcurrencyRange{1, 1000}));
+       }},
+      {"per_replica_concurrency at its limits",
+       "{name: e, served_models: [{name: a, model: /a, "
+       "per_replica_concurrency: {min: 1, max: 4096}}]}",
+       [](const EndpointSpec& s) {
+         EXPECT_EQ(s.served_models[0].per_replica_concurrency, (ConcurrencyRange{1, 4096}));
+       }},
+      {"per_replica_concurrency null means absent",
+       R"({"name": "e", "served_models": [{"name": "a", "model": "/a",
+           "per_replica_concurrency": null}]})",
+       [](const EndpointSpec& s) {
+         EXPECT_EQ(s.served_models[0].per_replica_concurrency, std::nullopt);
+       }},
+      {"upper-case boolean",
+       "{name: e, served_models: [{name: a, model: /a, scale_to_zero: TRUE}]}",
+       [](const EndpointSpec& s) {
+         EXPECT_TRUE(s.served_models[0].scale_to_zero);
+       }},
+      {"cpus at its limits and fractional",
+       "{name: e, served_models: [{name: a, model: /a, traffic: 100, resources: {cpus: 1024}}, "
+       "{name: b, model: /b, traffic: 0, resources: {cpus: 0.25}}, "
+       "{name: c, model: /c, traffic: 0, resources: {cpus: 0}}]}",
+       [](const EndpointSpec& s) {
+         ASSERT_EQ(s.served_models.size(), 3u);
+         EXPECT_EQ(s.served_models[0].resources.cpus, 1024.0);
+         EXPECT_EQ(s.served_models[1].resources.cpus, 0.25);
+         EXPECT_EQ(s.served_models[2].resources.cpus, 0.0);
+       }},
+      {"a large memory limit",
+       "{name: e, served_models: [{name: a, model: /a, resources: {memory_mb: 1048576}}]}",
+       [](const EndpointSpec& s) {
+         EXPECT_EQ(s.served_models[0].resources.memory_mb, 1048576);
+       }},
+      {"model path with spaces and UTF-8", "{name: e, served_models: [{name: a, model: '/m/é x'}]}",
+       [](const EndpointSpec& s) {
+         EXPECT_EQ(s.served_models[0].model, "/m/é x");
+       }},
+  };
+  for (const ValidCase& c : cases) {
+    SCOPED_TRACE(c.label);
+    Result<EndpointSpec> spec = parse_endpoint_spec(c.text);
+    ASSERT_TRUE(spec.is_ok()) << spec.status().to_string();
+    c.check(*spec);
+  }
+}
+
+// ---- Validation errors ------------------------------------------------------------------------
+
+struct InvalidCase {
+  std::string label;
+  std::string text;
+  std::string expected;  // the whole message, or its start when `prefix_only`
+  bool prefix_only = false;
+};
+
+// A one-version spec with `fields` added to the served model.
+std::string one_version(const std::string& fields) {
+  return "{name: e, served_models: [{name: v1, model: /m" + (fields.empty() ? "" : ", " + fields) +
+         "}]}";
+}
+
+TEST(ParseEndpointSpecTest, RefusesInvalidSpecsNamingTheField) {
+  const std::string name65(65, 'a');
+  const std::string kTraffic1 = "served_models[1].traffic: must be an integer from 0 to 100";
+  const std::string kCpus = "served_models[0].resources.cpus: must be a number from 0 to 1024";
+  const std::vector<InvalidCase> cases = {
+      // Document level.
+      {"syntax error", "name: [e", "spec: invalid YAML or JSON: ", true},
+      {"syntax error in JSON", R"({"name": "e",)", "spec: invalid YAML or JSON: ", true},
+      {"empty text", "", "spec: is empty"},
+      {"a list", "[1, 2]", "spec: must be a mapping"},
+      {"a scalar", "hello", "spec: must be a mapping"},
+      {"unknown top-level field", "{name: e, version: 2, served_models: [{name: v, model: /m}]}",
+       "spec: unknown field 'version'"},
+      {"repeated field", "name: e\nname: f\nserved_models: [{name: v, model: /m}]\n",
+       "spec: field 'name' appears twice"},
+      {"non-scalar field name", "{[a]: 1}", "spec: field names must be strings"},
+      // name.
+      {"missing name", "{served_models: [{name: v, model: /m}]}", "name: is required"},
+      {"empty name", "{name: '', served_models: [{name: v, model: /m}]}",
+       "name: must be 1 to 64 characters"},
+      {"name too long", "{name: " + name65 + ", served_models: [{name: v, model: /m}]}",
+       "name: must be 1 to 64 characters"},
+      {"name with a space", "{name: 'fraud scorer', served_models: [{name: v, model: /m}]}",
+       "name: 'fraud scorer' may hold only letters, digits, '-', '_' and '.'"},
+      {"name with a slash", "{name: 'a/b', served_models: [{name: v, model: /m}]}",
+       "name: 'a/b' may hold only letters, digits, '-', '_' and '.'"},
+      {"name starting with '-'", "{name: '-e', served_models: [{name: v, model: /m}]}",
+       "name: '-e' must start with a letter or digit"},
+      {"name starting with '.'", "{name: .e, served_models: [{name: v, model: /m}]}",
+       "name: '.e' must start with a letter or digit"},
+      {"name a list", "{name: [a], served_models: [{name: v, model: /m}]}",
+       "name: must be a string"},
+      {"name null", "{name: null, served_models: [{name: v, model: /m}]}",
+       "name: must be a string"},
+      // served_models.
+      {"missing served_models", "{name: e}", "served_models: is required"},
+      {"empty served_models", "{name: e, served_models: []}",
+       "served_models: must be a non-empty list"},
+      {"served_models a mapping", "{name: e, served_models: {name: v, model: /m}}",
+       "served_models: must be a non-empty list"},
+      {"served model a scalar", "{name: e, served_models: [v1]}",
+       "served_models[0]: must be a mapping"},
+      {"unknown served model field", one_version("modle: /x"),
+       "served_models[0]: unknown field 'modle'"},
+      {"missing version name", "{name: e, served_models: [{model: /m}]}",
+       "served_models[0].name: is required"},
+      {"bad version name", "{name: e, served_models: [{name: 'v 1', model: /m}]}",
+       "served_models[0].name: 'v 1' may hold only letters, digits, '-', '_' and '.'"},
+      {"version name starting with '_'", "{name: e, served_models: [{name: _v, model: /m}]}",
+       "served_models[0].name: '_v' must start with a letter or digit"},
+      {"repeated version name",
+       "{name: e, served_models: [{name: v1, model: /a, traffic: 50}, "
+       "{name: v1, model: /b, traffic: 50}]}",
+       "served_models[1].name: 'v1' appears twice"},
+      // model.
+      {"missing model", "{name: e, served_models: [{name: v1}]}",
+       "served_models[0].model: is required"},
+      {"empty model", "{name: e, served_models: [{name: v1, model: ''}]}",
+       "served_models[0].model: must not be empty"},
+      {"relative model path", "{name: e, served_models: [{name: v1, model: models/fraud}]}",
+       "served_models[0].model: 'models/fraud' must be an absolute path"},
+      {"http model URL", "{name: e, served_models: [{name: v1, model: 'http://h/m'}]}",
+       "served_models[0].model: 'http://h/m': http(s) URLs are not supported", true},
+      {"https model URL", "{name: e, served_models: [{name: v1, model: 'https://h/m'}]}",
+       "served_models[0].model: 'https://h/m': http(s) URLs are not supported", true},
+      {"model a mapping", "{name: e, served_models: [{name: v1, model: {path: /m}}]}",
+       "served_models[0].model: must be a string"},
+      {"model with a control character", "{name: e, served_models: [{name: v1, model: \"/m\\t\"}]}",
+       "served_models[0].model: must not contain control characters"},
+      {"model that is not UTF-8", "{name: e, served_models: [{name: v1, model: \"/m\xC3(\"}]}",
+       "served_models[0].model: must be valid UTF-8"},
+      // runtime.
+      {"unknown runtime", one_version("runtime: llm"),
+       "served_models[0].runtime: unknown runtime 'llm' (use auto, xgboost or synthetic)"},
+      {"runtime in upper case", one_version("runtime: XGBoost"),
+       "served_models[0].runtime: unknown runtime 'XGBoost' (use auto, xgboost or synthetic)"},
+      // concurrency.
+      {"concurrency a number", one_version("concurrency: 5"),
+       "served_models[0].concurrency: must be a mapping"},
+      {"concurrency unknown field", one_version("concurrency: {min: 1, target: 3}"),
+       "served_models[0].concurrency: unknown field 'target'"},
+      {"negative concurrency min", one_version("concurrency: {min: -1}"),
+       "served_models[0].concurrency.min: must be an integer >= 0"},
+      {"fractional concurrency min", one_version("concurrency: {min: 1.5}"),
+       "served_models[0].concurrency.min: must be an integer >= 0"},
+      {"textual concurrency min", one_version("concurrency: {min: abc}"),
+       "served_models[0].concurrency.min: must be an integer >= 0"},
+      {"exponent concurrency max", one_version("concurrency: {max: 1e3}"),
+       "served_models[0].concurrency.max: must be an integer >= 1"},
+      {"hex concurrency max", one_version("concurrency: {max: 0x10}"),
+       "served_models[0].concurrency.max: must be an integer >= 1"},
+      {"concurrency max 0", one_version("concurrency: {min: 0, max: 0}"),
+       "served_models[0].concurrency.max: must be an integer >= 1"},
+      {"concurrency min above max", one_version("concurrency: {min: 8, max: 4}"),
+       "served_models[0].concurrency: min (8) must not exceed max (4)"},
+      {"concurrency min above the default max", one_version("concurrency: {min: 65}"),
+       "served_models[0].concurrency: min (65) must not exceed max (64)"},
+      {"concurrency beyond int64", one_version("concurrency: {max: 99999999999999999999}"),
+       "served_models[0].concurrency.max: must be an integer >= 1"},
+      // per_replica_concurrency.
+      {"per-replica min 0", one_version("per_replica_concurrency: {min: 0, max: 4}"),
+       "served_models[0].per_replica_concurrency.min: must be an integer from 1 to 4096"},
+      {"per-replica max above 4096", one_version("per_replica_concurrency: {max: 4097}"),
+       "served_models[0].per_replica_concurrency.max: must be an integer from 1 to 4096"},
+      {"per-replica min above max", one_version("per_replica_concurrency: {min: 9, max: 8}"),
+       "served_models[0].per_replica_concurrency: min (9) must not exceed max (8)"},
+      {"per-replica a list", one_version("per_replica_concurrency: [1, 8]"),
+       "served_models[0].per_replica_concurrency: must be a mapping"},
+      // scale_to_zero.
+      {"scale_to_zero yes", one_version("scale_to_zero: yes"),
+       "served_models[0].scale_to_zero: must be true or false"},
+      {"scale_to_zero quoted", one_version("scale_to_zero: 'true'"),
+       "served_models[0].scale_to_zero: must be true or false"},
+      {"scale_to_zero 1", one_version("scale_to_zero: 1"),
+       "served_models[0].scale_to_zero: must be true or false"},
+      // traffic.
+      {"traffic above 100",
+       "{name: e, served_models: [{name: a, model: /a, traffic: 0}, "
+       "{name: b, model: /b, traffic: 101}]}",
+       kTraffic1},
+      {"negative traffic",
+       "{name: e, served_models: [{name: a, model: /a, traffic: 100}, "
+       "{name: b, model: /b, traffic: -1}]}",
+       kTraffic1},
+      {"fractional traffic",
+       "{name: e, served_models: [{name: a, model: /a, traffic: 50}, "
+       "{name: b, model: /b, traffic: 49.5}]}",
+       kTraffic1},
+      {"textual traffic",
+       "{name: e, served_models: [{name: a, model: /a, traffic: 50}, "
+       "{name: b, model: /b, traffic: abc}]}",
+       kTraffic1},
+      {"traffic as a JSON string",
+       R"({"name": "e", "served_models": [{"name": "a", "model": "/a", "traffic": 50},
+           {"name": "b", "model": "/b", "traffic": "50"}]})",
+       kTraffic1},
+      {"traffic left out with two versions",
+       "{name: e, served_models: [{name: a, model: /a}, {name: b, model: /b, traffic: 100}]}",
+       "served_models[0].traffic: is required when there are several served models"},
+      {"traffic sums below 100",
+       "{name: e, served_models: [{name: a, model: /a, traffic: 40}, "
+       "{name: b, model: /b, traffic: 50}]}",
+       "served_models: traffic sums to 90, must be 100"},
+      {"traffic sums above 100",
+       "{name: e, served_models: [{name: a, model: /a, traffic: 60}, "
+       "{name: b, model: /b, traffic: 50}]}",
+       "served_models: traffic sums to 110, must be 100"},
+      {"single version with partial traffic", one_version("traffic: 50"),
+       "served_models: traffic sums to 50, must be 100"},
+      // resources.
+      {"resources unknown field", one_version("resources: {gpus: 1}"),
+       "served_models[0].resources: unknown field 'gpus'"},
+      {"resources a number", one_version("resources: 4"),
+       "served_models[0].resources: must be a mapping"},
+      {"negative cpus", one_version("resources: {cpus: -1}"), kCpus},
+      {"cpus above 1024", one_version("resources: {cpus: 1024.5}"), kCpus},
+      {"textual cpus", one_version("resources: {cpus: four}"), kCpus},
+      {"nan cpus", one_version("resources: {cpus: nan}"), kCpus},
+      {"infinite cpus", one_version("resources: {cpus: inf}"), kCpus},
+      {"quoted cpus", one_version("resources: {cpus: '2'}"), kCpus},
+      {"negative memory", one_version("resources: {memory_mb: -1}"),
+       "served_models[0].resources.memory_mb: must be an integer >= 0"},
+      {"fractional memory", one_version("resources: {memory_mb: 1.5}"),
+       "served_models[0].resources.memory_mb: must be an integer >= 0"},
+  };
+  for (const InvalidCase& c : cases) {
+    SCOPED_TRACE(c.label + ": " + c.text);
+    Result<EndpointSpec> spec = parse_endpoint_spec(c.text);
+    ASSERT_FALSE(spec.is_ok());
+    EXPECT_EQ(spec.status().code(), StatusCode::kInvalidArgument);
+    if (c.prefix_only) {
+      EXPECT_THAT(spec.status().message(), StartsWith(c.expected));
+    } else {
+      EXPECT_EQ(spec.status().message(), c.expected);
+    }
+  }
+}
+
+// ---- name_from_path -----------------------------------------------------------------------------
+
+TEST(ParseEndpointSpecTest, TakesTheNameFromThePathWhenTheSpecLeavesItOut) {
+  Result<EndpointSpec> spec =
+      parse_endpoint_spec("served_models: [{name: v1, model: /m}]", "fraud");
+  ASSERT_TRUE(spec.is_ok()) << spec.status().to_string();
+  EXPECT_EQ(spec->name, "fraud");
+}
+
+TEST(ParseEndpointSpecTest, AcceptsANameEqualToThePath) {
+  Result<EndpointSpec> spec =
+      parse_endpoint_spec("{name: fraud, served_models: [{name: v1, model: /m}]}", "fraud");
+  ASSERT_TRUE(spec.is_ok()) << spec.status().to_string();
+  EXPECT_EQ(spec->name, "fraud");
+}
+
+TEST(ParseEndpointSpecTest, RefusesANameDifferentFromThePath) {
+  Result<EndpointSpec> spec =
+      parse_endpoint_spec("{name: other, served_models: [{name: v1, model: /m}]}", "fraud");
+  ASSERT_FALSE(spec.is_ok());
+  EXPECT_EQ(spec.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(spec.status().message(),
+            "name: 'other' does not match the endpoint 'fraud' in the request path");
+}
+
+TEST(ParseEndpointSpecTest, ValidatesTheNameTakenFromThePath) {
+  Result<EndpointSpec> spec =
+      parse_endpoint_spec("served_models: [{name: v1, model: /m}]", "bad name");
+  ASSERT_FALSE(spec.is_ok());
+  EXPECT_EQ(spec.status().message(),
+            "name: 'bad name' may hold only letters, digits, '-', '_' and '.'");
+}
+
+// ---- Canonical JSON -----------------------------------------------------------------------------
+
+TEST(SpecToJsonTest, WritesEveryFieldWithDefaults) {
+  EndpointSpec spec{"fraud", {served_model("v1", "/models/fraud")}};
+  EXPECT_EQ(to_json(spec).dump(),
+            R"({"name":"fraud","served_models":[{"concurrency":{"max":64,"min":1},)"
+            R"("model":"/models/fraud","name":"v1","resources":{"cpus":0.0,"memory_mb":0},)"
+            R"("runtime":"auto","scale_to_zero":false,"traffic":100}]})");
+}
+
+TEST(SpecToJsonTest, WritesPerReplicaConcurrencyOnlyWhenSet) {
+  ServedModelSpec served = served_model("v1", "/m");
+  EXPECT_FALSE(to_json(served).contains("per_replica_concurrency"));
+  served.per_replica_concurrency = ConcurrencyRange{2, 8};
+  EXPECT_EQ(to_json(served)["per_replica_concurrency"], nlohmann::json({{"min", 2}, {"max", 8}}));
+}
+
+TEST(SpecToJsonTest, ParsingTheJsonGivesTheSameSpec) {
+  ServedModelSpec full = served_model("v1", "/models/a b/é");
+  full.runtime = "xgboost";
+  full.concurrency = {0, 1000};
+  full.per_replica_concurrency = ConcurrencyRange{3, 4096};
+  full.scale_to_zero = true;
+  full.traffic = 35;
+  full.resources = {0.1, 512};
+  ServedModelSpec other = served_model("v2", "/models/b");
+  other.runtime = "synthetic";
+  other.traffic = 65;
+  other.resources = {1024, 0};
+  ServedModelSpec third = served_model("v3", "/models/c");
+  third.traffic = 0;
+  third.resources.cpus = 1.0 / 3.0;  // needs every digit to come back equal
+
+  const std::vector<EndpointSpec> specs = {
+      {"fraud", {served_model("v1", "/models/fraud")}},
+      {"multi", {full, other, third}},
+      {"quoted", {served_model("v1", "/path/with \"quotes\", \\ and: {yaml} [chars] #")}},
+  };
+  for (const EndpointSpec& spec : specs) {
+    SCOPED_TRACE(spec.name);
+    const std::string text = to_json(spec).dump();
+    Result<EndpointSpec> parsed = parse_endpoint_spec(text);
+    ASSERT_TRUE(parsed.is_ok()) << parsed.status().to_string() << "\n" << text;
+    EXPECT_EQ(*parsed, spec);
+    EXPECT_EQ(to_json(*parsed).dump(), text);
+  }
+}
+
+TEST(SpecToJsonTest, ParsedSpecsAlwaysDump) {
+  // nlohmann::json throws on invalid UTF-8; the parser refuses it, so dump() of a parsed spec
+  // never throws.
+  Result<EndpointSpec> spec =
+      parse_endpoint_spec("{name: e, served_models: [{name: v, model: \"/\xE2\x82\xAC\"}]}");
+  ASSERT_TRUE(spec.is_ok()) << spec.status().to_string();
+  EXPECT_NO_THROW(to_json(*spec).dump());
+}
+
+// ---- check_model_paths --------------------------------------------------------------------------
+
+class CheckModelPathsTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    char pattern[] = "/tmp/flotilla_spec_test_XXXXXX";
+    ASSERT_NE(mkdtemp(pattern), nullptr);
+    dir_ = pattern;
+    model_ = (dir_ / "model.json").string();
+    std::ofstream(model_) << "{}";
+  }
+  void TearDown() override {
+    std::error_code ec;
+    std::filesystem::remove_all(dir_, ec);
+  }
+
+  std::filesystem::path dir_;
+  std::string model_;
+};
+
+TEST_F(CheckModelPathsTest, AcceptsExistingFilesAndDirectories) {
+  const EndpointSpec spec{"e", {served_model("a", model_), served_model("b", dir_.string())}};
+  EXPECT_TRUE(check_model_paths(spec).is_ok());
+}
+
+TEST_F(CheckModelPathsTest, NamesTheMissingModel) {
+  const std::string missing = (dir_ / "missing.json").string();
+  const EndpointSpec spec{"e", {served_model("a", model_), served_model("b", missing)}};
+  const Status status = check_model_paths(spec);
+  EXPECT_EQ(status.code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(status.message(), "served_models[1].model: '" + missing + "' does not exist");
+}
+
+// ---- Derived numbers ----------------------------------------------------------------------------
+
+TEST(DeploymentKeyTest, HasTheDocumentedFormAndAStableHash) {
+  // python3 -c "import hashlib; print(hashlib.sha256(
+  //     b'5:fraud;2:v1;13:/models/fraud;4:auto;1:0;1:0;').hexdigest()[:16])"
+  EXPECT_EQ(deployment_key("fraud", served_model("v1", "/models/fraud")),
+            "fraud/v1/2723a02302d9842e");
+  ServedModelSpec served = served_model("v2", "/models/fraud v2");
+  served.runtime = "xgboost";
+  served.resources = {0.5, 2048};
+  // The same with b'5:fraud;2:v2;16:/models/fraud v2;7:xgboost;3:0.5;4:2048;'.
+  EXPECT_EQ(deployment_key("fraud", served), "fraud/v2/1548b4b3178d0b85");
+  EXPECT_THAT(deployment_key("a", served), MatchesRegex("a/v2/[0-9a-f]{16}"));
+}
+
+TEST(DeploymentKeyTest, ChangesOnlyWithFieldsThatNeedARestart) {
+  ServedModelSpec base = served_model("v1", "/models/fraud");
+  base.resources = {2, 1024};
+  const std::string key = deployment_key("fraud", base);
+
+  struct Change {
+    std::string label;
+    std::function<void(ServedModelSpec&)> apply;
+    bool changes_key;
+  };
+  const std::vector<Change> changes = {
+      {"model", [](ServedModelSpec& s) { s.model = "/models/fraud2"; }, true},
+      {"runtime", [](ServedModelSpec& s) { s.runtime = "xgboost"; }, true},
+      {"cpus", [](ServedModelSpec& s) { s.resources.cpus = 2.5; }, true},
+      {"memory", [](ServedModelSpec& s) { s.resources.memory_mb = 1025; }, true},
+      {"traffic", [](ServedModelSpec& s) { s.traffic = 10; }, false},
+      {"concurrency",
+       [](ServedModelSpec& s) {
+         s.concurrency = {10, 20};
+       },
+       false},
+      {"per-replica bounds",
+       [](ServedModelSpec& s) {
+         s.per_replica_concurrency = ConcurrencyRange{2, 3};
+       },
+       false},
+      {"scale to zero", [](ServedModelSpec& s) { s.scale_to_zero = true; }, false},
+  };
+  for (const Change& change : changes) {
+    SCOPED_TRACE(change.label);
+    ServedModelSpec changed = base;
+    change.apply(changed);
+    if (change.changes_key) {
+      EXPECT_NE(deployment_key("fraud", changed), key);
+    } else {
+      EXPECT_EQ(deployment_key("fraud", changed), key);
+    }
+  }
+  // The endpoint and version names are in the key, hash included.
+  EXPECT_NE(deployment_key("fraud2", base), key);
+  ServedModelSpec renamed = base;
+  renamed.name = "v2";
+  const std::string renamed_key = deployment_key("fraud", renamed);
+  EXPECT_NE(renamed_key.substr(renamed_key.rfind('/')), key.substr(key.rfind('/')));
+  // Field boundaries are unambiguous: moving a character from one field to the next changes it.
+  EXPECT_NE(deployment_key("ab", served_model("c", "/m")),
+            deployment_key("a", served_model("bc", "/m")));
+}
+
+TEST(PerReplicaBoundsTest, UsesTheSpecElseTheRuntimeDefaults) {
+  ServedModelSpec served = served_model("v1", "/m");
+  EXPECT_EQ(per_replica_bounds(served), (ConcurrencyRange{1, 64}));
+  served.runtime = "synthetic";
+  EXPECT_EQ(per_replica_bounds(served), (ConcurrencyRange{1, 64}));
+  served.per_replica_concurrency = ConcurrencyRange{4, 12};
+  EXPECT_EQ(per_replica_bounds(served), (ConcurrencyRange{4, 12}));
+}
+
+struct TargetCase {
+  std::string runtime;
+  std::optional<ConcurrencyRange> bounds;
+  int64_t concurrency_min;
+  int64_t expected_target;
+  int64_t expected_replicas;
+};
+
+TEST(ProvisionedReplicasTest, DividesTheMinimumByTheInitialTarget) {
+  const std::vector<TargetCase> cases = {
+      // runtime, per-replica bounds, concurrency.min, target, replicas
+      {"auto", std::nullopt, 0, 16, 1},
+      {"auto", std::nullopt, 1, 16, 1},
+      {"auto", std::nullopt, 16, 16, 1},
+      {"auto", std::nullopt, 17, 16, 2},
+      {"auto", std::nullopt, 100, 16, 7},
+      {"xgboost", std::nullopt, 32, 16, 2},
+      {"xgboost", std::nullopt, 33, 16, 3},
+      {"synthetic", std::nullopt, 8, 8, 1},
+      {"synthetic", std::nullopt, 17, 8, 3},
+      {"xgboost", ConcurrencyRange{1, 4}, 10, 4, 3},         // clamped down to max
+      {"synthetic", ConcurrencyRange{32, 128}, 100, 32, 4},  // clamped up to min
+      {"auto", ConcurrencyRange{16, 16}, 48, 16, 3},
+      {"auto", ConcurrencyRange{1, 1}, 5, 1, 5},
+  };
+  for (const TargetCase& c : cases) {
+    SCOPED_TRACE(c.runtime + " min=" + std::to_string(c.concurrency_min));
+    ServedModelSpec served = served_model("v1", "/m");
+    served.runtime = c.runtime;
+    served.per_replica_concurrency = c.bounds;
+    served.concurrency = {c.concurrency_min, std::max<int64_t>(c.concurrency_min, 1)};
+    EXPECT_EQ(initial_target_concurrency(served), c.expected_target);
+    EXPECT_EQ(provisioned_replicas(served), c.expected_replicas);
+  }
+}
+
+TEST(ProvisionedReplicasTest, KeepsOneReadyEvenWithScaleToZero) {
+  ServedModelSpec served = served_model("v1", "/m");
+  served.scale_to_zero = true;
+  served.concurrency = {0, 10};
+  EXPECT_EQ(provisioned_replicas(served), 1);
+}
+
+}  // namespace
+}  // namespace flotilla::control
