@@ -104,6 +104,11 @@ int run_standby(const ReplicaFlags& standby_flags) {
     std::cerr << "flotilla replica: " << status.message() << "\n";
     return kExitBadInput;
   }
+  if (auto kind = runtime::parse_runtime_kind(standby_flags.runtime); kind.is_ok()) {
+    if (Status warmed = runtime::warm_up(*kind); !warmed.is_ok()) {
+      spdlog::warn("standby: {}", warmed.message());
+    }
+  }
   spdlog::info("standby: waiting on stdin for the model to serve");
   std::string line;
   if (!std::getline(std::cin, line)) {

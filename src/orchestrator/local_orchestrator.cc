@@ -211,6 +211,15 @@ class LocalOrchestrator final : public Orchestrator {
   }
 
  private:
+  // Whether a replica waits for its first successful probe: those are probed more often, so
+  // readiness is seen within milliseconds rather than a tick.
+  bool any_starting() const {
+    return std::any_of(processes_.begin(), processes_.end(), [](const auto& entry) {
+      const ReplicaState state = entry.second.replica.state;
+      return state == ReplicaState::kStarting || state == ReplicaState::kLoading;
+    });
+  }
+
   size_t live_process_count() const {
     size_t live = 0;
     for (const auto& [id, process] : processes_) {
@@ -264,7 +273,11 @@ class LocalOrchestrator final : public Orchestrator {
       advance_drains();
       if (!shut_down_) {
         scale(events);
-        fill_pools();
+        // A new standby's start-up competes for the CPU with replicas loading their models:
+        // refill the pool once they are ready.
+        if (!any_starting()) {
+          fill_pools();
+        }
       }
       expire_failed();
       forget_retired();
@@ -272,7 +285,7 @@ class LocalOrchestrator final : public Orchestrator {
       publish(events);
       lock.lock();
       idle_.notify_all();
-      wake_.wait_for(lock, options_.tick);
+      wake_.wait_for(lock, any_starting() ? options_.probe_interval : options_.tick);
     }
   }
 

@@ -96,7 +96,9 @@ struct LocalOptions {
   // loaded, no model): a new replica takes one and only loads its model. 0: no pool.
   int warm_pool_size = 1;
   std::vector<std::string> warm_pool_runtimes = {"xgboost"};
-  std::chrono::milliseconds tick{50};                // how often processes are checked and probed
+  std::chrono::milliseconds tick{50};  // how often processes are checked
+  // How often replicas that are not ready yet are probed (GET /v2/health/ready).
+  std::chrono::milliseconds probe_interval{5};
   std::chrono::milliseconds ready_timeout{120'000};  // start to ready, else failed
   std::chrono::milliseconds restart_backoff{500};    // after a failure, doubling per failure
   std::chrono::milliseconds max_restart_backoff{30'000};

@@ -55,6 +55,10 @@ Result<RuntimeKind> detect_runtime(const std::string& model_path) {
                           "' from its extension; pass --runtime");
 }
 
+Status warm_up(RuntimeKind kind) {
+  return kind == RuntimeKind::kSynthetic ? Status::ok() : warm_up_xgboost();
+}
+
 Result<std::unique_ptr<Runtime>> load_runtime(RuntimeKind kind, const std::string& model_path,
                                               const RuntimeOptions& options) {
   if (kind == RuntimeKind::kAuto) {

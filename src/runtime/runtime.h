@@ -58,6 +58,12 @@ Result<RuntimeKind> detect_runtime(const std::string& model_path);
 Result<std::unique_ptr<Runtime>> load_runtime(RuntimeKind kind, const std::string& model_path,
                                               const RuntimeOptions& options);
 
+// Pays a runtime's one-time start-up costs (library initialisation, first model parse) on a tiny
+// built-in model, so that a warm-pool process loads its real model faster. kAuto warms every
+// runtime auto can pick. Best effort: an error is worth a log line, nothing more. Blocks for
+// tens of milliseconds.
+Status warm_up(RuntimeKind kind);
+
 // "models/fraud.json" → "fraud"; "models/fraud/" → "fraud".
 std::string default_model_name(const std::string& model_path);
 

@@ -7,6 +7,7 @@ namespace flotilla::runtime {
 
 Result<std::unique_ptr<Runtime>> load_xgboost_runtime(const std::string& path,
                                                       const RuntimeOptions& options);
+Status warm_up_xgboost();
 Result<std::unique_ptr<Runtime>> load_synthetic_runtime(const std::string& path,
                                                         const RuntimeOptions& options);
 

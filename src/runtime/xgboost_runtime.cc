@@ -433,4 +433,42 @@ Result<std::unique_ptr<Runtime>> load_xgboost_runtime(const std::string& path,
   return XgboostRuntime::load(path, options);
 }
 
+Status warm_up_xgboost() {
+  // libxgboost's first model load costs ~7 ms more than later ones (lazy initialisation and
+  // first-touch of its code); a one-tree model trained on two rows, saved and loaded back,
+  // pays that in advance (bench/RESULTS.md, "Control plane").
+  const float features[2] = {0, 1};
+  const float labels[2] = {0, 1};
+  DMatrixHandle matrix_handle = nullptr;
+  if (XGDMatrixCreateFromMat(features, 2, 1, std::numeric_limits<float>::quiet_NaN(),
+                             &matrix_handle) != 0) {
+    return xgboost_error("warm-up: cannot create a matrix");
+  }
+  std::unique_ptr<void, DMatrixDeleter> matrix(matrix_handle);
+  BoosterHandle trained_handle = nullptr;
+  if (XGDMatrixSetFloatInfo(matrix_handle, "label", labels, 2) != 0 ||
+      XGBoosterCreate(&matrix_handle, 1, &trained_handle) != 0) {
+    return xgboost_error("warm-up: cannot create a booster");
+  }
+  BoosterPtr trained(trained_handle);
+  bst_ulong length = 0;
+  const char* buffer = nullptr;
+  if (XGBoosterSetParam(trained_handle, "nthread", "1") != 0 ||
+      XGBoosterUpdateOneIter(trained_handle, 0, matrix_handle) != 0 ||
+      XGBoosterSaveModelToBuffer(trained_handle, R"({"format": "ubj"})", &length, &buffer) != 0) {
+    return xgboost_error("warm-up: cannot train");
+  }
+  BoosterHandle loaded_handle = nullptr;
+  if (XGBoosterCreate(nullptr, 0, &loaded_handle) != 0) {
+    return xgboost_error("warm-up: cannot create a booster");
+  }
+  BoosterPtr loaded(loaded_handle);
+  const float* predictions = nullptr;
+  if (XGBoosterLoadModelFromBuffer(loaded_handle, buffer, length) != 0 ||
+      XGBoosterPredict(loaded_handle, matrix_handle, 0, 0, 0, &length, &predictions) != 0) {
+    return xgboost_error("warm-up: cannot load and predict");
+  }
+  return Status::ok();
+}
+
 }  // namespace flotilla::runtime
