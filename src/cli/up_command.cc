@@ -3,6 +3,7 @@
 //
 // Shutdown order on SIGTERM or SIGINT: the control plane stops (no new decisions), the gateway
 // drains (in-flight requests finish on their replicas), then the replicas drain and stop.
+#include <atomic>
 #include <filesystem>
 #include <iostream>
 #include <memory>
@@ -32,6 +33,27 @@ struct UpFlags {
   int64_t drain_timeout_ms = 30'000;
   std::string log_level = "info";
   std::string replica_log_level = "warn";
+  bool no_autoscale = false;
+  int64_t autoscale_period_ms = 5'000;
+  int64_t scale_up_window_ms = 20'000;
+  int64_t scale_down_window_ms = 300'000;
+  int64_t vertical_period_ms = 30'000;
+  int64_t cold_start_timeout_ms = 60'000;
+};
+
+// The gateway is made before the control plane that answers its capacity requests (scale from
+// zero); this hands them over once the control plane exists.
+class CapacityForwarder final : public gateway::CapacityRequester {
+ public:
+  void request_capacity(const std::string& endpoint) override {
+    if (gateway::CapacityRequester* target = target_.load()) {
+      target->request_capacity(endpoint);
+    }
+  }
+  void set_target(gateway::CapacityRequester* target) { target_.store(target); }
+
+ private:
+  std::atomic<gateway::CapacityRequester*> target_{nullptr};
 };
 
 int fail(const std::string& message, int code = kExitBadInput) {
@@ -108,10 +130,12 @@ int run_up(const UpFlags& flags) {
   gateway_options.server.host = gateway_address->first;
   gateway_options.server.port = gateway_address->second;
   gateway_options.server.workers = flags.gateway_workers;
+  gateway_options.cold_start_timeout = std::chrono::milliseconds(flags.cold_start_timeout_ms);
   gateway::AuthConfig closed;
   closed.enabled = true;  // no request passes before the control plane publishes the tokens
+  CapacityForwarder capacity;
   auto gateway = gateway::Gateway::create(gateway_options, gateway::EndpointTable{}, closed,
-                                          nullptr, registry);
+                                          &capacity, registry);
   if (!gateway.is_ok()) {
     return fail(gateway.status().message(), kExitCannotListen);
   }
@@ -123,6 +147,12 @@ int run_up(const UpFlags& flags) {
   control_options.gateway_url =
       "http://" + gateway_address->first + ":" + std::to_string((*gateway)->port());
   control_options.open_routes = flags.open_routes;
+  control_options.autoscaling.enabled = !flags.no_autoscale;
+  control_options.autoscaling.horizontal_period =
+      std::chrono::milliseconds(flags.autoscale_period_ms);
+  control_options.autoscaling.up_window = std::chrono::milliseconds(flags.scale_up_window_ms);
+  control_options.autoscaling.down_window = std::chrono::milliseconds(flags.scale_down_window_ms);
+  control_options.autoscaling.vertical_period = std::chrono::milliseconds(flags.vertical_period_ms);
   auto control =
       control::ControlPlane::create(control_options, **orchestrator, **gateway, registry);
   if (!control.is_ok()) {
@@ -132,6 +162,7 @@ int run_up(const UpFlags& flags) {
                                                 : kExitBadInput);
   }
 
+  capacity.set_target(&(*control)->capacity_requester());
   std::thread gateway_thread([&] { (*gateway)->run(); });
   std::thread api_thread([&] { (*control)->run(); });
   std::cout << "flotilla up: gateway " << control_options.gateway_url << ", api http://"
@@ -148,6 +179,7 @@ int run_up(const UpFlags& flags) {
   const auto timeout = std::chrono::milliseconds(flags.drain_timeout_ms);
   (*control)->shutdown(timeout);
   (*gateway)->drain(timeout);
+  capacity.set_target(nullptr);
   gateway_thread.join();
   api_thread.join();
   (*orchestrator)->shutdown(timeout);
@@ -192,6 +224,29 @@ std::function<int()> add_up_command(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--replica-log-level", flags->replica_log_level,
                   "Log level of the replicas (their logs: <data-dir>/logs)")
+      ->capture_default_str();
+  cmd->add_flag("--no-autoscale", flags->no_autoscale,
+                "Keep every version at its provisioned minimum (no autoscaler)");
+  cmd->add_option("--autoscale-period-ms", flags->autoscale_period_ms,
+                  "Horizontal autoscaler decision period")
+      ->check(CLI::Range(int64_t{100}, int64_t{3'600'000}))
+      ->capture_default_str();
+  cmd->add_option("--scale-up-window-ms", flags->scale_up_window_ms,
+                  "Window whose busiest second drives scale-up")
+      ->check(CLI::Range(int64_t{1'000}, int64_t{3'600'000}))
+      ->capture_default_str();
+  cmd->add_option("--scale-down-window-ms", flags->scale_down_window_ms,
+                  "Window that must all ask for fewer replicas before a scale-down")
+      ->check(CLI::Range(int64_t{1'000}, int64_t{3'600'000}))
+      ->capture_default_str();
+  cmd->add_option("--vertical-period-ms", flags->vertical_period_ms,
+                  "Period of the per-replica target concurrency (vertical) decisions")
+      ->check(CLI::Range(int64_t{100}, int64_t{3'600'000}))
+      ->capture_default_str();
+  cmd->add_option("--cold-start-timeout-ms", flags->cold_start_timeout_ms,
+                  "How long the gateway holds requests for an endpoint with no ready replica "
+                  "(then 503)")
+      ->check(CLI::Range(int64_t{100}, int64_t{3'600'000}))
       ->capture_default_str();
   return [flags] {
     return run_up(*flags);

@@ -22,6 +22,19 @@ http::Response error_response(int status, std::string_view code, const std::stri
   return json_response(status, {{"error_code", code}, {"message", message}});
 }
 
+std::string_view code_for_status(int status) {
+  switch (status) {
+    case 413:
+      return "REQUEST_TOO_LARGE";
+    case 431:
+      return "HEADERS_TOO_LARGE";
+    case 503:
+      return "TEMPORARILY_UNAVAILABLE";
+    default:
+      return status >= 500 ? "INTERNAL_ERROR" : "BAD_REQUEST";
+  }
+}
+
 http::Response error_response(const Status& status) {
   switch (status.code()) {
     case StatusCode::kInvalidArgument:
@@ -56,6 +69,11 @@ std::string query_value(std::string_view query, std::string_view name) {
 }
 
 }  // namespace
+
+std::string api_error_body(int status, std::string_view message) {
+  return nlohmann::json{{"error_code", code_for_status(status)}, {"message", message}}.dump(
+      -1, ' ', false, nlohmann::json::error_handler_t::replace);
+}
 
 http::Response ControlPlaneImpl::handle_api(const http::Request& request) {
   std::string_view target = request.target;

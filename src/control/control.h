@@ -1,7 +1,8 @@
 // The control module's contract (DESIGN.md §2, §7; docs/control-plane.md): endpoint specs and
-// their versions, persisted in SQLite; the reconciler that turns them into replicas (through an
-// orchestrator) and into the gateway's endpoint table; zero-downtime rollouts; API tokens; the
-// event log; and the REST API under /api/2.0 that the CLI speaks.
+// their versions, persisted in SQLite; the autoscaler's live loop; the reconciler that turns
+// them into replicas (through an orchestrator) and into the gateway's endpoint table;
+// zero-downtime rollouts; API tokens; the event log; and the REST API under /api/2.0 that the
+// CLI speaks.
 #pragma once
 
 #include <chrono>
@@ -15,6 +16,15 @@
 
 namespace flotilla::control {
 
+// The autoscaler's live loop (DESIGN.md §4 defaults; tests and experiments shorten them).
+struct AutoscalingOptions {
+  bool enabled = true;  // false: every version keeps its provisioned minimum (issue #4 rule)
+  std::chrono::milliseconds horizontal_period{5'000};
+  std::chrono::milliseconds up_window{20'000};
+  std::chrono::milliseconds down_window{300'000};
+  std::chrono::milliseconds vertical_period{30'000};
+};
+
 struct ControlOptions {
   std::string data_dir;     // holds state.db and admin.token; created if missing
   http::ServerOptions api;  // where the REST API listens
@@ -22,6 +32,7 @@ struct ControlOptions {
   // Gateway routes served without a token (auth.h kOpenRoutes names).
   std::vector<std::string> open_routes = {"health"};
   std::chrono::milliseconds reconcile_interval{200};
+  AutoscalingOptions autoscaling;
 };
 
 // Owns the state store, the reconciler thread and the API server. Thread-safety: create(),
@@ -41,6 +52,9 @@ class ControlPlane {
   virtual ~ControlPlane() = default;
 
   virtual uint16_t api_port() const = 0;
+  // Scale from zero: the gateway calls it for an endpoint whose requests wait for a first
+  // ready replica. Thread-safe, never blocks; valid for the control plane's life.
+  virtual gateway::CapacityRequester& capacity_requester() = 0;
   // The admin token minted by this start (only on the first start of a data directory), or "".
   virtual const std::string& new_admin_token() const = 0;
   // Serves the API until shutdown(); blocks.

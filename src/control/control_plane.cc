@@ -9,11 +9,14 @@
 // called without holding mu_ when a call may take long (table swaps, ensure()).
 #include "control/control_plane.h"
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <sstream>
 
 #include <spdlog/spdlog.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "control/replica_json.h"
 #include "runtime/runtime.h"
@@ -161,6 +164,9 @@ Status ControlPlaneImpl::start() {
   api_options.workers = 1;
   api_options.capture_headers = true;
   api_options.max_body_bytes = std::min<size_t>(api_options.max_body_bytes, 1024 * 1024);
+  api_options.error_body = [](int status, std::string_view message) {
+    return api_error_body(status, message);
+  };
   FLOTILLA_ASSIGN_OR_RETURN(
       api_, http::Server::create(api_options,
                                  [this](http::Request&& request, http::Responder&& responder) {
@@ -259,10 +265,138 @@ void ControlPlaneImpl::reconcile_loop() {
   }
 }
 
+void ControlPlaneImpl::request_capacity(const std::string& endpoint) {
+  {
+    std::lock_guard lock(mu_);
+    capacity_requests_.insert(endpoint);
+  }
+  wake_.notify_all();
+}
+
+double ControlPlaneImpl::cpu_utilization(const std::vector<orchestrator::Replica>& replicas) {
+  const double ticks_per_second = static_cast<double>(::sysconf(_SC_CLK_TCK));
+  const double machine_cores = std::max(1u, std::thread::hardware_concurrency());
+  const auto now = std::chrono::steady_clock::now();
+  double sum = 0;
+  int measured = 0;
+  for (const orchestrator::Replica& replica : replicas) {
+    // utime and stime, fields 14 and 15 of /proc/PID/stat, counted from after the ')'.
+    std::ifstream stat("/proc/" + std::to_string(replica.pid) + "/stat");
+    std::string text((std::istreambuf_iterator<char>(stat)), {});
+    const size_t paren = text.rfind(')');
+    if (paren == std::string::npos) {
+      continue;
+    }
+    std::istringstream fields(text.substr(paren + 2));
+    std::string field;
+    double ticks = 0;
+    for (int index = 3; index <= 15 && fields >> field; ++index) {
+      if (index >= 14) {
+        ticks += std::strtod(field.c_str(), nullptr);
+      }
+    }
+    const double cpu_seconds = ticks / ticks_per_second;
+    auto previous = cpu_readings_.find(replica.pid);
+    if (previous != cpu_readings_.end()) {
+      const double wall = std::chrono::duration<double>(now - previous->second.at).count();
+      const double cores = replica.deployment.cpus > 0
+                               ? std::min(replica.deployment.cpus, machine_cores)
+                               : machine_cores;
+      if (wall > 0) {
+        sum += (cpu_seconds - previous->second.cpu_seconds) / wall / cores;
+        measured += 1;
+      }
+    }
+    cpu_readings_[replica.pid] = CpuReading{cpu_seconds, now};
+  }
+  std::erase_if(cpu_readings_, [&](const auto& entry) {
+    return std::none_of(replicas.begin(), replicas.end(),
+                        [&](const auto& replica) { return replica.pid == entry.first; });
+  });
+  return measured > 0 ? std::clamp(sum / measured, 0.0, 1.0) : 0.0;
+}
+
+void ControlPlaneImpl::autoscale(const std::vector<orchestrator::Replica>& replicas) {
+  if (!options_.autoscaling.enabled) {
+    return;
+  }
+  // What each endpoint runs now, read under mu_; the policies run without it.
+  std::map<std::string, EndpointSpec> specs;
+  std::set<std::string> requests;
+  {
+    std::lock_guard lock(mu_);
+    for (const auto& [name, stored] : endpoints_) {
+      specs.emplace(name, stored.state.serving.value_or(stored.state.target));
+    }
+    requests.swap(capacity_requests_);
+  }
+  std::erase_if(scalers_, [&](const auto& entry) { return !specs.contains(entry.first); });
+  const autoscaler::Millis now(unix_time_ms());
+  std::map<std::string, std::pair<Scale, std::vector<std::string>>> decisions;
+  for (const auto& [name, spec] : specs) {
+    std::vector<orchestrator::Replica> ready;
+    int64_t pending = 0;
+    for (const orchestrator::Replica& replica : replicas) {
+      if (replica.deployment.endpoint != name) {
+        continue;
+      }
+      if (replica.state == orchestrator::ReplicaState::kReady) {
+        ready.push_back(replica);
+      } else if (replica.state == orchestrator::ReplicaState::kStarting ||
+                 replica.state == orchestrator::ReplicaState::kLoading) {
+        pending += 1;
+      }
+    }
+    auto& scaler = scalers_[name];
+    if (!scaler) {
+      // After a restart, what already runs stays: no scale-down before the down window.
+      std::vector<int64_t> running;
+      for (const ServedModelSpec& served : spec.served_models) {
+        const std::string key = deployment_key(name, served);
+        running.push_back(std::count_if(replicas.begin(), replicas.end(), [&](const auto& r) {
+          return r.deployment.key == key && (r.state == orchestrator::ReplicaState::kReady ||
+                                             r.state == orchestrator::ReplicaState::kStarting ||
+                                             r.state == orchestrator::ReplicaState::kLoading);
+        }));
+      }
+      scaler = std::make_unique<EndpointScaler>(spec, options_.autoscaling,
+                                                replicas_matching(spec, running), now);
+    }
+    scaler->update_spec(spec);
+    scaler->add_samples(gateway_.samples(name, 30));
+    std::vector<std::string> changes = scaler->tick(
+        now, static_cast<int64_t>(ready.size()), pending, [&] { return cpu_utilization(ready); });
+    if (requests.contains(name) && scaler->request_capacity()) {
+      changes.push_back("scale from zero: 0 -> 1 replica, a request is waiting");
+    }
+    decisions[name] = {scaler->scale(), std::move(changes)};
+  }
+  std::lock_guard lock(mu_);
+  for (auto& [name, decision] : decisions) {
+    auto it = endpoints_.find(name);
+    if (it == endpoints_.end()) {
+      continue;
+    }
+    it->second.state.scale = decision.first;
+    for (const std::string& change : decision.second) {
+      record_event(name, "autoscaler", "autoscaler", change);
+    }
+    registry_
+        .gauge("flotilla_autoscaler_desired_replicas", "Replicas the autoscaler wants per endpoint",
+               {{"endpoint", name}})
+        .set(static_cast<double>(decision.first.replicas));
+    registry_
+        .gauge("flotilla_autoscaler_target_concurrency",
+               "Learned per-replica target concurrency per endpoint", {{"endpoint", name}})
+        .set(decision.first.target);
+  }
+}
+
 void ControlPlaneImpl::reconcile_once() {
-  // One pass: read the replicas, decide under mu_ (promotions are written there), then act
-  // without it.
+  // One pass: read the replicas, let the autoscaler decide, decide under mu_ (promotions are
+  // written there), then act without it.
   const std::vector<orchestrator::Replica> replicas = orchestrator_.list();
+  autoscale(replicas);
   for (auto& [state, gauge] : replicas_by_state_) {
     gauge->set(static_cast<double>(
         std::count_if(replicas.begin(), replicas.end(),
@@ -423,9 +557,9 @@ Result<nlohmann::json> ControlPlaneImpl::endpoint_view(const std::string& name) 
       version["deployment_key"] = key;
       version["role"] = spec == &state.target ? "target" : "previous";
       version["serving"] = serving;
-      version["replicas_wanted"] = provisioned_replicas(served);
+      version["replicas_wanted"] = version_replicas(served, state.scale);
       version["replicas_ready"] = ready_replicas;
-      version["target_concurrency_per_replica"] = initial_target_concurrency(served);
+      version["target_concurrency_per_replica"] = replica_cap(served, state.scale);
       versions.push_back(std::move(version));
     }
   }
@@ -446,6 +580,10 @@ Result<nlohmann::json> ControlPlaneImpl::endpoint_view(const std::string& name) 
     }
   }
   view["replicas"] = std::move(replica_list);
+  if (state.scale) {
+    view["autoscaler"] = {{"replicas", state.scale->replicas},
+                          {"target_concurrency", state.scale->target}};
+  }
   view["creation_timestamp"] = record.created_unix_ms;
   view["last_updated_timestamp"] = record.updated_unix_ms;
   return view;

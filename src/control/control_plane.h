@@ -6,12 +6,14 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include <nlohmann/json.hpp>
 
+#include "control/autoscaling.h"
 #include "control/control.h"
 #include "control/reconciler.h"
 #include "control/spec.h"
@@ -19,10 +21,14 @@
 
 namespace flotilla::control {
 
+// The API's error body for errors the HTTP server answers itself (413, 431, ...), in the
+// API's shape: {"error_code": "...", "message": "..."} (api.cc).
+std::string api_error_body(int status, std::string_view message);
+
 // The runtime a served model's replicas run: "auto" resolved from the artifact where it can be.
 std::string resolve_runtime(const ServedModelSpec& served);
 
-class ControlPlaneImpl final : public ControlPlane {
+class ControlPlaneImpl final : public ControlPlane, public gateway::CapacityRequester {
  public:
   ControlPlaneImpl(const ControlOptions& options, std::unique_ptr<Store> store,
                    orchestrator::Orchestrator& orchestrator, gateway::Gateway& gateway,
@@ -33,6 +39,8 @@ class ControlPlaneImpl final : public ControlPlane {
   Status start();
 
   uint16_t api_port() const override;
+  gateway::CapacityRequester& capacity_requester() override { return *this; }
+  void request_capacity(const std::string& endpoint) override;
   const std::string& new_admin_token() const override { return new_admin_token_; }
   void run() override;
   void shutdown(std::chrono::milliseconds timeout) override;
@@ -73,6 +81,10 @@ class ControlPlaneImpl final : public ControlPlane {
   void on_replica(const orchestrator::ReplicaEvent& event);
   void reconcile_loop();
   void reconcile_once();
+  // The autoscaler's pass (reconciler thread): samples in, decisions out into endpoints_.
+  void autoscale(const std::vector<orchestrator::Replica>& replicas);
+  // Mean CPU use (0..1 of the cores a replica may use) of `replicas` since the last call.
+  double cpu_utilization(const std::vector<orchestrator::Replica>& replicas);
 
   const ControlOptions options_;
   std::unique_ptr<Store> store_;
@@ -89,9 +101,16 @@ class ControlPlaneImpl final : public ControlPlane {
   std::condition_variable wake_;             // the reconciler waits on it between passes
   std::map<std::string, Stored> endpoints_;  // guarded by mu_
   std::vector<TokenRow> tokens_;             // guarded by mu_
-  std::shared_ptr<const gateway::Authenticator> admin_auth_;  // guarded by mu_
-  bool stopping_ = false;                                     // guarded by mu_
-  gateway::EndpointTable published_table_;                    // reconciler thread only
+  std::shared_ptr<const gateway::Authenticator> admin_auth_;        // guarded by mu_
+  bool stopping_ = false;                                           // guarded by mu_
+  gateway::EndpointTable published_table_;                          // reconciler thread only
+  std::set<std::string> capacity_requests_;                         // guarded by mu_
+  std::map<std::string, std::unique_ptr<EndpointScaler>> scalers_;  // reconciler thread only
+  struct CpuReading {
+    double cpu_seconds = 0;
+    std::chrono::steady_clock::time_point at;
+  };
+  std::map<int64_t, CpuReading> cpu_readings_;  // by pid; reconciler thread only
   std::string new_admin_token_;
   std::unique_ptr<http::Server> api_;
   std::thread reconciler_;

@@ -1,5 +1,7 @@
 #include "control/reconciler.h"
 
+#include <algorithm>
+#include <cmath>
 #include <map>
 #include <set>
 
@@ -18,16 +20,17 @@ int ready_count(const std::vector<Replica>& replicas, const std::string& key) {
 }
 
 bool all_ready(const std::string& endpoint, const EndpointSpec& spec,
-               const std::vector<Replica>& replicas) {
+               const std::optional<Scale>& scale, const std::vector<Replica>& replicas) {
   for (const ServedModelSpec& served : spec.served_models) {
-    if (ready_count(replicas, deployment_key(endpoint, served)) < provisioned_replicas(served)) {
+    if (ready_count(replicas, deployment_key(endpoint, served)) < version_replicas(served, scale)) {
       return false;
     }
   }
   return true;
 }
 
-gateway::EndpointEntry table_entry(const EndpointSpec& spec, const std::vector<Replica>& replicas) {
+gateway::EndpointEntry table_entry(const EndpointSpec& spec, const std::optional<Scale>& scale,
+                                   const std::vector<Replica>& replicas) {
   gateway::EndpointEntry entry;
   entry.name = spec.name;
   for (const ServedModelSpec& served : spec.served_models) {
@@ -38,7 +41,7 @@ gateway::EndpointEntry table_entry(const EndpointSpec& spec, const std::vector<R
     for (const Replica& replica : replicas) {
       if (replica.deployment.key == key && replica.state == ReplicaState::kReady) {
         version.replicas.push_back(gateway::ReplicaEntry{replica.id, replica.host, replica.port,
-                                                         initial_target_concurrency(served),
+                                                         replica_cap(served, scale),
                                                          gateway::ReplicaState::kReady});
       }
     }
@@ -47,7 +50,32 @@ gateway::EndpointEntry table_entry(const EndpointSpec& spec, const std::vector<R
   return entry;
 }
 
+int64_t ceil_div(double value, double by) {
+  return static_cast<int64_t>(std::ceil(value / std::max(by, 1e-9) - 1e-9));
+}
+
 }  // namespace
+
+int64_t version_replicas(const ServedModelSpec& served, const std::optional<Scale>& scale) {
+  if (!scale) {
+    return provisioned_replicas(served);
+  }
+  const int64_t own_min =
+      served.scale_to_zero && served.concurrency.min == 0
+          ? 0
+          : std::max<int64_t>(1,
+                              ceil_div(static_cast<double>(served.concurrency.min), scale->target));
+  if (served.traffic <= 0) {
+    return own_min;
+  }
+  const int64_t share = ceil_div(static_cast<double>(scale->replicas * served.traffic), 100.0);
+  return std::max(own_min, share);
+}
+
+int64_t replica_cap(const ServedModelSpec& served, const std::optional<Scale>& scale) {
+  return scale ? std::max<int64_t>(1, std::llround(scale->target))
+               : initial_target_concurrency(served);
+}
 
 orchestrator::Deployment make_deployment(const std::string& endpoint, const ServedModelSpec& served,
                                          const RuntimeResolver& resolve_runtime) {
@@ -67,32 +95,34 @@ ReconcilePlan reconcile(const std::vector<EndpointState>& endpoints,
                         const RuntimeResolver& resolve_runtime) {
   ReconcilePlan plan;
   std::set<std::string> wanted_keys;
-  auto want = [&](const std::string& endpoint, const ServedModelSpec& served) {
+  auto want = [&](const std::string& endpoint, const ServedModelSpec& served,
+                  const std::optional<Scale>& scale) {
     orchestrator::Deployment deployment = make_deployment(endpoint, served, resolve_runtime);
     if (wanted_keys.insert(deployment.key).second) {
       plan.ensure.emplace_back(std::move(deployment),
-                               static_cast<int>(provisioned_replicas(served)));
+                               static_cast<int>(version_replicas(served, scale)));
     }
   };
 
   for (const EndpointState& state : endpoints) {
     const std::string& name = state.target.name;
     std::optional<EndpointSpec> serving = state.serving;
-    if (serving != state.target && all_ready(name, state.target, replicas)) {
+    if (serving != state.target && all_ready(name, state.target, state.scale, replicas)) {
       serving = state.target;
       plan.promoted.push_back(name);
     }
     for (const ServedModelSpec& served : state.target.served_models) {
-      want(name, served);
+      want(name, served, state.scale);
     }
     if (serving) {
       for (const ServedModelSpec& served : serving->served_models) {
-        want(name, served);
+        want(name, served, state.scale);
       }
     }
     // Before the first promotion the endpoint is listed with the target's versions and no
     // ready replica: the gateway holds its requests until one is ready (cold start).
-    plan.table.endpoints.push_back(table_entry(serving ? *serving : state.target, replicas));
+    plan.table.endpoints.push_back(
+        table_entry(serving ? *serving : state.target, state.scale, replicas));
   }
 
   // Retire whatever runs and is no longer wanted: old versions, deleted endpoints.

@@ -229,6 +229,9 @@ struct EndpointSample {
   uint64_t arrivals = 0;     // requests admitted for the endpoint (after auth and routing)
   uint64_t completions = 0;  // responses sent, any code
   uint64_t rejected = 0;     // 429s from the queue
+  // Mean time the replicas took to answer the requests completed in the second (upstream
+  // time, retries included), 0 when none completed: the vertical autoscaler's latency signal.
+  double latency_ms = 0;
 };
 
 struct GatewayOptions {

@@ -212,6 +212,9 @@ struct EndpointRuntime {
   std::atomic<uint64_t> arrivals{0};
   std::atomic<uint64_t> completions{0};
   std::atomic<uint64_t> rejected{0};
+  // Replica answers and their summed upstream time: the replicas' latency in each sample.
+  std::atomic<uint64_t> upstream_answers{0};
+  std::atomic<uint64_t> upstream_us{0};
   std::atomic<int64_t> last_capacity_request_ms{0};
   CodeCounters codes;
   Histogram& latency;
@@ -231,6 +234,8 @@ struct EndpointRuntime {
   uint64_t last_arrivals = 0;
   uint64_t last_completions = 0;
   uint64_t last_rejected = 0;
+  uint64_t last_upstream_answers = 0;
+  uint64_t last_upstream_us = 0;
   mutable std::mutex samples_mutex;
   std::deque<EndpointSample> samples;  // guarded by samples_mutex
 };
@@ -1043,6 +1048,12 @@ void GatewayImpl::respond(ProxyCall& call, http::Response&& response) {
   endpoint.latency.observe(total);
   endpoint.added_latency.observe(std::max(0.0, added));
   endpoint.completions.fetch_add(1, std::memory_order_relaxed);
+  if (call.upstream_time.count() > 0) {
+    endpoint.upstream_answers.fetch_add(1, std::memory_order_relaxed);
+    endpoint.upstream_us.fetch_add(
+        std::chrono::duration_cast<std::chrono::microseconds>(call.upstream_time).count(),
+        std::memory_order_relaxed);
+  }
   if (access_log_) {
     nlohmann::json line{{"ts", unix_ms_now()},
                         {"request_id", call.request_id},
@@ -1171,6 +1182,7 @@ void GatewayImpl::answer_local(RouteKind kind, const http::Request& request,
                              {"queued", sample.queued},
                              {"arrivals", sample.arrivals},
                              {"completions", sample.completions},
+                             {"latency_ms", sample.latency_ms},
                              {"rejected", sample.rejected}});
         }
         endpoints.push_back({{"name", name},
@@ -1236,6 +1248,14 @@ void GatewayImpl::sample_all() {
     endpoint.last_arrivals = arrivals;
     endpoint.last_completions = completions;
     endpoint.last_rejected = rejected;
+    const uint64_t answers = endpoint.upstream_answers.load();
+    const uint64_t upstream_us = endpoint.upstream_us.load();
+    if (answers > endpoint.last_upstream_answers) {
+      sample.latency_ms = static_cast<double>(upstream_us - endpoint.last_upstream_us) / 1e3 /
+                          static_cast<double>(answers - endpoint.last_upstream_answers);
+    }
+    endpoint.last_upstream_answers = answers;
+    endpoint.last_upstream_us = upstream_us;
     endpoint.concurrency_sum = 0;
     endpoint.queued_sum = 0;
     endpoint.ticks = 0;

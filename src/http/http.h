@@ -35,6 +35,10 @@ struct ServerOptions {
   // Copy every request header into Request::headers (a proxy forwards them); off by default so
   // servers that do not need them pay nothing.
   bool capture_headers = false;
+  // The body of the server's own error answers (413, 431, 503 for too many connections, 500
+  // for a request left unanswered), for APIs with an error shape of their own; unset:
+  // {"error": message}. Called on a worker thread; must not throw.
+  std::function<std::string(int status, std::string_view message)> error_body;
 };
 
 enum class Method { kGet, kHead, kPost, kPut, kDelete, kOther };

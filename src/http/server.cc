@@ -61,10 +61,11 @@ Method to_method(bhttp::verb verb) {
   }
 }
 
-Response error_response(int status, std::string_view message) {
+Response error_response(const ServerOptions& options, int status, std::string_view message) {
   Response response;
   response.status = status;
-  response.body = nlohmann::json{{"error", message}}.dump();
+  response.body = options.error_body ? options.error_body(status, message)
+                                     : nlohmann::json{{"error", message}}.dump();
   return response;
 }
 
@@ -126,7 +127,7 @@ class Session : public std::enable_shared_from_this<Session> {
     worker_.sessions.insert(this);
     if (reject) {
       keep_alive_ = false;
-      write(error_response(503, "too many connections"));
+      write(error_response(server_.options(), 503, "too many connections"));
       return;
     }
     wait_for_request();
@@ -150,6 +151,7 @@ class Session : public std::enable_shared_from_this<Session> {
     arm_disconnect_watch();
   }
   bool server_stopped() const { return server_.stopped(); }
+  const ServerOptions& options() const { return server_.options(); }
 
   // Writes the handler's answer; runs on this session's worker thread. The head is written by
   // hand into a reused buffer and sent with the body in one gather write: Beast's serializer
@@ -376,7 +378,7 @@ class Session : public std::enable_shared_from_this<Session> {
   void reject(int status, const std::string& message) {
     keep_alive_ = false;
     unread_input_ = true;
-    write(error_response(status, message));
+    write(error_response(server_.options(), status, message));
   }
 
   void dispatch() {
@@ -506,6 +508,10 @@ class Exchange {
   }
   bool sent() const { return sent_.load(); }
   bool server_stopped() const { return session_ && session_->server_stopped(); }
+  const ServerOptions& options() const {
+    static const ServerOptions kDefaults;
+    return session_ ? session_->options() : kDefaults;
+  }
 
  private:
   std::shared_ptr<Session> session_;
@@ -522,7 +528,8 @@ Responder::~Responder() {
     if (!exchange_->server_stopped()) {
       FLOTILLA_BUG("a request was dropped without a response");
     }
-    exchange_->send(error_response(500, "internal error: the request was not answered"));
+    exchange_->send(
+        error_response(exchange_->options(), 500, "internal error: the request was not answered"));
   }
 }
 void Responder::send(Response&& response) {

@@ -316,7 +316,7 @@ class LocalOrchestrator final : public Orchestrator {
                              [&](const Standby& standby) { return standby.pid == pid; });
       if (it != pool.end()) {
         if (!shut_down_) {
-          spdlog::warn("warm pool process {} {}: {}", pid, how, last_log_line(it->log_path));
+          spdlog::warn("warm pool process {} {}: {}", pid, how, exit_reason_from_log(it->log_path));
         }
         ::close(it->control_fd);
         pool.erase(it);
@@ -337,7 +337,8 @@ class LocalOrchestrator final : public Orchestrator {
       }
       replica.state = ReplicaState::kFailed;
       // A replica that exits on its own says why on its last log line ("cannot load model").
-      const std::string last_line = exited_by_itself ? last_log_line(log_path(replica.id)) : "";
+      const std::string last_line =
+          exited_by_itself ? exit_reason_from_log(log_path(replica.id)) : "";
       replica.reason = how + (last_line.empty() ? "" : ": " + last_line);
       process.failed_at = Clock::now();
       count_failure(replica.deployment.key);

@@ -149,7 +149,7 @@ std::string describe_exit(int status) {
   return "ended (status " + std::to_string(status) + ")";
 }
 
-std::string last_log_line(const std::string& path) {
+std::string exit_reason_from_log(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   if (!in) {
     return "";
@@ -160,11 +160,23 @@ std::string last_log_line(const std::string& path) {
   in.seekg(start);
   std::string tail(static_cast<size_t>(size - start), '\0');
   in.read(tail.data(), static_cast<std::streamsize>(tail.size()));
-  while (!tail.empty() && (tail.back() == '\n' || tail.back() == '\r' || tail.back() == ' ')) {
-    tail.pop_back();
+  std::istringstream lines(tail);
+  std::string line;
+  std::string last;
+  std::string command_error;
+  while (std::getline(lines, line)) {
+    while (!line.empty() && (line.back() == '\r' || line.back() == ' ')) {
+      line.pop_back();
+    }
+    if (line.empty()) {
+      continue;
+    }
+    last = line;
+    if (line.starts_with("flotilla ")) {
+      command_error = line;
+    }
   }
-  const size_t newline = tail.rfind('\n');
-  return newline == std::string::npos ? tail : tail.substr(newline + 1);
+  return command_error.empty() ? last : command_error;
 }
 
 std::string cgroup_unavailable_reason(const std::string& cgroup_root) {

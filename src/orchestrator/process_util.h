@@ -30,8 +30,10 @@ bool process_matches(int64_t pid, uint64_t start_ticks);
 // "exited with status 2", "killed by signal 9 (Killed)", from a waitpid status.
 std::string describe_exit(int status);
 
-// The last non-empty line of a file (its last 4 KiB read), "" when unreadable.
-std::string last_log_line(const std::string& path);
+// Why a replica that exited by itself stopped, from the end of its log (the last 4 KiB): the
+// last line the `flotilla` command printed as its error ("flotilla replica: cannot load model:
+// ..."), else the last non-empty line; "" when unreadable.
+std::string exit_reason_from_log(const std::string& path);
 
 // Makes cgroup `dir` with cpu.max and memory.max set (0: no limit) and moves `pid` into it.
 Status make_cgroup(const std::string& dir, double cpus, int64_t memory_bytes, int64_t pid);

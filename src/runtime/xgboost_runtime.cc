@@ -42,7 +42,16 @@ DMatrixHandle thread_proxy_dmatrix() {
 }
 
 Status xgboost_error(const std::string& what) {
-  return invalid_argument(what + ": " + XGBGetLastError());
+  // libxgboost appends a native stack trace to its message: keep the message, on one line.
+  std::string message = XGBGetLastError();
+  if (const size_t trace = message.find("Stack trace:"); trace != std::string::npos) {
+    message.resize(trace);
+  }
+  std::replace(message.begin(), message.end(), '\n', ' ');
+  while (!message.empty() && message.back() == ' ') {
+    message.pop_back();
+  }
+  return invalid_argument(what + ": " + message);
 }
 
 // What MLflow's MLmodel file says about an xgboost model.

@@ -50,7 +50,8 @@ int wanted(const ReconcilePlan& plan, const ServedModelSpec& version) {
 
 TEST(ReconcilerTest, NewEndpointStartsItsVersionAndWaitsInTheTable) {
   const ServedModelSpec v1 = served("v1", "/m/a.json");
-  const ReconcilePlan plan = reconcile({{endpoint({v1}), std::nullopt}}, {}, same_runtime);
+  const ReconcilePlan plan =
+      reconcile({{endpoint({v1}), std::nullopt, std::nullopt}}, {}, same_runtime);
   EXPECT_EQ(wanted(plan, v1), 1);
   EXPECT_TRUE(plan.promoted.empty());
   ASSERT_EQ(plan.table.endpoints.size(), 1u);
@@ -60,7 +61,7 @@ TEST(ReconcilerTest, NewEndpointStartsItsVersionAndWaitsInTheTable) {
 
 TEST(ReconcilerTest, PromotesOnceEveryProvisionedReplicaIsReady) {
   const ServedModelSpec v1 = served("v1", "/m/a.json", 100, 40);  // 40 / 16 → 3 replicas
-  const EndpointState state{endpoint({v1}), std::nullopt};
+  const EndpointState state{endpoint({v1}), std::nullopt, std::nullopt};
   std::vector<Replica> replicas = {replica("a", v1), replica("b", v1),
                                    replica("c", v1, ReplicaState::kLoading)};
   ReconcilePlan plan = reconcile({state}, replicas, same_runtime);
@@ -80,7 +81,7 @@ TEST(ReconcilerTest, PromotesOnceEveryProvisionedReplicaIsReady) {
 TEST(ReconcilerTest, RolloutKeepsTheOldVersionServingUntilTheNewOneIsReady) {
   const ServedModelSpec v1 = served("v1", "/m/a.json");
   const ServedModelSpec v2 = served("v2", "/m/b.json");
-  const EndpointState state{endpoint({v2}), endpoint({v1})};
+  const EndpointState state{endpoint({v2}), endpoint({v1}), std::nullopt};
 
   ReconcilePlan plan = reconcile({state}, {replica("old", v1)}, same_runtime);
   EXPECT_EQ(wanted(plan, v1), 1);
@@ -101,7 +102,7 @@ TEST(ReconcilerTest, RolloutKeepsTheOldVersionServingUntilTheNewOneIsReady) {
 TEST(ReconcilerTest, SameVersionNameWithANewModelIsARollout) {
   const ServedModelSpec old_model = served("v1", "/m/a.json");
   const ServedModelSpec new_model = served("v1", "/m/b.json");
-  const EndpointState state{endpoint({new_model}), endpoint({old_model})};
+  const EndpointState state{endpoint({new_model}), endpoint({old_model}), std::nullopt};
   const ReconcilePlan plan = reconcile({state}, {replica("old", old_model)}, same_runtime);
   EXPECT_TRUE(plan.promoted.empty());
   EXPECT_EQ(wanted(plan, new_model), 1);
@@ -115,7 +116,7 @@ TEST(ReconcilerTest, TrafficChangeIsPromotedAtOnceWithoutNewReplicas) {
   a90.traffic = 90;
   ServedModelSpec b10 = b;
   b10.traffic = 10;
-  const EndpointState state{endpoint({a90, b10}), endpoint({a, b})};
+  const EndpointState state{endpoint({a90, b10}), endpoint({a, b}), std::nullopt};
   const ReconcilePlan plan = reconcile({state}, {replica("ra", a), replica("rb", b)}, same_runtime);
   EXPECT_EQ(plan.promoted, std::vector<std::string>{"fraud"});
   EXPECT_EQ(wanted(plan, a), 1);  // the same deployment keys: nothing restarts
@@ -129,7 +130,7 @@ TEST(ReconcilerTest, ConcurrencyChangeScalesTheSameDeployment) {
   const ServedModelSpec small = served("v1", "/m/a.json", 100, 1);
   const ServedModelSpec large = served("v1", "/m/a.json", 100, 33);  // 3 replicas
   ASSERT_EQ(deployment_key("fraud", small), deployment_key("fraud", large));
-  const EndpointState state{endpoint({large}), endpoint({small})};
+  const EndpointState state{endpoint({large}), endpoint({small}), std::nullopt};
   const ReconcilePlan plan = reconcile({state}, {replica("r", small)}, same_runtime);
   EXPECT_EQ(wanted(plan, large), 3);
   EXPECT_EQ(plan.ensure.size(), 1u);
@@ -146,7 +147,7 @@ TEST(ReconcilerTest, DeletedEndpointsReplicasAreRetired) {
 
 TEST(ReconcilerTest, FailedAndDrainingReplicasNeverServe) {
   const ServedModelSpec v1 = served("v1", "/m/a.json");
-  const EndpointState state{endpoint({v1}), endpoint({v1})};
+  const EndpointState state{endpoint({v1}), endpoint({v1}), std::nullopt};
   const ReconcilePlan plan =
       reconcile({state},
                 {replica("f", v1, ReplicaState::kFailed), replica("d", v1, ReplicaState::kDraining),
@@ -159,7 +160,7 @@ TEST(ReconcilerTest, FailedAndDrainingReplicasNeverServe) {
 TEST(ReconcilerTest, PlanIsTheSameWhenRunAgain) {
   const ServedModelSpec v1 = served("v1", "/m/a.json");
   const ServedModelSpec v2 = served("v2", "/m/b.json");
-  const std::vector<EndpointState> states = {{endpoint({v2}), endpoint({v1})}};
+  const std::vector<EndpointState> states = {{endpoint({v2}), endpoint({v1}), std::nullopt}};
   const std::vector<Replica> replicas = {replica("old", v1)};
   const ReconcilePlan first = reconcile(states, replicas, same_runtime);
   const ReconcilePlan second = reconcile(states, replicas, same_runtime);
@@ -168,10 +169,20 @@ TEST(ReconcilerTest, PlanIsTheSameWhenRunAgain) {
   EXPECT_EQ(first.promoted, second.promoted);
 }
 
+TEST(ReconcilerTest, AutoscalerScaleSplitsByTrafficAndSetsTheCap) {
+  const ServedModelSpec a = served("a", "/m/a.json", 70);
+  const ServedModelSpec b = served("b", "/m/b.json", 30);
+  const EndpointState state{endpoint({a, b}), endpoint({a, b}), Scale{10, 6.4}};
+  const ReconcilePlan plan = reconcile({state}, {replica("ra", a)}, same_runtime);
+  EXPECT_EQ(wanted(plan, a), 7);
+  EXPECT_EQ(wanted(plan, b), 3);
+  EXPECT_EQ(plan.table.endpoints[0].versions[0].replicas[0].max_in_flight, 6);
+}
+
 TEST(ReconcilerTest, TableValidatesForTheGateway) {
   const ServedModelSpec a = served("a", "/m/a.json", 30);
   const ServedModelSpec b = served("b", "/m/b.json", 70);
-  const ReconcilePlan plan = reconcile({{endpoint({a, b}), endpoint({a, b})}},
+  const ReconcilePlan plan = reconcile({{endpoint({a, b}), endpoint({a, b}), std::nullopt}},
                                        {replica("ra", a), replica("rb", b)}, same_runtime);
   EXPECT_TRUE(gateway::validate_endpoint_table(plan.table).is_ok());
 }

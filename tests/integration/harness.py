@@ -398,3 +398,114 @@ def assert_json_error(test, r, status):
     test.assertIsInstance(j.get("error"), str, r)
     test.assertTrue(j["error"], r)
     return j
+
+
+# --------------------------------------------------------------------------- process table
+# For servers that start processes of their own (`flotilla up` runs replicas as child processes
+# in their own process groups): find them in /proc, and kill only what is still the process
+# that was seen (pid and start time), never a process that reused the pid.
+
+def process_start_ticks(pid):
+    """The start time of a live process in clock ticks since boot (/proc/PID/stat field 22),
+    or None when there is no such process or it is a zombie."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read().decode("utf-8", "replace")
+    except OSError:
+        return None
+    fields = stat[stat.rfind(")") + 2:].split()   # field 3 (the state) onwards
+    if len(fields) < 20 or fields[0] in ("Z", "X"):
+        return None
+    return int(fields[19])
+
+
+def process_parent(pid):
+    """The parent pid of a live process, or None."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read().decode("utf-8", "replace")
+    except OSError:
+        return None
+    fields = stat[stat.rfind(")") + 2:].split()
+    return int(fields[1]) if len(fields) > 1 else None
+
+
+def process_cmdline(pid):
+    """The argv of a live process as a list of str, or None (gone, zombie, kernel thread)."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            raw = f.read()
+    except OSError:
+        return None
+    if not raw:
+        return None
+    return [a.decode("utf-8", "replace") for a in raw.rstrip(b"\0").split(b"\0")]
+
+
+def list_pids():
+    return [int(name) for name in os.listdir("/proc") if name.isdigit()]
+
+
+def find_processes(match):
+    """Pids of live processes whose argv satisfies `match(argv)`."""
+    out = []
+    for pid in list_pids():
+        argv = process_cmdline(pid)
+        if argv and process_start_ticks(pid) is not None and match(argv):
+            out.append(pid)
+    return out
+
+
+def children_of(ppid):
+    """Pids of the live children of `ppid`."""
+    return [pid for pid in list_pids()
+            if process_parent(pid) == ppid and process_start_ticks(pid) is not None]
+
+
+class ProcessTracker:
+    """Remembers processes (pid + start time) a test has seen so it can kill exactly those
+    that still run at teardown. Thread-safe."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._seen = {}   # pid -> start ticks
+
+    def record(self, pid):
+        pid = int(pid)
+        if pid <= 0:
+            return
+        ticks = process_start_ticks(pid)
+        if ticks is None:
+            return
+        with self._lock:
+            self._seen.setdefault(pid, ticks)
+
+    def alive(self):
+        """The recorded pids that still run as the process that was recorded."""
+        with self._lock:
+            seen = dict(self._seen)
+        return sorted(pid for pid, ticks in seen.items() if process_start_ticks(pid) == ticks)
+
+    def kill_all(self, deadline_s=5.0):
+        """SIGKILLs every recorded process still running; returns the pids it killed."""
+        killed = self.alive()
+        for pid in killed:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+        t_end = time.monotonic() + deadline_s
+        while self.alive() and time.monotonic() < t_end:
+            time.sleep(0.01)   # polling for the kernel to finish the kills
+        return killed
+
+
+def signal_alive(pid, sig, start_ticks):
+    """Sends `sig` to `pid` only if it still is the process started at `start_ticks`."""
+    if process_start_ticks(pid) != start_ticks:
+        return False
+    try:
+        os.kill(pid, sig)
+        return True
+    except OSError:
+        return False

@@ -1,0 +1,169 @@
+#include "control/autoscaling.h"
+
+#include <algorithm>
+#include <cmath>
+#include <optional>
+
+namespace flotilla::control {
+namespace {
+
+int64_t ceil_div(double value, double by) {
+  return static_cast<int64_t>(std::ceil(value / std::max(by, 1e-9) - 1e-9));
+}
+
+}  // namespace
+
+ConcurrencyRange target_bounds(const EndpointSpec& spec) {
+  ConcurrencyRange bounds{1, 4096};
+  for (const ServedModelSpec& served : spec.served_models) {
+    const ConcurrencyRange own = per_replica_bounds(served);
+    bounds.min = std::max(bounds.min, own.min);
+    bounds.max = std::min(bounds.max, own.max);
+  }
+  bounds.max = std::max(bounds.max, bounds.min);
+  return bounds;
+}
+
+autoscaler::ReplicaRange replica_range(const EndpointSpec& spec, double target) {
+  double min_concurrency = 0;
+  double max_concurrency = 0;
+  bool scale_to_zero = true;
+  for (const ServedModelSpec& served : spec.served_models) {
+    min_concurrency += static_cast<double>(served.concurrency.min);
+    max_concurrency += static_cast<double>(served.concurrency.max);
+    scale_to_zero = scale_to_zero && served.scale_to_zero;
+  }
+  autoscaler::ReplicaRange range;
+  range.scale_to_zero = scale_to_zero && min_concurrency == 0;
+  range.min = std::max<int64_t>(range.scale_to_zero ? 0 : 1, ceil_div(min_concurrency, target));
+  range.max = std::max(range.min, std::max<int64_t>(1, ceil_div(max_concurrency, target)));
+  return range;
+}
+
+int64_t replicas_matching(const EndpointSpec& spec, const std::vector<int64_t>& running) {
+  std::optional<int64_t> matching;
+  for (size_t i = 0; i < spec.served_models.size() && i < running.size(); ++i) {
+    const int64_t traffic = spec.served_models[i].traffic;
+    if (traffic > 0) {
+      const int64_t most = running[i] * 100 / traffic;  // ceil(most * traffic / 100) <= running
+      matching = std::min(matching.value_or(most), most);
+    }
+  }
+  return matching.value_or(0);
+}
+
+EndpointScaler::EndpointScaler(const EndpointSpec& spec, const AutoscalingOptions& options,
+                               int64_t current_replicas, autoscaler::Millis now)
+    : options_(options), spec_(spec) {
+  double target = 0;
+  for (const ServedModelSpec& served : spec.served_models) {
+    target = std::max(target, static_cast<double>(initial_target_concurrency(served)));
+  }
+  rebuild_policies(target);
+  const autoscaler::ReplicaRange range = replica_range(spec_, target);
+  scale_ = Scale{std::clamp(current_replicas, range.min, range.max), target};
+  next_horizontal_ = now + options_.horizontal_period;
+  next_vertical_ = now + options_.vertical_period;
+}
+
+void EndpointScaler::rebuild_policies(double target) {
+  const ConcurrencyRange bounds = target_bounds(spec_);
+  autoscaler::VerticalOptions vertical;
+  vertical.period = options_.vertical_period;
+  vertical.min_target = static_cast<double>(bounds.min);
+  vertical.max_target = static_cast<double>(bounds.max);
+  vertical.initial_target = target;
+  vertical_ = std::make_unique<autoscaler::VerticalPolicy>(vertical);
+  rebuild_horizontal();
+}
+
+void EndpointScaler::rebuild_horizontal() {
+  autoscaler::ApaOptions apa;
+  apa.period = options_.horizontal_period;
+  apa.up_window = options_.up_window;
+  apa.down_window = options_.down_window;
+  apa.range = replica_range(spec_, vertical_->target());
+  horizontal_ = autoscaler::make_apa_policy(apa, vertical_->target_ptr());
+}
+
+void EndpointScaler::update_spec(const EndpointSpec& spec) {
+  if (spec == spec_) {
+    return;
+  }
+  spec_ = spec;
+  const ConcurrencyRange bounds = target_bounds(spec_);
+  const double target = std::clamp(vertical_->target(), static_cast<double>(bounds.min),
+                                   static_cast<double>(bounds.max));
+  rebuild_policies(target);
+  const autoscaler::ReplicaRange range = replica_range(spec_, target);
+  scale_ = Scale{std::clamp(scale_.replicas, range.min, range.max), target};
+}
+
+void EndpointScaler::add_samples(const std::vector<gateway::EndpointSample>& samples) {
+  for (const gateway::EndpointSample& sample : samples) {
+    if (sample.unix_ms <= last_sample_unix_ms_) {
+      continue;
+    }
+    last_sample_unix_ms_ = sample.unix_ms;
+    autoscaler::Sample converted;
+    converted.time = autoscaler::Millis(sample.unix_ms);
+    converted.concurrency = sample.concurrency;
+    converted.queued = sample.queued;
+    converted.arrivals = static_cast<double>(sample.arrivals);
+    converted.completions = static_cast<double>(sample.completions);
+    window_.add(converted);
+    latency_weighted_sum_ += sample.latency_ms * static_cast<double>(sample.completions);
+    completions_sum_ += static_cast<double>(sample.completions);
+    concurrency_sum_ += sample.concurrency;
+    sample_count_ += 1;
+  }
+}
+
+std::vector<std::string> EndpointScaler::tick(autoscaler::Millis now, int64_t ready,
+                                              int64_t pending,
+                                              const std::function<double()>& cpu_utilization) {
+  std::vector<std::string> changes;
+  if (now >= next_vertical_) {
+    next_vertical_ = now + options_.vertical_period;
+    if (completions_sum_ > 0 && ready > 0) {
+      autoscaler::ReplicaSignals signals;
+      signals.latency_ms = latency_weighted_sum_ / completions_sum_;
+      signals.concurrency = concurrency_sum_ /
+                            static_cast<double>(std::max<int64_t>(1, sample_count_)) /
+                            static_cast<double>(ready);
+      signals.cpu_utilization = cpu_utilization();
+      const autoscaler::Decision decision = vertical_->decide_target(signals);
+      if (!decision.reason.empty()) {
+        changes.push_back("vertical: " + decision.reason);
+        scale_.target = vertical_->target();
+        // The range in replicas follows the target; the vertical policy keeps its baseline.
+        rebuild_horizontal();
+      }
+    }
+    latency_weighted_sum_ = 0;
+    completions_sum_ = 0;
+    concurrency_sum_ = 0;
+    sample_count_ = 0;
+  }
+  if (now >= next_horizontal_) {
+    next_horizontal_ = now + options_.horizontal_period;
+    autoscaler::Fleet fleet{ready, pending, scale_.replicas};
+    const autoscaler::Decision decision = horizontal_->decide(now, window_, fleet);
+    if (decision.desired != scale_.replicas) {
+      changes.push_back("horizontal: " + std::to_string(scale_.replicas) + " -> " +
+                        std::to_string(decision.desired) + " replicas: " + decision.reason);
+      scale_.replicas = decision.desired;
+    }
+  }
+  return changes;
+}
+
+bool EndpointScaler::request_capacity() {
+  if (scale_.replicas > 0) {
+    return false;
+  }
+  scale_.replicas = 1;
+  return true;
+}
+
+}  // namespace flotilla::control

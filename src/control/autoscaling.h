@@ -1,0 +1,84 @@
+// The autoscaler's live loop for one endpoint (DESIGN.md §4, issue #5; docs/autoscaler.md):
+// the APA horizontal policy on the gateway's 1-second samples and the APA vertical policy on the
+// replicas' latency and CPU, turned into a replica count and a per-replica concurrency target
+// that the reconciler applies. Private to the control module. Not thread-safe: the control
+// plane's reconciler thread owns every EndpointScaler.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "autoscaler/autoscaler.h"
+#include "control/control.h"
+#include "control/reconciler.h"
+#include "control/spec.h"
+#include "gateway/gateway.h"
+
+namespace flotilla::control {
+
+// The replica range and the per-replica bounds of an endpoint's spec (the sum over its served
+// models): concurrency range / target, at least 1 replica unless every served model may scale
+// to zero and asks for no minimum.
+autoscaler::ReplicaRange replica_range(const EndpointSpec& spec, double target);
+ConcurrencyRange target_bounds(const EndpointSpec& spec);
+
+// The endpoint replica count that version_replicas() turns back into no more than `running`
+// (live replicas per served model, in spec order): after a restart, the scaler starts where
+// the fleet already is, neither adding nor removing replicas.
+int64_t replicas_matching(const EndpointSpec& spec, const std::vector<int64_t>& running);
+
+class EndpointScaler {
+ public:
+  // Starts at the spec's initial target and at `current_replicas` (what already runs, so a
+  // restart of the control plane does not scale anything down), clamped to the range.
+  EndpointScaler(const EndpointSpec& spec, const AutoscalingOptions& options,
+                 int64_t current_replicas, autoscaler::Millis now);
+
+  // A new spec for the endpoint: its range and bounds apply from the next decision.
+  void update_spec(const EndpointSpec& spec);
+
+  // Adds the gateway's samples newer than the last one seen.
+  void add_samples(const std::vector<gateway::EndpointSample>& samples);
+
+  // Runs whichever policy is due at `now` (the horizontal every horizontal_period, the vertical
+  // every vertical_period). `ready`/`pending`: the endpoint's replicas serving and starting;
+  // `cpu_utilization` is called when the vertical policy is due and returns the ready
+  // replicas' mean CPU use since its previous call, 0..1. Returns the reasons of the decisions
+  // that changed something (to record as events).
+  std::vector<std::string> tick(autoscaler::Millis now, int64_t ready, int64_t pending,
+                                const std::function<double()>& cpu_utilization);
+
+  // Scale from zero: a request waits for an endpoint with no ready replica. Asks for one at
+  // once; true when that changed the scale.
+  bool request_capacity();
+
+  const Scale& scale() const { return scale_; }
+
+ private:
+  // Makes both policies for the current spec; the vertical one starts from `target`.
+  void rebuild_policies(double target);
+  // Makes the horizontal policy for the current spec and target (its range follows both).
+  void rebuild_horizontal();
+
+  AutoscalingOptions options_;
+  EndpointSpec spec_;
+  std::unique_ptr<autoscaler::VerticalPolicy> vertical_;
+  std::unique_ptr<autoscaler::Policy> horizontal_;  // reads vertical_'s target through a pointer
+  autoscaler::SampleWindow window_;
+  // Since the last vertical decision: completion-weighted latency and mean concurrency.
+  double latency_weighted_sum_ = 0;
+  double completions_sum_ = 0;
+  double concurrency_sum_ = 0;
+  int64_t sample_count_ = 0;
+  int64_t last_sample_unix_ms_ = 0;
+  autoscaler::Millis next_horizontal_{0};
+  autoscaler::Millis next_vertical_{0};
+  Scale scale_;
+};
+
+}  // namespace flotilla::control

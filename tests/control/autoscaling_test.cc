@@ -1,0 +1,157 @@
+#include "control/autoscaling.h"
+
+#include <gtest/gtest.h>
+
+namespace flotilla::control {
+namespace {
+
+using autoscaler::Millis;
+
+ServedModelSpec served(int64_t min_concurrency, int64_t max_concurrency, int64_t traffic = 100) {
+  ServedModelSpec spec;
+  spec.name = "v" + std::to_string(traffic);
+  spec.model = "/m/model.json";
+  spec.runtime = "xgboost";  // initial target 16
+  spec.concurrency = {min_concurrency, max_concurrency};
+  spec.traffic = traffic;
+  return spec;
+}
+
+EndpointSpec endpoint(std::vector<ServedModelSpec> versions) {
+  return EndpointSpec{"fraud", std::move(versions)};
+}
+
+AutoscalingOptions fast_options() {
+  AutoscalingOptions options;
+  options.horizontal_period = Millis(5'000);
+  options.up_window = Millis(20'000);
+  options.down_window = Millis(60'000);
+  options.vertical_period = Millis(30'000);
+  return options;
+}
+
+// One gateway sample per second from `from_ms` for `seconds`, each with `concurrency` in
+// flight at a steady state (arrivals = completions) and `latency_ms`.
+std::vector<gateway::EndpointSample> steady(int64_t from_ms, int seconds, double concurrency,
+                                            double latency_ms = 10) {
+  std::vector<gateway::EndpointSample> samples;
+  for (int i = 1; i <= seconds; ++i) {
+    gateway::EndpointSample sample;
+    sample.unix_ms = from_ms + i * 1'000;
+    sample.concurrency = concurrency;
+    sample.arrivals = static_cast<uint64_t>(concurrency * 100);
+    sample.completions = sample.arrivals;
+    sample.latency_ms = latency_ms;
+    samples.push_back(sample);
+  }
+  return samples;
+}
+
+double no_cpu() {
+  return 0.1;
+}
+
+TEST(ReplicaRangeTest, SumsServedModelsOverTheTarget) {
+  const auto range = replica_range(endpoint({served(40, 200, 50), served(8, 56, 50)}), 16);
+  EXPECT_EQ(range.min, 3);   // 48 / 16
+  EXPECT_EQ(range.max, 16);  // 256 / 16
+  EXPECT_FALSE(range.scale_to_zero);
+}
+
+TEST(ReplicaRangeTest, ZeroOnlyWhenEveryServedModelMayScaleToZero) {
+  ServedModelSpec a = served(0, 64);
+  a.scale_to_zero = true;
+  EXPECT_EQ(replica_range(endpoint({a}), 16).min, 0);
+  EXPECT_EQ(replica_range(endpoint({served(0, 64)}), 16).min, 1);
+}
+
+TEST(VersionReplicasTest, SplitsByTrafficWithEachVersionsMinimum) {
+  const Scale scale{10, 16};
+  EXPECT_EQ(version_replicas(served(1, 64, 70), scale), 7);
+  EXPECT_EQ(version_replicas(served(1, 64, 30), scale), 3);
+  EXPECT_EQ(version_replicas(served(64, 64, 30), scale), 4);  // its own minimum: 64 / 16
+  EXPECT_EQ(version_replicas(served(1, 64, 0), scale), 1);    // no traffic: the minimum
+  EXPECT_EQ(version_replicas(served(40, 64), std::nullopt), provisioned_replicas(served(40, 64)));
+  EXPECT_EQ(replica_cap(served(1, 64), Scale{1, 6.4}), 6);
+}
+
+TEST(ReplicasMatchingTest, ReproducesTheRunningSplitWithoutGrowingIt) {
+  const EndpointSpec split = endpoint({served(1, 64, 30), served(1, 64, 70)});
+  EXPECT_EQ(replicas_matching(split, {1, 1}), 1);  // both at their own minimum
+  const int64_t ten = replicas_matching(split, {3, 7});
+  EXPECT_EQ(version_replicas(split.served_models[0], Scale{ten, 16}), 3);
+  EXPECT_EQ(version_replicas(split.served_models[1], Scale{ten, 16}), 7);
+  EXPECT_EQ(replicas_matching(endpoint({served(1, 64, 100)}), {4}), 4);
+  EXPECT_EQ(replicas_matching(endpoint({served(1, 64, 100)}), {0}), 0);
+}
+
+TEST(EndpointScalerTest, ScalesUpOnTheBusiestSecondAtTheNextDecision) {
+  EndpointScaler scaler(endpoint({served(1, 256)}), fast_options(), 1, Millis(0));
+  EXPECT_EQ(scaler.scale(), (Scale{1, 16}));
+  scaler.add_samples(steady(0, 4, 40));
+  EXPECT_TRUE(scaler.tick(Millis(4'000), 1, 0, no_cpu).empty());  // not due yet
+  const auto changes = scaler.tick(Millis(5'000), 1, 0, no_cpu);
+  ASSERT_EQ(changes.size(), 1u);
+  EXPECT_NE(changes[0].find("1 -> 3 replicas"), std::string::npos) << changes[0];
+  EXPECT_EQ(scaler.scale().replicas, 3);  // ceil(40 / 16)
+}
+
+TEST(EndpointScalerTest, ScalesDownOnlyAfterTheWholeDownWindowAsksForFewer) {
+  EndpointScaler scaler(endpoint({served(1, 256)}), fast_options(), 4, Millis(0));
+  EXPECT_EQ(scaler.scale().replicas, 4);  // what runs after a restart stays
+  scaler.add_samples(steady(0, 30, 1));
+  EXPECT_TRUE(scaler.tick(Millis(30'000), 4, 0, no_cpu).empty());  // window not covered
+  scaler.add_samples(steady(30'000, 31, 1));
+  const auto changes = scaler.tick(Millis(61'000), 4, 0, no_cpu);
+  ASSERT_EQ(changes.size(), 1u);
+  EXPECT_EQ(scaler.scale().replicas, 3);  // at most -25% per cycle
+}
+
+TEST(EndpointScalerTest, StaysWithinTheSpecRange) {
+  EndpointScaler scaler(endpoint({served(1, 32)}), fast_options(), 1, Millis(0));
+  scaler.add_samples(steady(0, 5, 500));
+  scaler.tick(Millis(5'000), 1, 0, no_cpu);
+  EXPECT_EQ(scaler.scale().replicas, 2);  // 32 / 16
+  scaler.update_spec(endpoint({served(1, 16)}));
+  EXPECT_EQ(scaler.scale().replicas, 1);
+}
+
+TEST(EndpointScalerTest, ScaleFromZeroAsksForOneReplicaAtOnce) {
+  ServedModelSpec spec = served(0, 64);
+  spec.scale_to_zero = true;
+  EndpointScaler scaler(endpoint({spec}), fast_options(), 0, Millis(0));
+  EXPECT_EQ(scaler.scale().replicas, 0);
+  EXPECT_TRUE(scaler.request_capacity());
+  EXPECT_EQ(scaler.scale().replicas, 1);
+  EXPECT_FALSE(scaler.request_capacity());  // already has one
+}
+
+TEST(EndpointScalerTest, VerticalLowersTheTargetOnOverloadAndTheCapFollows) {
+  EndpointScaler scaler(endpoint({served(1, 256)}), fast_options(), 2, Millis(0));
+  scaler.add_samples(steady(0, 30, 20, 10));  // baseline: 10 ms
+  scaler.tick(Millis(30'000), 2, 0, no_cpu);
+  EXPECT_EQ(scaler.scale().target, 16);
+  scaler.add_samples(steady(30'000, 30, 32, 25));  // 2.5x the baseline
+  const auto changes = scaler.tick(Millis(60'000), 2, 0, no_cpu);
+  ASSERT_FALSE(changes.empty());
+  EXPECT_NE(changes[0].find("vertical: target 16.00 -> 12.00"), std::string::npos) << changes[0];
+  EXPECT_EQ(scaler.scale().target, 12);
+}
+
+TEST(EndpointScalerTest, CpuIsReadOnlyWhenTheVerticalPolicyIsDue) {
+  EndpointScaler scaler(endpoint({served(1, 256)}), fast_options(), 1, Millis(0));
+  int reads = 0;
+  auto cpu = [&] {
+    ++reads;
+    return 0.5;
+  };
+  scaler.add_samples(steady(0, 29, 4));
+  scaler.tick(Millis(29'000), 1, 0, cpu);
+  EXPECT_EQ(reads, 0);
+  scaler.add_samples(steady(29'000, 1, 4));
+  scaler.tick(Millis(30'000), 1, 0, cpu);
+  EXPECT_EQ(reads, 1);
+}
+
+}  // namespace
+}  // namespace flotilla::control
