@@ -403,8 +403,10 @@ void ControlPlaneImpl::reconcile_once() {
                       [&](const auto& replica) { return replica.state == state; })));
   }
   ReconcilePlan plan;
+  uint64_t generation = 0;
   {
     std::lock_guard lock(mu_);
+    generation = change_generation_;
     std::vector<EndpointState> states;
     states.reserve(endpoints_.size());
     for (const auto& [name, stored] : endpoints_) {
@@ -436,6 +438,20 @@ void ControlPlaneImpl::reconcile_once() {
   for (const auto& [deployment, count] : plan.ensure) {
     orchestrator_.ensure(deployment, count);
   }
+  {
+    std::lock_guard lock(mu_);
+    applied_generation_ = std::max(applied_generation_, generation);
+  }
+  applied_.notify_all();
+}
+
+void ControlPlaneImpl::wait_until_applied() {
+  std::unique_lock lock(mu_);
+  const uint64_t generation = ++change_generation_;
+  wake_.notify_all();
+  // A reconciler pass takes milliseconds; the bound only matters if it is stuck.
+  applied_.wait_for(lock, std::chrono::seconds(5),
+                    [&] { return applied_generation_ >= generation || stopping_; });
 }
 
 void ControlPlaneImpl::publish_auth() {
@@ -472,7 +488,7 @@ Result<nlohmann::json> ControlPlaneImpl::create_endpoint(std::string_view body,
     endpoints_.emplace(spec.name, std::move(stored));
     record_event(spec.name, "created", actor, "created: starting " + describe_versions(spec));
   }
-  wake_.notify_all();
+  wait_until_applied();
   return endpoint_view(spec.name);
 }
 
@@ -499,7 +515,7 @@ Result<nlohmann::json> ControlPlaneImpl::update_endpoint(const std::string& name
       record_event(name, "updated", actor, describe_update(name, before, spec));
     }
   }
-  wake_.notify_all();
+  wait_until_applied();
   return endpoint_view(name);
 }
 
@@ -513,7 +529,7 @@ Status ControlPlaneImpl::delete_endpoint(const std::string& name, const std::str
     endpoints_.erase(name);
     record_event(name, "deleted", actor, "deleted: its replicas drain and stop");
   }
-  wake_.notify_all();
+  wait_until_applied();
   return Status::ok();
 }
 

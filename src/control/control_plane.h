@@ -79,6 +79,10 @@ class ControlPlaneImpl final : public ControlPlane, public gateway::CapacityRequ
   void record_event(const std::string& endpoint, const std::string& kind, const std::string& actor,
                     const std::string& message);
   void on_replica(const orchestrator::ReplicaEvent& event);
+  // After a change of endpoints_: wakes the reconciler and waits until a pass that saw the
+  // change has published the gateway table, so an API call's effect is visible in the gateway
+  // when the call returns (a new endpoint is known, a deleted one is 404).
+  void wait_until_applied();
   void reconcile_loop();
   void reconcile_once();
   // The autoscaler's pass (reconciler thread): samples in, decisions out into endpoints_.
@@ -101,8 +105,11 @@ class ControlPlaneImpl final : public ControlPlane, public gateway::CapacityRequ
   std::condition_variable wake_;             // the reconciler waits on it between passes
   std::map<std::string, Stored> endpoints_;  // guarded by mu_
   std::vector<TokenRow> tokens_;             // guarded by mu_
-  std::shared_ptr<const gateway::Authenticator> admin_auth_;        // guarded by mu_
-  bool stopping_ = false;                                           // guarded by mu_
+  std::shared_ptr<const gateway::Authenticator> admin_auth_;  // guarded by mu_
+  bool stopping_ = false;
+  uint64_t change_generation_ = 0;   // guarded by mu_: bumped by every endpoint change
+  uint64_t applied_generation_ = 0;  // guarded by mu_: the newest change a pass published
+  std::condition_variable applied_;  // notified after every reconciler pass // guarded by mu_
   gateway::EndpointTable published_table_;                          // reconciler thread only
   std::set<std::string> capacity_requests_;                         // guarded by mu_
   std::map<std::string, std::unique_ptr<EndpointScaler>> scalers_;  // reconciler thread only

@@ -122,11 +122,21 @@ def model_path(rel):
     return os.path.join(MODELS_DIR, rel)
 
 
-def synthetic_model(mean_ms):
-    """A synthetic model whose every request waits `mean_ms` (no CPU burned)."""
-    return harness.write_yaml(_tmp_root, f"synthetic-{mean_ms}.yaml",
+def synthetic_model(mean_ms, saturation=100000):
+    """A synthetic model whose every request waits `mean_ms` (no CPU burned), longer in
+    proportion past `saturation` requests in flight."""
+    return harness.write_yaml(_tmp_root, f"synthetic-{mean_ms}-{saturation}.yaml",
                               f"service_time: {{dist: fixed, mean_ms: {mean_ms}}}\n"
-                              "cpu_us: 0\nsaturation: 100000\nseed: 1\n")
+                              f"cpu_us: 0\nsaturation: {saturation}\nseed: 1\n")
+
+
+def synthetic_label(body):
+    """A synthetic model's MLflow answer: one prediction per row."""
+    try:
+        preds = json.loads(body)["predictions"]
+    except (ValueError, KeyError, TypeError):
+        return None
+    return "synthetic" if isinstance(preds, list) and len(preds) == 1 else None
 
 
 # --------------------------------------------------------------------------- specs
@@ -494,7 +504,9 @@ class Load:
     iris models could have written, and every exception, is a failure (kept with its reason).
     Each client keeps the sequence of versions (labels) that answered it."""
 
-    def __init__(self, up, name, threads=4, total=50000, deadline_s=90, token=None):
+    def __init__(self, up, name, threads=4, total=50000, deadline_s=90, token=None,
+                 label=None):
+        self.label_of = label or label_of
         self.port = up.gateway_port
         self.path = f"/serving-endpoints/{name}/invocations"
         self.body = json.dumps(mlflow_body()).encode()
@@ -538,7 +550,7 @@ class Load:
                 if r.status != 200:
                     reason = f"{r.status} {data[:200]!r}"
                 else:
-                    label = label_of(data)
+                    label = self.label_of(data)
                     if label is None:
                         reason = f"200 with an unexpected body {data[:200]!r}"
                 if r.will_close:
@@ -1715,6 +1727,119 @@ class Shutdown(ControlTestCase):
         with socket.socket() as s:
             self.assertNotEqual(s.connect_ex(("127.0.0.1", up.api_port)), 0,
                                 "the API still accepts connections")
+
+
+# =========================================================================== 9. autoscaler
+
+class Autoscaling(ControlTestCase):
+    """The autoscaler's live loop (issue #5) with test-shortened periods and windows:
+    decisions every 0.5 s on a 2 s up window and a 4 s down window, the vertical policy every
+    second."""
+    DOWN_WINDOW_S = 4.0
+
+    @classmethod
+    def setUpClass(cls):
+        cls.up = cls.start_up("--autoscale-period-ms", "500", "--scale-up-window-ms", "2000",
+                              "--scale-down-window-ms", str(int(cls.DOWN_WINDOW_S * 1000)),
+                              "--vertical-period-ms", "1000", "--cold-start-timeout-ms", "20000")
+
+    def ready_count(self, view):
+        return sum(r["state"] == "ready" for r in view["replicas"])
+
+    def autoscaler_events(self, name):
+        return [e for e in self.up.events(name) if e["kind"] == "autoscaler"]
+
+    def test_scales_up_under_stepped_load_then_down_after_the_down_window(self):
+        up, name = self.up, "stepped"
+        # 50 ms a request and a fixed per-replica target of 4: 16 clients need 4 replicas.
+        up.create(spec(name, served("v1", synthetic_model(50), runtime="synthetic",
+                                    concurrency={"min": 1, "max": 64},
+                                    per_replica_concurrency={"min": 4, "max": 4})))
+        up.wait_view(name, lambda v: v["state"]["ready"] == "READY", "ready")
+
+        light = Load(up, name, threads=2, total=100000, deadline_s=60,
+                     label=synthetic_label).start()
+        self.addCleanup(light.stop)
+        light.wait_for(lambda l: l.completed >= 60, "60 light requests")  # 3 s at 2 x 20/s
+        light.stop()
+        self.assertNoFailures(light, "light load")
+        self.assertEqual(self.ready_count(up.view(name)), 1, "2 clients fit in one replica")
+
+        heavy = Load(up, name, threads=16, total=100000, deadline_s=60,
+                     label=synthetic_label).start()
+        self.addCleanup(heavy.stop)
+        up.wait_view(name, lambda v: self.ready_count(v) >= 4, "4 ready replicas under 16 "
+                     "clients", deadline_s=20)
+        heavy.stop()
+        stopped = time.time()
+        self.assertNoFailures(heavy, "heavy load while scaling up")
+        ups = [e for e in self.autoscaler_events(name) if "-> " in e["message"] and
+               "horizontal" in e["message"] and " up:" in e["message"]]
+        self.assertTrue(ups, self.autoscaler_events(name))
+
+        up.wait_view(name, lambda v: self.ready_count(v) == 1 and len(v["replicas"]) == 1,
+                     "back to one replica", deadline_s=30)
+        downs = [e for e in self.autoscaler_events(name) if " down:" in e["message"]]
+        self.assertTrue(downs, self.autoscaler_events(name))
+        # Nothing scales down before the whole down window asked for fewer replicas: the last
+        # busy sample ends at most 1 s after the load stopped.
+        first_down_s = downs[0]["timestamp"] / 1000.0 - stopped
+        self.assertGreaterEqual(first_down_s, self.DOWN_WINDOW_S - 1.0, downs)
+
+    def test_vertical_target_converges_near_the_saturation_point(self):
+        up, name = self.up, "learned"
+        saturation = 12
+        # Latency is flat up to 12 requests in flight per replica and grows in proportion
+        # beyond; the target starts at the synthetic runtime's default, 8.
+        up.create(spec(name, served("v1", synthetic_model(50, saturation), runtime="synthetic",
+                                    concurrency={"min": 1, "max": 24},
+                                    per_replica_concurrency={"min": 1, "max": 32})))
+        up.wait_view(name, lambda v: v["state"]["ready"] == "READY", "ready")
+        self.assertEqual(up.view(name)["autoscaler"]["target_concurrency"], 8)
+        load = Load(up, name, threads=40, total=1000000, deadline_s=90,
+                    label=synthetic_label).start()
+        self.addCleanup(load.stop)
+
+        def settled(v):
+            target = v["autoscaler"]["target_concurrency"]
+            return abs(target - saturation) <= 0.2 * saturation and \
+                any("vertical" in e["message"] for e in self.autoscaler_events(name))
+        up.wait_view(name, settled, "a target within 20% of the saturation point",
+                     deadline_s=45)
+        # It stays there: three more vertical periods.
+        time.sleep(3)  # the condition below must hold after them, not be waited for
+        target = up.view(name)["autoscaler"]["target_concurrency"]
+        load.stop()
+        self.assertNoFailures(load, "load while learning")
+        self.assertLessEqual(abs(target - saturation), 0.2 * saturation,
+                             [e["message"] for e in self.autoscaler_events(name)])
+
+    def test_scale_to_zero_holds_the_first_request_until_a_replica_is_ready(self):
+        up, name = self.up, "idle"
+        up.create(spec(name, served("v1", synthetic_model(5), runtime="synthetic",
+                                    concurrency={"min": 0, "max": 8}, scale_to_zero=True)))
+        up.wait_view(name, lambda v: v["state"]["ready"] == "READY", "ready")
+        up.wait_view(name, lambda v: not v["replicas"], "scaled to zero",
+                     deadline_s=self.DOWN_WINDOW_S + 20)
+        t0 = time.monotonic()
+        r = up.gw("POST", f"/serving-endpoints/{name}/invocations", {"instances": [[1.0]]})
+        self.assertEqual(r.status, 200, r)
+        held_s = time.monotonic() - t0
+        events = [e["message"] for e in self.autoscaler_events(name)]
+        self.assertTrue(any("scale from zero" in m for m in events), events)
+        self.assertLess(held_s, 20, "held for the cold start only")
+
+    def test_scale_from_zero_that_never_gets_ready_is_503(self):
+        up = self.start_up_for_test("--cold-start-timeout-ms", "1500", "--autoscale-period-ms",
+                                    "500", "--scale-down-window-ms", "2000")
+        name = "never"
+        broken = harness.write_yaml(_tmp_root, "synthetic-broken.yaml",
+                                    "service_time: {dist: nonsense}\n")
+        up.create(spec(name, served("v1", broken, runtime="synthetic",
+                                    concurrency={"min": 0, "max": 8}, scale_to_zero=True)))
+        r = up.gw("POST", f"/serving-endpoints/{name}/invocations", {"instances": [[1.0]]})
+        self.assertGatewayError(r, 503)
+        self.assertIn(name, r.json()["error"])
 
 
 if __name__ == "__main__":
