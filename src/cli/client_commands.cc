@@ -100,9 +100,10 @@ Result<json> call(const Connection& connection, http::Method method, const std::
   }
   json parsed = json::parse(response.body, nullptr, false);
   if (response.status < 200 || response.status >= 300) {
-    std::string message = parsed.is_object() && parsed.contains("message")
-                              ? parsed["message"].get<std::string>()
-                              : "HTTP " + std::to_string(response.status);
+    std::string message =
+        parsed.is_object() && parsed.contains("message") && parsed["message"].is_string()
+            ? parsed["message"].get<std::string>()
+            : "HTTP " + std::to_string(response.status);
     const StatusCode code = response.status == 404   ? StatusCode::kNotFound
                             : response.status == 409 ? StatusCode::kFailedPrecondition
                             : response.status < 500  ? StatusCode::kInvalidArgument
@@ -236,6 +237,9 @@ Result<std::string> deploy_body(const DeployFlags& flags) {
           }
         }
       }
+    }
+    if (!spec.IsMap()) {
+      return invalid_argument(flags.file + ": an endpoint spec must be a mapping");
     }
     if (!flags.name.empty()) {
       spec["name"] = flags.name;

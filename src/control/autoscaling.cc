@@ -41,15 +41,15 @@ autoscaler::ReplicaRange replica_range(const EndpointSpec& spec, double target) 
 }
 
 int64_t replicas_matching(const EndpointSpec& spec, const std::vector<int64_t>& running) {
-  std::optional<int64_t> matching;
+  int64_t matching = 0;
   for (size_t i = 0; i < spec.served_models.size() && i < running.size(); ++i) {
     const int64_t traffic = spec.served_models[i].traffic;
-    if (traffic > 0) {
-      const int64_t most = running[i] * 100 / traffic;  // ceil(most * traffic / 100) <= running
-      matching = std::min(matching.value_or(most), most);
+    if (traffic > 0 && running[i] > 0) {
+      // The least R with ceil(R * traffic / 100) >= running[i].
+      matching = std::max(matching, (running[i] - 1) * 100 / traffic + 1);
     }
   }
-  return matching.value_or(0);
+  return matching;
 }
 
 EndpointScaler::EndpointScaler(const EndpointSpec& spec, const AutoscalingOptions& options,
@@ -60,8 +60,9 @@ EndpointScaler::EndpointScaler(const EndpointSpec& spec, const AutoscalingOption
     target = std::max(target, static_cast<double>(initial_target_concurrency(served)));
   }
   rebuild_policies(target);
-  const autoscaler::ReplicaRange range = replica_range(spec_, target);
-  scale_ = Scale{std::clamp(current_replicas, range.min, range.max), target};
+  // Not capped by the range's maximum: that comes from a target not learned yet (the learned
+  // one is not kept across restarts); the first decisions bring the count into the range.
+  scale_ = Scale{std::max(current_replicas, replica_range(spec_, target).min), target};
   next_horizontal_ = now + options_.horizontal_period;
   next_vertical_ = now + options_.vertical_period;
 }
@@ -149,7 +150,10 @@ std::vector<std::string> EndpointScaler::tick(autoscaler::Millis now, int64_t re
     next_horizontal_ = now + options_.horizontal_period;
     autoscaler::Fleet fleet{ready, pending, scale_.replicas};
     const autoscaler::Decision decision = horizontal_->decide(now, window_, fleet);
-    if (decision.desired != scale_.replicas) {
+    // While nothing is ready (a cold start, scale from zero) capacity is on its way: a window
+    // of idle seconds must not cancel it.
+    const bool hold = decision.desired < scale_.replicas && ready == 0;
+    if (decision.desired != scale_.replicas && !hold) {
       changes.push_back("horizontal: " + std::to_string(scale_.replicas) + " -> " +
                         std::to_string(decision.desired) + " replicas: " + decision.reason);
       scale_.replicas = decision.desired;

@@ -27,9 +27,9 @@ namespace flotilla::control {
 autoscaler::ReplicaRange replica_range(const EndpointSpec& spec, double target);
 ConcurrencyRange target_bounds(const EndpointSpec& spec);
 
-// The endpoint replica count that version_replicas() turns back into no more than `running`
-// (live replicas per served model, in spec order): after a restart, the scaler starts where
-// the fleet already is, neither adding nor removing replicas.
+// The least endpoint replica count that version_replicas() turns into at least `running` (live
+// replicas per served model, in spec order): after a restart, the scaler starts where the fleet
+// already is, removing nothing.
 int64_t replicas_matching(const EndpointSpec& spec, const std::vector<int64_t>& running);
 
 class EndpointScaler {

@@ -144,8 +144,23 @@ Status ControlPlaneImpl::start() {
     FLOTILLA_RETURN_IF_ERROR(mint_first_admin_token());
   }
 
-  orchestrator_.watch([this](const orchestrator::ReplicaEvent& event) { on_replica(event); });
   FLOTILLA_ASSIGN_OR_RETURN(std::vector<ReplicaRecord> replica_records, store_->list_replicas());
+
+  // The API binds first: once the orchestrator holds the watcher below, nothing may fail (a
+  // failed create() destroys this object).
+  http::ServerOptions api_options = options_.api;
+  api_options.workers = 1;
+  api_options.capture_headers = true;
+  api_options.max_body_bytes = std::min<size_t>(api_options.max_body_bytes, 1024 * 1024);
+  api_options.error_body = [](int status, std::string_view message) {
+    return api_error_body(status, message);
+  };
+  FLOTILLA_ASSIGN_OR_RETURN(
+      api_, http::Server::create(api_options,
+                                 [this](http::Request&& request, http::Responder&& responder) {
+                                   responder.send(handle_api(request));
+                                 }));
+  orchestrator_.watch([this](const orchestrator::ReplicaEvent& event) { on_replica(event); });
   std::vector<orchestrator::Replica> leftovers;
   for (const ReplicaRecord& record : replica_records) {
     Result<orchestrator::Replica> replica =
@@ -160,18 +175,6 @@ Status ControlPlaneImpl::start() {
   orchestrator_.adopt(std::move(leftovers));
   publish_auth();
 
-  http::ServerOptions api_options = options_.api;
-  api_options.workers = 1;
-  api_options.capture_headers = true;
-  api_options.max_body_bytes = std::min<size_t>(api_options.max_body_bytes, 1024 * 1024);
-  api_options.error_body = [](int status, std::string_view message) {
-    return api_error_body(status, message);
-  };
-  FLOTILLA_ASSIGN_OR_RETURN(
-      api_, http::Server::create(api_options,
-                                 [this](http::Request&& request, http::Responder&& responder) {
-                                   responder.send(handle_api(request));
-                                 }));
   reconcile_once();
   reconciler_ = std::thread([this] { reconcile_loop(); });
   return Status::ok();
@@ -213,6 +216,7 @@ void ControlPlaneImpl::shutdown(std::chrono::milliseconds timeout) {
     stopping_ = true;
   }
   wake_.notify_all();
+  applied_.notify_all();
   if (reconciler_.joinable()) {
     reconciler_.join();
   }
@@ -255,7 +259,9 @@ void ControlPlaneImpl::on_replica(const orchestrator::ReplicaEvent& event) {
 void ControlPlaneImpl::reconcile_loop() {
   std::unique_lock lock(mu_);
   while (!stopping_) {
-    wake_.wait_for(lock, options_.reconcile_interval);
+    wake_.wait_for(lock, options_.reconcile_interval, [this] {
+      return stopping_ || change_generation_ > applied_generation_ || !capacity_requests_.empty();
+    });
     if (stopping_) {
       break;
     }
@@ -432,11 +438,31 @@ void ControlPlaneImpl::reconcile_once() {
     if (Status status = gateway_.update_table(plan.table); status.is_ok()) {
       published_table_ = plan.table;
     } else {
+      // Retiring replicas the gateway may still route to would drop requests: wait for a
+      // table it takes.
       spdlog::error("gateway refused the endpoint table: {}", status.message());
+      return;
     }
   }
+  std::set<std::string> planned;
   for (const auto& [deployment, count] : plan.ensure) {
     orchestrator_.ensure(deployment, count);
+    planned.insert(deployment.key);
+    if (count > 0) {
+      ensured_[deployment.key] = deployment;
+    } else {
+      ensured_.erase(deployment.key);
+    }
+  }
+  // Deployments asked for before and gone from the plan without a live replica to retire
+  // (all failed, or none started yet): tell the orchestrator too, or it keeps restarting them.
+  for (auto it = ensured_.begin(); it != ensured_.end();) {
+    if (planned.contains(it->first)) {
+      ++it;
+      continue;
+    }
+    orchestrator_.ensure(it->second, 0);
+    it = ensured_.erase(it);
   }
   {
     std::lock_guard lock(mu_);
@@ -548,7 +574,18 @@ Result<nlohmann::json> ControlPlaneImpl::endpoint_view(const std::string& name) 
   const std::vector<orchestrator::Replica> replicas = orchestrator_.list();
   nlohmann::json view;
   view["name"] = name;
+  // READY: every serving version with traffic has a ready replica (or the autoscaler scaled
+  // the endpoint to zero: requests are held until one is).
   bool ready = state.serving.has_value();
+  if (state.serving && !(state.scale && state.scale->replicas == 0)) {
+    for (const ServedModelSpec& served : state.serving->served_models) {
+      const std::string key = deployment_key(name, served);
+      const bool any_ready = std::any_of(replicas.begin(), replicas.end(), [&](const auto& r) {
+        return r.deployment.key == key && r.state == orchestrator::ReplicaState::kReady;
+      });
+      ready = ready && (served.traffic == 0 || any_ready);
+    }
+  }
   nlohmann::json versions = nlohmann::json::array();
   std::vector<const EndpointSpec*> specs = {&state.target};
   if (state.serving && *state.serving != state.target) {
@@ -566,9 +603,6 @@ Result<nlohmann::json> ControlPlaneImpl::endpoint_view(const std::string& name) 
           state.serving &&
           std::any_of(state.serving->served_models.begin(), state.serving->served_models.end(),
                       [&](const ServedModelSpec& s) { return deployment_key(name, s) == key; });
-      if (serving && served.traffic > 0 && spec == &*state.serving && ready_replicas == 0) {
-        ready = false;
-      }
       nlohmann::json version = to_json(served);
       version["deployment_key"] = key;
       version["role"] = spec == &state.target ? "target" : "previous";

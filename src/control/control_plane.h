@@ -118,6 +118,8 @@ class ControlPlaneImpl final : public ControlPlane, public gateway::CapacityRequ
     std::chrono::steady_clock::time_point at;
   };
   std::map<int64_t, CpuReading> cpu_readings_;  // by pid; reconciler thread only
+  // Every deployment ensured with replicas, by key (reconciler thread only).
+  std::map<std::string, orchestrator::Deployment> ensured_;
   std::string new_admin_token_;
   std::unique_ptr<http::Server> api_;
   std::thread reconciler_;

@@ -95,12 +95,20 @@ ReconcilePlan reconcile(const std::vector<EndpointState>& endpoints,
                         const RuntimeResolver& resolve_runtime) {
   ReconcilePlan plan;
   std::set<std::string> wanted_keys;
+  // A key in both the target and the serving spec (a traffic change in flight) keeps the larger
+  // of its two counts until the promotion: the table still routes by the serving weights.
   auto want = [&](const std::string& endpoint, const ServedModelSpec& served,
                   const std::optional<Scale>& scale) {
     orchestrator::Deployment deployment = make_deployment(endpoint, served, resolve_runtime);
+    const int count = static_cast<int>(version_replicas(served, scale));
     if (wanted_keys.insert(deployment.key).second) {
-      plan.ensure.emplace_back(std::move(deployment),
-                               static_cast<int>(version_replicas(served, scale)));
+      plan.ensure.emplace_back(std::move(deployment), count);
+      return;
+    }
+    for (auto& [known, known_count] : plan.ensure) {
+      if (known.key == deployment.key) {
+        known_count = std::max(known_count, count);
+      }
     }
   };
 

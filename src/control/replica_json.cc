@@ -50,11 +50,11 @@ Result<orchestrator::Replica> replica_from_json(const nlohmann::json& json) {
     replica.deployment.runtime = deployment.at("runtime").get<std::string>();
     replica.deployment.cpus = deployment.at("cpus").get<double>();
     replica.deployment.memory_bytes = deployment.at("memory_bytes").get<int64_t>();
+    FLOTILLA_ASSIGN_OR_RETURN(replica.state,
+                              orchestrator::parse_state(json.at("state").get<std::string>()));
   } catch (const nlohmann::json::exception& e) {
     return invalid_argument(std::string("replica record: ") + e.what());
   }
-  FLOTILLA_ASSIGN_OR_RETURN(replica.state,
-                            orchestrator::parse_state(json.value("state", std::string())));
   return replica;
 }
 

@@ -21,6 +21,9 @@ namespace {
 constexpr size_t kMaxNameLength = 64;
 constexpr int64_t kMaxPerReplicaConcurrency = 4096;
 constexpr double kMaxCpus = 1024;
+// Bounds that keep replica arithmetic far from overflow (1M concurrent requests, 1 PiB).
+constexpr int64_t kMaxConcurrency = 1'000'000;
+constexpr int64_t kMaxMemoryMb = int64_t{1} << 30;
 constexpr int64_t kFullTraffic = 100;
 constexpr ConcurrencyRange kDefaultPerReplicaBounds{1, 64};
 constexpr std::array<std::string_view, 3> kRuntimes = {"auto", "xgboost", "synthetic"};
@@ -282,8 +285,8 @@ Result<ServedModelSpec> read_served_model(const YAML::Node& node, const std::str
   }
 
   if (const YAML::Node concurrency = node["concurrency"]) {
-    FLOTILLA_RETURN_IF_ERROR(read_range(concurrency, where + ".concurrency", 0,
-                                        std::numeric_limits<int64_t>::max(), served.concurrency));
+    FLOTILLA_RETURN_IF_ERROR(
+        read_range(concurrency, where + ".concurrency", 0, kMaxConcurrency, served.concurrency));
   }
 
   // An explicit null reads as absent, so a JSON client may send "per_replica_concurrency": null.
@@ -314,9 +317,8 @@ Result<ServedModelSpec> read_served_model(const YAML::Node& node, const std::str
                                 read_number(cpus, resources_where + ".cpus", 0, kMaxCpus));
     }
     if (const YAML::Node memory = resources["memory_mb"]) {
-      FLOTILLA_ASSIGN_OR_RETURN(
-          served.resources.memory_mb,
-          read_int(memory, resources_where + ".memory_mb", 0, std::numeric_limits<int64_t>::max()));
+      FLOTILLA_ASSIGN_OR_RETURN(served.resources.memory_mb,
+                                read_int(memory, resources_where + ".memory_mb", 0, kMaxMemoryMb));
     }
   }
   return served;

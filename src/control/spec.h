@@ -58,9 +58,10 @@ struct EndpointSpec {
 // Rules: name 1–64 of [A-Za-z0-9-_.] starting with a letter or digit; served_models a non-empty
 // list with unique names (same rule); model non-empty and an absolute path (an http(s):// URL
 // is refused until the artifact store lands, #6); runtime one of auto, xgboost, synthetic;
-// concurrency 0 <= min <= max, max >= 1; per_replica_concurrency 1 <= min <= max <= 4096;
-// traffic an integer in [0, 100], may be left out only when there is one served model;
-// resources.cpus in [0, 1024], resources.memory_mb >= 0; unknown fields refused at every level.
+// concurrency 0 <= min <= max <= 1,000,000, max >= 1; per_replica_concurrency 1 <= min <= max <=
+// 4096; traffic an integer in [0, 100], may be left out only when there is one served model;
+// resources.cpus in [0, 1024], resources.memory_mb in [0, 2^30]; unknown fields refused at every
+// level.
 Result<EndpointSpec> parse_endpoint_spec(std::string_view text,
                                          std::string_view name_from_path = {});
 

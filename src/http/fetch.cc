@@ -52,13 +52,15 @@ ClientResponse fetch(const std::string& host, uint16_t port, ClientRequest reque
   parser.body_limit(64 * 1024 * 1024);
   std::optional<ClientResponse> outcome;
 
-  beast::error_code address_error;
-  const auto address = asio::ip::make_address(host, address_error);
-  if (address_error) {
-    return failed(UpstreamFailure::kConnect, "'" + host + "' is not an IP address");
+  beast::error_code resolve_error;
+  tcp::resolver resolver(context);
+  const auto addresses = resolver.resolve(host, std::to_string(port), resolve_error);
+  if (resolve_error) {
+    return failed(UpstreamFailure::kConnect,
+                  "cannot resolve '" + host + "': " + resolve_error.message());
   }
   stream.expires_after(timeout);
-  stream.async_connect(tcp::endpoint(address, port), [&](beast::error_code ec) {
+  stream.async_connect(addresses, [&](beast::error_code ec, const tcp::endpoint&) {
     if (ec) {
       outcome = failed(
           ec == beast::error::timeout ? UpstreamFailure::kTimeout : UpstreamFailure::kConnect,

@@ -34,6 +34,7 @@ using Clock = std::chrono::steady_clock;
 using std::chrono::milliseconds;
 
 constexpr milliseconds kProbeTimeout{500};
+constexpr int kMaxStartsPerTick = 8;
 
 struct Process {
   Replica replica;
@@ -42,6 +43,7 @@ struct Process {
   Clock::time_point drain_started;
   Clock::time_point term_sent;
   bool terminated = false;  // SIGTERM sent
+  bool timed_out = false;   // not ready in time: SIGKILL sent
   Clock::time_point failed_at;
   std::string cgroup;  // the cgroup directory made for it, "" when none
 };
@@ -49,9 +51,17 @@ struct Process {
 // An idle `flotilla replica --standby` process waiting on its stdin for the replica's flags.
 struct Standby {
   int64_t pid = 0;
-  int control_fd = -1;  // our end of the socket pair that is its stdin
+  int control_fd = -1;  // our end of the socket pair that is its stdin; -1 once closed
   std::string log_path;
+  std::chrono::steady_clock::time_point started;
 };
+
+void close_control(Standby& standby) {
+  if (standby.control_fd >= 0) {
+    ::close(standby.control_fd);
+    standby.control_fd = -1;
+  }
+}
 
 struct Wanted {
   Deployment deployment;
@@ -115,16 +125,15 @@ class LocalOrchestrator final : public Orchestrator {
   }
 
   Status drain(const std::string& replica_id) override {
-    std::vector<ReplicaEvent> events;
     {
       std::lock_guard lock(mu_);
       auto it = processes_.find(replica_id);
       if (it == processes_.end() || it->second.replica.state == ReplicaState::kFailed) {
         return not_found("replica '" + replica_id + "' does not exist");
       }
-      start_drain(it->second, "drained by request", events);
+      start_drain(it->second, "drained by request", pending_events_);
     }
-    publish(events);
+    wake_.notify_all();
     return Status::ok();
   }
 
@@ -144,9 +153,9 @@ class LocalOrchestrator final : public Orchestrator {
   }
 
   void adopt(std::vector<Replica> replicas) override {
-    std::vector<ReplicaEvent> events;
     {
       std::lock_guard lock(mu_);
+      std::vector<ReplicaEvent>& events = pending_events_;
       for (Replica& replica : replicas) {
         if (replica.state == ReplicaState::kFailed || replica.state == ReplicaState::kStopped) {
           continue;
@@ -171,11 +180,10 @@ class LocalOrchestrator final : public Orchestrator {
         processes_.emplace(replica.id, std::move(process));
       }
     }
-    publish(events);
+    wake_.notify_all();
   }
 
   void shutdown(milliseconds timeout) override {
-    std::vector<ReplicaEvent> events;
     {
       std::lock_guard lock(mu_);
       if (shut_down_) {
@@ -187,16 +195,15 @@ class LocalOrchestrator final : public Orchestrator {
       }
       for (auto& [id, process] : processes_) {
         if (process.replica.state != ReplicaState::kFailed) {
-          start_drain(process, "shutting down", events);
+          start_drain(process, "shutting down", pending_events_);
         }
       }
       for (auto& [runtime, pool] : pools_) {
         for (Standby& standby : pool) {
-          ::close(standby.control_fd);  // EOF on its stdin: it exits
+          close_control(standby);  // EOF on its stdin: it exits
         }
       }
     }
-    publish(events);
     wake_.notify_all();
     // The loop thread carries the drains through; wait for it to finish them.
     std::unique_lock lock(mu_);
@@ -265,7 +272,10 @@ class LocalOrchestrator final : public Orchestrator {
   void loop() {
     std::unique_lock lock(mu_);
     while (!stopping_) {
-      std::vector<ReplicaEvent> events;
+      // Events of drain(), adopt() and shutdown() first: watchers see every event from this
+      // thread, in order.
+      std::vector<ReplicaEvent> events = std::move(pending_events_);
+      pending_events_.clear();
       reap(events);
       lock.unlock();
       probe_starting(events);
@@ -275,7 +285,7 @@ class LocalOrchestrator final : public Orchestrator {
         scale(events);
         // A new standby's start-up competes for the CPU with replicas loading their models:
         // refill the pool once they are ready.
-        if (!any_starting()) {
+        if (!any_starting() && Clock::now() >= next_pool_fill_) {
           fill_pools();
         }
       }
@@ -318,7 +328,13 @@ class LocalOrchestrator final : public Orchestrator {
         if (!shut_down_) {
           spdlog::warn("warm pool process {} {}: {}", pid, how, exit_reason_from_log(it->log_path));
         }
-        ::close(it->control_fd);
+        close_control(*it);
+        if (!shut_down_ && Clock::now() - it->started < std::chrono::seconds(1)) {
+          // A standby that dies at once will again: refill with a doubling backoff.
+          pool_backoff_ = std::min<milliseconds>(
+              std::max(options_.restart_backoff, pool_backoff_ * 2), options_.max_restart_backoff);
+          next_pool_fill_ = Clock::now() + pool_backoff_;
+        }
         pool.erase(it);
         return;
       }
@@ -333,6 +349,13 @@ class LocalOrchestrator final : public Orchestrator {
       if (replica.state == ReplicaState::kDraining) {
         replica.state = ReplicaState::kStopped;
         events.push_back({replica, "stopped", how});
+        return;
+      }
+      if (process.timed_out) {
+        replica.state = ReplicaState::kFailed;
+        process.failed_at = Clock::now();
+        count_failure(replica.deployment.key);
+        events.push_back({replica, "failed", replica.reason});
         return;
       }
       replica.state = ReplicaState::kFailed;
@@ -397,7 +420,9 @@ class LocalOrchestrator final : public Orchestrator {
                           "ready in " +
                               std::to_string(replica.ready_unix_ms - replica.started_unix_ms) +
                               " ms" + (replica.from_warm_pool ? " (from the warm pool)" : "")});
-      } else if (Clock::now() - process.started > options_.ready_timeout) {
+      } else if (!process.timed_out && Clock::now() - process.started > options_.ready_timeout) {
+        // Reaped as failed on a later tick; the reason stays this one.
+        process.timed_out = true;
         ::kill(static_cast<pid_t>(replica.pid), SIGKILL);
         replica.reason =
             "not ready within " + std::to_string(options_.ready_timeout.count() / 1000) + " s";
@@ -455,7 +480,10 @@ class LocalOrchestrator final : public Orchestrator {
       if (wanted.deployment.model.empty() || now < wanted.next_start) {
         continue;  // known only as a key to retire, or backing off after a failure
       }
-      for (int missing = wanted.replicas - static_cast<int>(live.size()); missing > 0; --missing) {
+      // At most kMaxStartsPerTick a tick: a large scale-up goes on over the next ticks, and
+      // list() and ensure() never wait long on mu_.
+      const int missing_now = wanted.replicas - static_cast<int>(live.size());
+      for (int missing = std::min(missing_now, kMaxStartsPerTick); missing > 0; --missing) {
         Result<Replica> started = start_replica(wanted.deployment);
         if (!started.is_ok()) {
           spdlog::error("cannot start a replica of {}: {}", key, started.status().message());
@@ -498,7 +526,11 @@ class LocalOrchestrator final : public Orchestrator {
 
   Result<Replica> start_replica(const Deployment& deployment) {
     Replica replica;
-    replica.id = deployment.endpoint + "-" + deployment.version + "-" + random_suffix();
+    // Names are up to 64 characters each; the gateway takes ids up to 128.
+    do {
+      replica.id = deployment.endpoint.substr(0, 48) + "-" + deployment.version.substr(0, 48) +
+                   "-" + random_suffix();
+    } while (processes_.contains(replica.id));
     replica.deployment = deployment;
     replica.host = options_.host;
     FLOTILLA_ASSIGN_OR_RETURN(replica.port, pick_free_port(options_.host));
@@ -516,7 +548,7 @@ class LocalOrchestrator final : public Orchestrator {
       const std::string line = nlohmann::json{{"args", args}}.dump() + "\n";
       const bool sent = ::send(standby.control_fd, line.data(), line.size(), MSG_NOSIGNAL) ==
                         static_cast<ssize_t>(line.size());
-      ::close(standby.control_fd);
+      close_control(standby);
       if (sent) {
         std::error_code ignored;
         std::filesystem::rename(standby.log_path, log_path(replica.id), ignored);
@@ -564,6 +596,7 @@ class LocalOrchestrator final : public Orchestrator {
         }
         standby.pid = *pid;
         standby.control_fd = fds[0];
+        standby.started = Clock::now();
         pool.push_back(standby);
       }
     }
@@ -613,6 +646,9 @@ class LocalOrchestrator final : public Orchestrator {
   std::map<std::string, Wanted> wanted_;      // by deployment key
   std::map<std::string, std::vector<Standby>> pools_;  // by runtime
   std::vector<std::function<void(const ReplicaEvent&)>> watchers_;
+  std::vector<ReplicaEvent> pending_events_;  // for the loop thread to publish
+  Clock::time_point next_pool_fill_;
+  milliseconds pool_backoff_{0};
   bool shut_down_ = false;
   bool stopping_ = false;
   std::thread thread_;

@@ -81,8 +81,27 @@ TEST(ReplicasMatchingTest, ReproducesTheRunningSplitWithoutGrowingIt) {
   const int64_t ten = replicas_matching(split, {3, 7});
   EXPECT_EQ(version_replicas(split.served_models[0], Scale{ten, 16}), 3);
   EXPECT_EQ(version_replicas(split.served_models[1], Scale{ten, 16}), 7);
+  // A version that lost its replicas does not pull the other one down.
+  const EndpointSpec mostly_a = endpoint({served(1, 640, 90), served(1, 640, 10)});
+  const int64_t nine = replicas_matching(mostly_a, {9, 0});
+  EXPECT_EQ(version_replicas(mostly_a.served_models[0], Scale{nine, 16}), 9);
   EXPECT_EQ(replicas_matching(endpoint({served(1, 64, 100)}), {4}), 4);
   EXPECT_EQ(replicas_matching(endpoint({served(1, 64, 100)}), {0}), 0);
+}
+
+TEST(EndpointScalerTest, AdoptedFleetLargerThanTheDefaultRangeIsKept) {
+  EndpointScaler scaler(endpoint({served(1, 256)}), fast_options(), 40, Millis(0));
+  EXPECT_EQ(scaler.scale().replicas, 40);  // 256 / 16 = 16 would cut 24 at once
+}
+
+TEST(EndpointScalerTest, NoScaleDownWhileNothingIsReady) {
+  ServedModelSpec spec = served(0, 64);
+  spec.scale_to_zero = true;
+  EndpointScaler scaler(endpoint({spec}), fast_options(), 0, Millis(0));
+  scaler.add_samples(steady(0, 61, 0));
+  ASSERT_TRUE(scaler.request_capacity());
+  scaler.tick(Millis(61'000), 0, 1, no_cpu);  // the replica is still starting
+  EXPECT_EQ(scaler.scale().replicas, 1);
 }
 
 TEST(EndpointScalerTest, ScalesUpOnTheBusiestSecondAtTheNextDecision) {

@@ -179,6 +179,27 @@ TEST(ReconcilerTest, AutoscalerScaleSplitsByTrafficAndSetsTheCap) {
   EXPECT_EQ(plan.table.endpoints[0].versions[0].replicas[0].max_in_flight, 6);
 }
 
+TEST(ReconcilerTest, TrafficShiftKeepsTheServingCountsUntilPromotion) {
+  // Regression (review of #4): the target's smaller count drained a version the table still
+  // sent half the traffic to.
+  const ServedModelSpec a50 = served("a", "/m/a.json", 50);
+  const ServedModelSpec b50 = served("b", "/m/b.json", 50);
+  ServedModelSpec a90 = a50;
+  a90.traffic = 90;
+  ServedModelSpec b10 = b50;
+  b10.traffic = 10;
+  const EndpointState state{endpoint({a90, b10}), endpoint({a50, b50}), Scale{10, 16}};
+  std::vector<Replica> replicas;
+  for (int i = 0; i < 5; ++i) {
+    replicas.push_back(replica("a" + std::to_string(i), a50));
+    replicas.push_back(replica("b" + std::to_string(i), b50));
+  }
+  const ReconcilePlan plan = reconcile({state}, replicas, same_runtime);
+  EXPECT_TRUE(plan.promoted.empty());  // a needs 9 ready
+  EXPECT_EQ(wanted(plan, a90), 9);
+  EXPECT_EQ(wanted(plan, b50), 5);  // not 1 while b still takes 50%
+}
+
 TEST(ReconcilerTest, TableValidatesForTheGateway) {
   const ServedModelSpec a = served("a", "/m/a.json", 30);
   const ServedModelSpec b = served("b", "/m/b.json", 70);

@@ -259,8 +259,8 @@ TEST_F(LocalOrchestratorTest, AdoptsARunningReplicaAndReportsLostOnes) {
   lost.id = "fraud-v1-lost";
   lost.process_start_ticks += 1;  // the pid was reused by another process
   orchestrator_->adopt({adopted, lost});
-  EXPECT_EQ(count_events("adopted"), 1);
-  EXPECT_EQ(count_events("lost"), 1);
+  // Reported from the orchestrator's thread, like every event.
+  ASSERT_TRUE(wait_for([&] { return count_events("adopted") == 1 && count_events("lost") == 1; }));
 
   orchestrator_->ensure(deployment(), 1);  // the adopted replica counts
   std::this_thread::sleep_for(200ms);
