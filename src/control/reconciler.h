@@ -8,7 +8,9 @@
 // version has its provisioned replicas ready, the target becomes the serving spec (the plan
 // says so in `promoted`), the table switches to its versions and weights at once, and the
 // deployments of versions no longer named are retired (drained, then stopped). A change that
-// keeps every deployment key (traffic, concurrency) is promoted on the spot: no replica restarts.
+// keeps every deployment key (traffic, concurrency) restarts no replica: it is promoted in the
+// same pass when the running replicas suffice, else once the added ones are ready; until then
+// a key keeps the larger of its serving and target counts.
 #pragma once
 
 #include <functional>

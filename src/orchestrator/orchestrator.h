@@ -16,7 +16,8 @@
 
 namespace flotilla::orchestrator {
 
-// starting → loading → ready → draining → stopped, or failed with a reason.
+// starting (a new process) or loading (a warm-pool process given its model) → ready →
+// draining → stopped, or failed with a reason.
 enum class ReplicaState { kStarting, kLoading, kReady, kDraining, kStopped, kFailed };
 
 std::string_view state_name(ReplicaState state);  // "starting", "loading", ...
@@ -36,7 +37,7 @@ struct Deployment {
 };
 
 struct Replica {
-  std::string id;  // "<endpoint>-<version>-<n>", unique for the life of the data directory
+  std::string id;  // "<endpoint>-<version>-<6 hex>", unique among the replicas known
   Deployment deployment;
   std::string host;
   uint16_t port = 0;
@@ -55,7 +56,8 @@ struct Replica {
 // One change of one replica, reported to watchers.
 struct ReplicaEvent {
   Replica replica;   // the replica after the change
-  std::string kind;  // "started", "ready", "failed", "draining", "stopped", "adopted", "lost"
+  std::string kind;  // "started", "ready", "timeout", "failed", "draining", "stopped",
+                     // "adopted", "lost"
   std::string message;
 };
 
