@@ -28,7 +28,13 @@ class ApaPolicy final : public Policy {
     if (!recent) {
       return {clamp_to(options_.range, current), "no samples yet: keep"};
     }
-    const int64_t wanted_up = ceil_replicas(*recent / target);
+    // A standing queue with no capacity on its way is demand too: closed-loop clients keep a
+    // queue that Little's law on arrivals and completions does not see. Counted only when it
+    // held through the whole last period without shrinking (not a burst, not a backlog being
+    // served) and nothing is starting (while replicas start, the queue is theirs).
+    const double waiting =
+        fleet.pending == 0 ? samples.standing_demand(now, options_.period).value_or(0) : 0;
+    const int64_t wanted_up = ceil_replicas(std::max(*recent, waiting) / target);
     if (wanted_up > current) {
       const int64_t limit =
           std::max(ceil_replicas(static_cast<double>(current) * options_.max_up_factor),

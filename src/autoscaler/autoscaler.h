@@ -53,6 +53,10 @@ class SampleWindow {
   // The same two over Sample::offered().
   std::optional<double> mean_offered(Millis now, Millis window) const;
   std::optional<double> max_offered(Millis now, Millis window) const;
+  // A standing queue's demand: the smallest concurrency + queued of one sample in
+  // (now - window, now] when requests queued through it and the queue did not shrink across it
+  // (the newest sample queues at least as many as the oldest); nullopt otherwise.
+  std::optional<double> standing_demand(Millis now, Millis window) const;
   // Whether samples cover the whole window (the oldest is at or before now - window + 1 s).
   bool covers(Millis now, Millis window) const;
   size_t size() const { return samples_.size(); }

@@ -41,6 +41,24 @@ double Sample::offered() const {
   return concurrency + (queued > 0 ? 1.0 : 0.0);
 }
 
+std::optional<double> SampleWindow::standing_demand(Millis now, Millis window) const {
+  std::optional<double> least;
+  const Sample* newest = nullptr;
+  const Sample* oldest = nullptr;
+  for (auto it = samples_.rbegin(); it != samples_.rend() && it->time > now - window; ++it) {
+    if (it->time <= now) {
+      newest = newest ? newest : &*it;
+      oldest = &*it;
+      least = least ? std::min(*least, it->demand()) : it->demand();
+    }
+  }
+  // A queue that drains (a backlog after a cold start) is not standing.
+  if (!least || newest->queued <= 0 || newest->queued < oldest->queued) {
+    return std::nullopt;
+  }
+  return least;
+}
+
 void SampleWindow::add(const Sample& sample) {
   samples_.push_back(sample);
   while (samples_.size() > capacity_) {

@@ -186,9 +186,15 @@ std::string cgroup_unavailable_reason(const std::string& cgroup_root) {
     return "cgroup v2 is not mounted at " + parent.string() +
            " (this machine uses cgroup v1 or none)";
   }
-  const std::string controllers = read_file((parent / "cgroup.controllers").string());
-  if (controllers.find("cpu") == std::string::npos ||
-      controllers.find("memory") == std::string::npos) {
+  // A space-separated list: "cpuset cpu io memory pids".
+  std::istringstream controllers(read_file((parent / "cgroup.controllers").string()));
+  bool cpu = false;
+  bool memory = false;
+  for (std::string name; controllers >> name;) {
+    cpu = cpu || name == "cpu";
+    memory = memory || name == "memory";
+  }
+  if (!cpu || !memory) {
     return "the cpu and memory controllers are not available in " + parent.string();
   }
   std::error_code error;

@@ -105,6 +105,29 @@ TEST(ApaHorizontalTest, CountsTurnedAwayLoadAndBacklogByLittlesLaw) {
   EXPECT_DOUBLE_EQ(window.max_offered(sec(2), sec(1)).value(), 12);
 }
 
+TEST(ApaHorizontalTest, StandingQueueIsDemandWhenNothingIsStarting) {
+  // Closed-loop clients: 24 of them on 1 replica capped at 4. Arrivals follow completions, so
+  // Little's law sees 4 (plus a small backlog term); the queue of 20 stands through the period.
+  double target = 4;
+  ApaOptions options;
+  options.min_up_step = 100;  // no per-cycle cap here: the test is about the demand
+  auto policy = make_apa_policy(options, &target);
+  SampleWindow window;
+  for (int64_t s = 1; s <= 5; ++s) {
+    window.add(Sample{sec(s), 4, 20, 80, 80});
+  }
+  EXPECT_EQ(policy->decide(sec(5), window, Fleet{1, 0, 1}).desired, 6);  // (4 + 20) / 4
+  // While replicas start, the queue is theirs: Little's law only.
+  EXPECT_EQ(policy->decide(sec(5), window, Fleet{1, 2, 3}).desired, 3);
+  // A backlog being served (the queue shrinks) is not standing.
+  SampleWindow draining;
+  for (int64_t s = 1; s <= 5; ++s) {
+    draining.add(Sample{sec(s), 4, static_cast<double>(100 - 20 * s), 80, 80});
+  }
+  EXPECT_FALSE(draining.standing_demand(sec(5), sec(5)).has_value());
+  EXPECT_LT(policy->decide(sec(5), draining, Fleet{1, 0, 1}).desired, 6);
+}
+
 TEST(ApaHorizontalTest, ReadsTheTargetEachCycle) {
   double target = 2;
   auto policy = make_apa_policy(ApaOptions{}, &target);

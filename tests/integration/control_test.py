@@ -1004,7 +1004,11 @@ class Restart(ControlTestCase):
             self.assertEqual(view["config"], before[n]["config"])
             self.assertEqual(view["creation_timestamp"], before[n]["creation_timestamp"])
             self.assertEqual(ready_replicas(view), pids[n], f"{n}: replicas not adopted")
-            adopted = [e for e in again.events(n) if e["kind"] == "replica_adopted"]
+            # Events come from the orchestrator's thread, a moment after the adoption itself.
+            adopted = wait_until(
+                lambda: (lambda a: a if len(a) >= len(pids[n]) else None)(
+                    [e for e in again.events(n) if e["kind"] == "replica_adopted"]),
+                10, interval_s=0.02, what=f"{n}: replica_adopted events")
             self.assertEqual(sorted(e["message"].split(":")[0] for e in adopted),
                              sorted(pids[n]), adopted)
             started_after = [e for e in again.events(n)
@@ -1770,6 +1774,11 @@ class Autoscaling(ControlTestCase):
         self.addCleanup(heavy.stop)
         up.wait_view(name, lambda v: self.ready_count(v) >= 4, "4 ready replicas under 16 "
                      "clients", deadline_s=20)
+        # The load goes on for more than a down window (16 clients x 20 requests/s each at
+        # most: 1,600 requests take at least 5 s): nothing scales down meanwhile.
+        completed = heavy.count()
+        heavy.wait_for(lambda l: l.completed >= completed + 1600, "1,600 more requests")
+        self.assertGreaterEqual(self.ready_count(up.view(name)), 4)
         heavy.stop()
         stopped = time.time()
         self.assertNoFailures(heavy, "heavy load while scaling up")
