@@ -91,11 +91,26 @@ void EndpointScaler::update_spec(const EndpointSpec& spec) {
   if (spec == spec_) {
     return;
   }
+  // The vertical policy's learned baseline belongs to the models that ran: it is kept through
+  // a change of traffic or concurrency, and learned anew when a model or the bounds change.
+  auto keys = [](const EndpointSpec& of) {
+    std::vector<std::string> result;
+    for (const ServedModelSpec& served : of.served_models) {
+      result.push_back(deployment_key(of.name, served));
+    }
+    std::sort(result.begin(), result.end());
+    return result;
+  };
+  const bool same_models = keys(spec) == keys(spec_) && target_bounds(spec) == target_bounds(spec_);
   spec_ = spec;
   const ConcurrencyRange bounds = target_bounds(spec_);
   const double target = std::clamp(vertical_->target(), static_cast<double>(bounds.min),
                                    static_cast<double>(bounds.max));
-  rebuild_policies(target);
+  if (same_models) {
+    rebuild_horizontal();
+  } else {
+    rebuild_policies(target);
+  }
   const autoscaler::ReplicaRange range = replica_range(spec_, target);
   scale_ = Scale{std::clamp(scale_.replicas, range.min, range.max), target};
 }

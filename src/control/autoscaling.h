@@ -39,7 +39,8 @@ class EndpointScaler {
   EndpointScaler(const EndpointSpec& spec, const AutoscalingOptions& options,
                  int64_t current_replicas, autoscaler::Millis now);
 
-  // A new spec for the endpoint: its range and bounds apply from the next decision.
+  // A new spec for the endpoint: its range and bounds apply from the next decision. The learned
+  // latency baseline is kept unless a model (a deployment key) or the per-replica bounds change.
   void update_spec(const EndpointSpec& spec);
 
   // Adds the gateway's samples newer than the last one seen.

@@ -157,6 +157,18 @@ TEST(EndpointScalerTest, VerticalLowersTheTargetOnOverloadAndTheCapFollows) {
   EXPECT_EQ(scaler.scale().target, 12);
 }
 
+TEST(EndpointScalerTest, TrafficChangeKeepsTheLearnedBaseline) {
+  EndpointScaler scaler(endpoint({served(1, 256, 50), served(1, 256, 50)}), fast_options(), 2,
+                        Millis(0));
+  scaler.add_samples(steady(0, 30, 20, 10));  // baseline: 10 ms
+  scaler.tick(Millis(30'000), 2, 0, no_cpu);
+  scaler.update_spec(endpoint({served(1, 256, 50), served(1, 200, 50)}));  // concurrency only
+  scaler.add_samples(steady(30'000, 30, 32, 25));  // 2.5x the baseline learned before
+  const auto changes = scaler.tick(Millis(60'000), 2, 0, no_cpu);
+  ASSERT_FALSE(changes.empty());
+  EXPECT_NE(changes[0].find("overload"), std::string::npos) << changes[0];
+}
+
 TEST(EndpointScalerTest, CpuIsReadOnlyWhenTheVerticalPolicyIsDue) {
   EndpointScaler scaler(endpoint({served(1, 256)}), fast_options(), 1, Millis(0));
   int reads = 0;
