@@ -250,7 +250,7 @@ void ControlPlaneImpl::on_replica(const orchestrator::ReplicaEvent& event) {
     const double seconds =
         static_cast<double>(replica.ready_unix_ms - replica.started_unix_ms) / 1000.0;
     (replica.from_warm_pool ? cold_start_warm_ : cold_start_fresh_).observe(seconds);
-  } else if (event.kind == "failed" || event.kind == "timeout") {
+  } else if (event.kind == "failed") {  // a timeout is followed by its "failed"
     replica_failures_.inc();
   }
   wake_.notify_all();
