@@ -1790,9 +1790,13 @@ class Autoscaling(ControlTestCase):
                      "back to one replica", deadline_s=30)
         downs = [e for e in self.autoscaler_events(name) if " down:" in e["message"]]
         self.assertTrue(downs, self.autoscaler_events(name))
-        # Nothing scales down before the whole down window asked for fewer replicas: the last
-        # busy sample ends at most 1 s after the load stopped.
-        first_down_s = downs[0]["timestamp"] / 1000.0 - stopped
+        # Nothing goes below what the load needed (4) before the whole down window asked for
+        # fewer replicas: the last busy sample ends at most 1 s after the load stopped. (A
+        # step down to 4 from an overshoot may come at any time.)
+        below = [e for e in downs
+                 if int(re.search(r"-> (\d+) replicas", e["message"]).group(1)) < 4]
+        self.assertTrue(below, downs)
+        first_down_s = below[0]["timestamp"] / 1000.0 - stopped
         self.assertGreaterEqual(first_down_s, self.DOWN_WINDOW_S - 1.0, downs)
 
     def test_vertical_target_converges_near_the_saturation_point(self):
