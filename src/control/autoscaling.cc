@@ -5,13 +5,6 @@
 #include <optional>
 
 namespace flotilla::control {
-namespace {
-
-int64_t ceil_div(double value, double by) {
-  return static_cast<int64_t>(std::ceil(value / std::max(by, 1e-9) - 1e-9));
-}
-
-}  // namespace
 
 ConcurrencyRange target_bounds(const EndpointSpec& spec) {
   ConcurrencyRange bounds{1, 4096};

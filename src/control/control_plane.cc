@@ -12,11 +12,9 @@
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
-#include <sstream>
 
 #include <spdlog/spdlog.h>
 #include <sys/stat.h>
-#include <unistd.h>
 
 #include "control/replica_json.h"
 #include "runtime/runtime.h"
@@ -280,28 +278,15 @@ void ControlPlaneImpl::request_capacity(const std::string& endpoint) {
 }
 
 double ControlPlaneImpl::cpu_utilization(const std::vector<orchestrator::Replica>& replicas) {
-  const double ticks_per_second = static_cast<double>(::sysconf(_SC_CLK_TCK));
   const double machine_cores = std::max(1u, std::thread::hardware_concurrency());
   const auto now = std::chrono::steady_clock::now();
   double sum = 0;
   int measured = 0;
   for (const orchestrator::Replica& replica : replicas) {
-    // utime and stime, fields 14 and 15 of /proc/PID/stat, counted from after the ')'.
-    std::ifstream stat("/proc/" + std::to_string(replica.pid) + "/stat");
-    std::string text((std::istreambuf_iterator<char>(stat)), {});
-    const size_t paren = text.rfind(')');
-    if (paren == std::string::npos) {
+    const double cpu_seconds = orchestrator::process_cpu_seconds(replica.pid);
+    if (cpu_seconds < 0) {
       continue;
     }
-    std::istringstream fields(text.substr(paren + 2));
-    std::string field;
-    double ticks = 0;
-    for (int index = 3; index <= 15 && fields >> field; ++index) {
-      if (index >= 14) {
-        ticks += std::strtod(field.c_str(), nullptr);
-      }
-    }
-    const double cpu_seconds = ticks / ticks_per_second;
     auto previous = cpu_readings_.find(replica.pid);
     if (previous != cpu_readings_.end()) {
       const double wall = std::chrono::duration<double>(now - previous->second.at).count();

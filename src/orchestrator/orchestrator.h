@@ -114,6 +114,10 @@ struct LocalOptions {
   std::vector<std::string> replica_args;  // extra flags for every replica (--log-level warn)
 };
 
+// The CPU time process `pid` has used (user + system, /proc/PID/stat), in seconds; -1 when it
+// does not exist. Thread-safe.
+double process_cpu_seconds(int64_t pid);
+
 // Why per-replica cgroup v2 limits cannot be applied on this machine, or "" when they can.
 std::string cgroup_unavailable_reason(const std::string& cgroup_root);
 

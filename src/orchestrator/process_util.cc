@@ -110,28 +110,40 @@ Result<uint16_t> pick_free_port(const std::string& host) {
   return ntohs(address.sin_port);
 }
 
-uint64_t process_start_ticks(int64_t pid) {
+// Fields 3 (the state) to 22 (the start time) of /proc/PID/stat, field N at index N - 3; empty
+// when the process does not exist.
+std::vector<std::string> stat_fields(int64_t pid) {
   const std::string stat = read_file("/proc/" + std::to_string(pid) + "/stat");
   // The command name (field 2) may hold spaces and parentheses: fields count from the last ')'.
   const size_t end = stat.rfind(')');
-  if (end == std::string::npos) {
+  if (end == std::string::npos || end + 2 > stat.size()) {
+    return {};
+  }
+  std::istringstream stream(stat.substr(end + 2));
+  std::vector<std::string> fields;
+  for (std::string field; fields.size() < 20 && stream >> field;) {
+    fields.push_back(std::move(field));
+  }
+  return fields.size() == 20 ? fields : std::vector<std::string>{};
+}
+
+uint64_t process_start_ticks(int64_t pid) {
+  const std::vector<std::string> fields = stat_fields(pid);
+  if (fields.empty() || fields[0] == "Z") {
     return 0;
   }
-  std::istringstream fields(stat.substr(end + 2));
-  std::string field;
-  char state = 0;
-  fields >> state;
-  if (state == 'Z') {
-    return 0;
+  return std::strtoull(fields[22 - 3].c_str(), nullptr, 10);
+}
+
+double process_cpu_seconds(int64_t pid) {
+  // utime and stime, fields 14 and 15, in clock ticks.
+  const std::vector<std::string> fields = stat_fields(pid);
+  if (fields.empty()) {
+    return -1;
   }
-  // Field 3 was the state; field 22 is the start time.
-  for (int index = 4; index <= 22 && fields >> field; ++index) {
-  }
-  try {
-    return std::stoull(field);
-  } catch (...) {
-    return 0;
-  }
+  const double ticks =
+      std::strtod(fields[14 - 3].c_str(), nullptr) + std::strtod(fields[15 - 3].c_str(), nullptr);
+  return ticks / static_cast<double>(::sysconf(_SC_CLK_TCK));
 }
 
 bool process_matches(int64_t pid, uint64_t start_ticks) {

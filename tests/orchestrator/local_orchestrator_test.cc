@@ -288,6 +288,17 @@ TEST_F(LocalOrchestratorTest, ShutdownStopsEveryProcess) {
   EXPECT_TRUE(in_state(ReplicaState::kStarting).empty());
 }
 
+TEST(ProcessCpuTest, ReadsThisProcessAndRefusesAMissingOne) {
+  const double before = process_cpu_seconds(::getpid());
+  ASSERT_GE(before, 0);
+  volatile double sink = 0;
+  for (int i = 0; i < 50'000'000; ++i) {
+    sink = sink + i;
+  }
+  EXPECT_GT(process_cpu_seconds(::getpid()), before);
+  EXPECT_EQ(process_cpu_seconds(0), -1);
+}
+
 TEST(CgroupTest, ReasonNamesWhatIsMissing) {
   const std::string reason = cgroup_unavailable_reason("/nonexistent-root/flotilla");
   EXPECT_NE(reason.find("/nonexistent-root"), std::string::npos) << reason;
