@@ -17,7 +17,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
 BIN = os.environ.get("FLOTILLA_BIN", os.path.join(REPO, "build", "release", "flotilla"))
 TRACE = os.path.join(os.path.dirname(REPO), "shared", "traces", "AzureLLMInferenceTrace_conv.csv")
-SCENARIOS = ["spike", "diurnal", "ramp", "zero", "unknown-capacity", "hetero"]
+SCENARIOS = ["spike", "diurnal", "ramp", "zero", "unknown-capacity", "hetero", "batched",
+             "crashes"]
 POLICIES = ["apa", "hpa", "kpa", "ray", "static"]
 
 
@@ -65,8 +66,9 @@ def main():
     args = parser.parse_args()
     if args.plots:
         os.makedirs(args.plots, exist_ok=True)
-    print("| scenario | policy | over SLO % | rejected % | replica-seconds | scale events | p99 ms |")
-    print("|---|---|---|---|---|---|---|")
+    print("| scenario | policy | over SLO % | rejected % | failed % | replica-seconds | "
+          "scale events | p99 ms |")
+    print("|---|---|---|---|---|---|---|---|")
     runs = [(s, [s]) for s in SCENARIOS]
     if os.path.exists(TRACE):
         runs.append(("azure-trace", ["--trace", TRACE, "--rate-scale", "100"]))
@@ -79,7 +81,8 @@ def main():
                 learned = (f" (learned target {d['final_target_concurrency']:.0f})"
                            if policy == "apa" else "")
                 print(f"| {name} | {policy}{learned} | {d['over_slo_pct']:.3f} | "
-                      f"{d['rejected_pct']:.3f} | {d['replica_seconds']:.0f} | "
+                      f"{d['rejected_pct']:.3f} | {d['failed_pct']:.3f} | "
+                      f"{d['replica_seconds']:.0f} | "
                       f"{d['scale_events']} | {d['p99_ms']:.1f} |", flush=True)
                 series[policy] = read_rows(path)
             if args.plots:

@@ -34,17 +34,28 @@ class ApaPolicy final : public Policy {
     // served) and nothing is starting (while replicas start, the queue is theirs).
     const double waiting =
         fleet.pending == 0 ? samples.standing_demand(now, options_.period).value_or(0) : 0;
-    const int64_t wanted_up = ceil_replicas(std::max(*recent, waiting) / target);
+    // A trend counts past the tolerance only: noise in the arrivals is not a ramp.
+    double growth =
+        samples.arrival_growth(now, options_.up_window, options_.lead_time).value_or(1.0);
+    growth = growth >= 1 + options_.trend_tolerance ? growth : 1.0;
+    const double projected = *recent * growth;
+    const int64_t wanted_up = ceil_replicas(std::max({*recent, waiting, projected}) / target);
     if (wanted_up > current) {
       const int64_t limit =
           std::max(ceil_replicas(static_cast<double>(current) * options_.max_up_factor),
                    current + options_.min_up_step);
       const int64_t desired = clamp_to(options_.range, std::min(wanted_up, limit));
-      return {desired,
-              fmt::format(
-                  "up: busiest second needs concurrency {:.1f} over {} s / target {:.2f} = {}{}",
-                  *recent, options_.up_window.count() / 1000, target, wanted_up,
-                  wanted_up > limit ? fmt::format(" (capped at {})", limit) : "")};
+      const std::string need =
+          projected > std::max(*recent, waiting)
+              ? fmt::format(
+                    "busiest second needs concurrency {:.1f} over {} s, x{:.2f} "
+                    "for the arrival trend over {} s",
+                    *recent, options_.up_window.count() / 1000, growth,
+                    options_.lead_time.count() / 1000)
+              : fmt::format("busiest second needs concurrency {:.1f} over {} s", *recent,
+                            options_.up_window.count() / 1000);
+      return {desired, fmt::format("up: {} / target {:.2f} = {}{}", need, target, wanted_up,
+                                   wanted_up > limit ? fmt::format(" (capped at {})", limit) : "")};
     }
     // Down only when the busiest second of the whole down window asks for fewer.
     const auto busiest = samples.max_offered(now, options_.down_window);
@@ -79,7 +90,8 @@ std::unique_ptr<Policy> make_apa_policy(const ApaOptions& options,
 
 VerticalPolicy::VerticalPolicy(const VerticalOptions& options)
     : options_(options),
-      target_(std::clamp(options.initial_target, options.min_target, options.max_target)) {}
+      target_(std::clamp(options.initial_target, options.min_target, options.max_target)),
+      baseline_ms_(options.initial_baseline_ms) {}
 
 Decision VerticalPolicy::decide_target(const ReplicaSignals& signals) {
   const bool queueing = signals.queued_in_replica >= 1;

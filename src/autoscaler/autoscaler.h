@@ -53,6 +53,12 @@ class SampleWindow {
   // The same two over Sample::offered().
   std::optional<double> mean_offered(Millis now, Millis window) const;
   std::optional<double> max_offered(Millis now, Millis window) const;
+  // How much the arrival rate grows from now to `ahead` of now, on the trend of the samples
+  // in (now - window, now]: the smaller of the robust (Theil-Sen) slopes of the window's older
+  // and newer halves, so a step is not read as a trend. Arrivals, not Sample::offered(), which
+  // also moves while replicas start and a backlog drains. nullopt with fewer than 6 samples or
+  // no arrivals.
+  std::optional<double> arrival_growth(Millis now, Millis window, Millis ahead) const;
   // A standing queue's demand: the smallest concurrency + queued of one sample in
   // (now - window, now] when requests queued through it and the queue did not shrink across it
   // (the newest sample queues at least as many as the oldest); nullopt otherwise.
@@ -106,12 +112,17 @@ struct ApaOptions {
   double max_up_factor = 2.0;       // at most double per cycle
   int64_t min_up_step = 4;          // ... or this many more, for tiny fleets
   double max_down_fraction = 0.25;  // at most this share of replicas removed per cycle
+  // Scale-up also sizes for the load's trend this far ahead: what a replica asked for now
+  // meets (a decision period plus a cold start).
+  Millis lead_time{10'000};
+  double trend_tolerance = 0.1;  // growth over lead_time below this is noise
   ReplicaRange range;
 };
 
 // Horizontal: desired = ceil(offered concurrency / target_concurrency) (Sample::offered).
-// Up: the busiest second of `up_window`, acted on at once, bounded by max(x2, +min_up_step) of
-// the count already asked for. Down: only
+// Up: the busiest second of `up_window`, grown by the arrival rate's trend over `lead_time` (a
+// ramp outruns a policy that sizes for the present), acted on at once, bounded
+// by max(x2, +min_up_step) of the count already asked for. Down: only
 // when even the busiest second of `down_window` asks for fewer, at most max_down_fraction per
 // cycle. Clamped to the range. `target_concurrency` is read through the pointer each cycle,
 // so the vertical policy can move it.
@@ -132,8 +143,9 @@ struct VerticalOptions {
   double min_target = 1;
   double max_target = 64;
   double initial_target = 4;
-  double overload_latency_ratio = 1.5;  // latency above baseline x this is overload
-  double headroom_latency_ratio = 1.1;  // latency within baseline x this is headroom
+  std::optional<double> initial_baseline_ms;  // a baseline learned before (a restart)
+  double overload_latency_ratio = 1.5;        // latency above baseline x this is overload
+  double headroom_latency_ratio = 1.1;        // latency within baseline x this is headroom
   double cpu_saturated = 0.95;
   double cpu_headroom = 0.85;
   double decrease_factor = 0.75;  // multiplicative decrease (-25%, the per-cycle bound)

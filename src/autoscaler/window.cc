@@ -1,4 +1,5 @@
 #include <algorithm>
+#include <vector>
 
 #include "autoscaler/autoscaler.h"
 
@@ -39,6 +40,66 @@ double Sample::offered() const {
   // Nothing served yet (scale from zero): a waiting request asks for a first replica; how
   // many more are needed shows once it serves.
   return concurrency + (queued > 0 ? 1.0 : 0.0);
+}
+
+namespace {
+
+struct Line {
+  double slope = 0;
+  double at_zero = 0;  // the line's value at t = 0
+};
+
+double median(std::vector<double>& values) {
+  std::nth_element(values.begin(), values.begin() + static_cast<ptrdiff_t>(values.size() / 2),
+                   values.end());
+  return values[values.size() / 2];
+}
+
+// Theil-Sen: the median of the pairwise slopes, and the median intercept; robust to outliers.
+// Needs at least two distinct times.
+Line theil_sen(const std::vector<std::pair<double, double>>& points) {
+  std::vector<double> values;
+  for (size_t i = 0; i < points.size(); ++i) {
+    for (size_t j = i + 1; j < points.size(); ++j) {
+      if (points[i].first != points[j].first) {
+        values.push_back((points[j].second - points[i].second) /
+                         (points[j].first - points[i].first));
+      }
+    }
+  }
+  Line line;
+  line.slope = median(values);
+  values.clear();
+  for (const auto& [t, v] : points) {
+    values.push_back(v - line.slope * t);
+  }
+  line.at_zero = median(values);
+  return line;
+}
+
+}  // namespace
+
+std::optional<double> SampleWindow::arrival_growth(Millis now, Millis window, Millis ahead) const {
+  // (seconds relative to now, arrivals), oldest first.
+  std::vector<std::pair<double, double>> points;
+  for (const Sample& sample : samples_) {
+    if (sample.time > now - window && sample.time <= now) {
+      points.emplace_back(static_cast<double>((sample.time - now).count()) / 1000, sample.arrivals);
+    }
+  }
+  if (points.size() < 6) {
+    return std::nullopt;
+  }
+  // A trend is a slope both halves of the window show: a step (a spike some seconds old) lies
+  // in one half only, or between them, and is not extrapolated.
+  const auto middle = points.begin() + static_cast<ptrdiff_t>(points.size() / 2);
+  const Line older = theil_sen({points.begin(), middle});
+  const Line newer = theil_sen({middle, points.end()});
+  const double slope = std::min(older.slope, newer.slope);
+  if (newer.at_zero <= 0) {
+    return std::nullopt;
+  }
+  return (newer.at_zero + slope * static_cast<double>(ahead.count()) / 1000) / newer.at_zero;
 }
 
 std::optional<double> SampleWindow::standing_demand(Millis now, Millis window) const {

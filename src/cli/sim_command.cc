@@ -81,6 +81,8 @@ int run_sim(const SimFlags& flags) {
                                     {"requests", s.requests},
                                     {"over_slo_pct", s.over_slo_pct},
                                     {"rejected_pct", s.rejected_pct},
+                                    {"failed_pct", s.failed_pct},
+                                    {"crashes", s.crashes},
                                     {"replica_seconds", s.replica_seconds},
                                     {"scale_events", s.scale_events},
                                     {"p99_ms", s.p99_ms},
@@ -90,12 +92,17 @@ int run_sim(const SimFlags& flags) {
     std::cout << summary.dump() << "\n";
   } else {
     std::printf(
-        "%s/%s: %llu requests, %.3f%% over the %.0f ms SLO or rejected, %.3f%% rejected, "
-        "%.0f replica-seconds, %lld scale events, p99 %.1f ms (%llu events in %.2f s)\n",
+        "%s/%s: %llu requests, %.3f%% over the %.0f ms SLO, rejected or failed, %.3f%% "
+        "rejected, %.3f%% failed, %.0f replica-seconds, %lld scale events, p99 %.1f ms",
         scenario.name.c_str(), std::string(sim::policy_name(*policy)).c_str(),
         static_cast<unsigned long long>(s.requests), s.over_slo_pct, scenario.slo_ms,
-        s.rejected_pct, s.replica_seconds, static_cast<long long>(s.scale_events), s.p99_ms,
-        static_cast<unsigned long long>(s.events), s.wall_seconds);
+        s.rejected_pct, s.failed_pct, s.replica_seconds, static_cast<long long>(s.scale_events),
+        s.p99_ms);
+    if (s.crashes > 0) {
+      std::printf(", %lld crashes", static_cast<long long>(s.crashes));
+    }
+    std::printf(" (%llu events in %.2f s)\n", static_cast<unsigned long long>(s.events),
+                s.wall_seconds);
   }
   return 0;
 }

@@ -82,6 +82,28 @@ std::map<std::string, Scenario> all_scenarios() {
     all[s.name] = s;
   }
   {
+    Scenario s = base("batched",
+                      "continuous-batching replicas (batch 32, 50 steps a request) configured "
+                      "for 64: 100 to 400 req/s and back");
+    s.load.points = {{0, 100}, {120, 100}, {180, 400}, {480, 400}, {540, 100}, {900, 100}};
+    s.replica.max_batch = 32;
+    s.replica.step_ms = 20;
+    s.replica.step_ms_per_item = 0.5;
+    s.replica.steps_per_request = 50;  // alone 1.0 s, in a full batch 1.8 s
+    s.configured_concurrency = 64;
+    s.slo_ms = 3000;
+    s.queue_timeout_s = 30;
+    s.initial_replicas = 4;
+    all[s.name] = s;
+  }
+  {
+    Scenario s = base("crashes", "3K req/s; every replica crashes once every 2 minutes on average");
+    s.load.points = {{0, 3000}, {600, 3000}};
+    s.replica.crash_mtbf_s = 120;
+    s.initial_replicas = 4;
+    all[s.name] = s;
+  }
+  {
     Scenario s = base("steady", "1K req/s for 10 minutes (with --rate-scale: the scale test)");
     s.load.points = {{0, 1000}, {600, 1000}};
     s.initial_replicas = 2;

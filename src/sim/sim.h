@@ -22,15 +22,27 @@ struct LoadShape {
   double end_seconds() const;
 };
 
-// How a replica serves: a request alone takes `service_ms`; up to `saturation` concurrent
-// requests run without slowing each other; past it each takes longer in proportion (processor
-// sharing with a saturation point, evaluated when the request starts).
+// How a replica serves. By default processor sharing with a saturation point: a request alone
+// takes `service_ms`; up to `saturation` concurrent requests run without slowing each other;
+// past it each takes longer in proportion (evaluated when the request starts). With
+// `max_batch` > 0 it is a batched engine instead (an LLM's continuous batching, or a dynamic
+// batcher with steps_per_request 1): it runs steps of (step_ms + step_ms_per_item x batch); a
+// request needs `steps_per_request` steps, joins the batch at the next step and waits inside
+// the replica while the batch is full (the in-replica queueing the vertical policy watches).
 struct ReplicaModel {
   double service_ms = 10;
   double saturation = 8;
+  int64_t max_batch = 0;  // 0: processor sharing; else the batch size of a batched engine
+  double step_ms = 0;
+  double step_ms_per_item = 0;
+  int64_t steps_per_request = 1;
   double cold_start_s = 5;   // mean; drawn from a lognormal with sigma 0.25
   double slow_fraction = 0;  // share of replicas that are slower (heterogeneous fleet)
   double slow_factor = 3;    // how much slower they are
+  // Mean seconds a ready replica runs before it crashes (exponential); 0: never. Requests in
+  // flight there are retried once on another replica, as the gateway does; the orchestrator
+  // restarts the replica at once, with a cold start.
+  double crash_mtbf_s = 0;
 };
 
 struct Scenario {
@@ -51,7 +63,7 @@ struct Scenario {
 };
 
 // The scenarios shipped with the simulator (spike, diurnal, ramp, zero, unknown-capacity,
-// hetero, steady); nullopt for an unknown name.
+// hetero, batched, crashes, steady); nullopt for an unknown name.
 std::optional<Scenario> find_scenario(std::string_view name);
 std::vector<std::string> scenario_names();
 
@@ -85,13 +97,20 @@ struct SecondStats {
   double p50_ms = 0;     // of requests completed in the second (0 if none)
   double p99_ms = 0;
   uint64_t rejected = 0;
+  uint64_t failed = 0;  // lost in a crash after their one retry
   double target_concurrency = 0;
 };
 
 struct Summary {
   uint64_t requests = 0;
-  double over_slo_pct = 0;  // completed over the SLO, plus rejected, over all requests
+  uint64_t completed = 0;
+  uint64_t rejected = 0;    // 429: queue full or past its deadline
+  uint64_t failed = 0;      // lost in a crash after their one retry
+  uint64_t unfinished = 0;  // still at a replica or queued when the simulation ended
+  double over_slo_pct = 0;  // completed over the SLO, plus rejected or failed, over all requests
   double rejected_pct = 0;
+  double failed_pct = 0;  // lost in a crash after their one retry (the client saw a 5xx)
+  int64_t crashes = 0;
   double replica_seconds = 0;  // ready + starting replicas, integrated over time
   int64_t scale_events = 0;    // changes of the desired replica count
   double p99_ms = 0;           // of completed requests

@@ -4,8 +4,13 @@
 // Modelling choices (docs/sim.md):
 // - Arrivals are Poisson at the load shape's current rate (the gap is drawn at the rate in
 //   force when the previous request arrived).
-// - A request's service time is fixed when it starts: service_ms x max(1, n / saturation) /
-//   speed, n counting it. (Exact processor sharing would re-time every request at each change.)
+// - Processor sharing: a request's service time is fixed when it starts: service_ms x
+//   max(1, n / saturation) / speed, n counting it. (Exact processor sharing would re-time every
+//   request at each change.)
+// - Batched engines step: the batch is formed at the start of each step from the requests
+//   waiting at the replica, in arrival order; one event per step, not per request.
+// - A crash loses the replica's requests; each is retried once (as the gateway retries a
+//   request that got no response byte), then fails.
 // - Replicas start after a lognormal cold start; scale-down removes starting replicas first,
 //   then drains ready ones (no new requests, gone when empty).
 // - The policy sees what the live loop will: 1 s samples of mean in-flight and queue.
@@ -23,18 +28,36 @@ namespace {
 
 using autoscaler::Millis;
 
-enum class EventKind : uint8_t { kArrival, kCompletion, kReady, kSecond, kDecide, kVertical };
+enum class EventKind : uint8_t {
+  kArrival,
+  kCompletion,
+  kStep,
+  kReady,
+  kCrash,
+  kSecond,
+  kDecide,
+  kVertical
+};
 
 struct Event {
   double time;
   uint64_t sequence;  // ties broken by creation order: deterministic
   EventKind kind;
   uint32_t replica;
-  double arrival;  // completions: when the request arrived
-  double service;  // completions: its time at the replica
+  uint32_t request;  // completions: which request
+  uint64_t stamp;    // the generation (replica events) or attempt (completions) it belongs to
   bool operator>(const Event& other) const {
     return time != other.time ? time > other.time : sequence > other.sequence;
   }
+};
+
+struct Request {
+  double arrival = 0;     // at the gateway
+  double dispatched = 0;  // to its current replica
+  uint64_t attempt = 0;   // a completion of an earlier attempt (lost in a crash) is stale
+  uint32_t position = 0;  // processor sharing: its index in the replica's `running`
+  int64_t steps_left = 0;
+  bool retried = false;
 };
 
 enum class ReplicaPhase : uint8_t { kStarting, kReady, kDraining, kGone };
@@ -42,8 +65,11 @@ enum class ReplicaPhase : uint8_t { kStarting, kReady, kDraining, kGone };
 struct Replica {
   ReplicaPhase phase = ReplicaPhase::kGone;
   double speed = 1;
-  int64_t in_flight = 0;
-  uint64_t generation = 0;  // a slot reused by a new replica ignores the old one's events
+  int64_t in_flight = 0;          // running + waiting
+  uint64_t generation = 0;        // events of an earlier replica in this slot are stale
+  std::vector<uint32_t> running;  // being served (processor sharing: all; batched: the batch)
+  std::deque<uint32_t> waiting;   // batched: waiting for the next step (or room in the batch)
+  bool stepping = false;
 };
 
 // Latencies in log buckets (5% wide) from 0.01 ms: percentiles within 5%.
@@ -84,6 +110,17 @@ class LatencyHistogram {
   uint64_t counts_[kBuckets] = {};
   uint64_t total_ = 0;
 };
+
+// Requests per second one replica of full speed completes with `concurrency` in flight.
+double throughput_per_replica(const ReplicaModel& model, double concurrency) {
+  if (model.max_batch > 0) {
+    const double batch = std::min(concurrency, static_cast<double>(model.max_batch));
+    return batch * 1000 /
+           (static_cast<double>(model.steps_per_request) *
+            (model.step_ms + model.step_ms_per_item * batch));
+  }
+  return concurrency * 1000 / (model.service_ms * std::max(1.0, concurrency / model.saturation));
+}
 
 class Simulator {
  public:
@@ -176,7 +213,8 @@ class Simulator {
       case PolicyKind::kStatic: {
         int64_t replicas = options_.static_replicas;
         if (replicas <= 0) {
-          // Provisioned for the peak at 70% of the configured concurrency (Little's law).
+          // Provisioned for the peak at 70% of what a replica serves at the configured
+          // concurrency.
           double peak = 0;
           for (const auto& [t, rate] : scenario_.load.points) {
             peak = std::max(peak, rate);
@@ -185,8 +223,8 @@ class Simulator {
             peak = std::max(peak, rate);
           }
           replicas = std::max<int64_t>(
-              1, static_cast<int64_t>(
-                     std::ceil(peak * scenario_.replica.service_ms / 1000 / (0.7 * per_replica))));
+              1, static_cast<int64_t>(std::ceil(
+                     peak / (0.7 * throughput_per_replica(scenario_.replica, per_replica)))));
         }
         static_replicas_ = replicas;
         policy_ = autoscaler::make_static_policy(replicas);
@@ -195,9 +233,9 @@ class Simulator {
     }
   }
 
-  void schedule(double time, EventKind kind, uint32_t replica = 0, double arrival = 0,
-                double service = 0) {
-    events_.push(Event{time, sequence_++, kind, replica, arrival, service});
+  void schedule(double time, EventKind kind, uint32_t replica = 0, uint32_t request = 0,
+                uint64_t stamp = 0) {
+    events_.push(Event{time, sequence_++, kind, replica, request, stamp});
   }
 
   double uniform() {
@@ -208,15 +246,22 @@ class Simulator {
     return std::sqrt(-2 * std::log(uniform())) * std::cos(2 * 3.141592653589793 * uniform());
   }
 
+  bool batched() const { return scenario_.replica.max_batch > 0; }
+
   // Integrals for the per-second means and replica-seconds, up to `time`.
   void advance(double time) {
     const double dt = time - now_;
     if (dt > 0) {
       in_flight_area_ += static_cast<double>(in_flight_) * dt;
       queued_area_ += static_cast<double>(queue_.size()) * dt;
+      replica_queued_area_ += static_cast<double>(replica_queued_) * dt;
       result_.summary.replica_seconds += static_cast<double>(ready_ + starting_) * dt;
       now_ = time;
     }
+  }
+
+  bool current(const Event& event) const {
+    return replicas_[event.replica].generation == event.stamp;
   }
 
   void handle(const Event& event) {
@@ -225,12 +270,24 @@ class Simulator {
         on_arrival(/*request=*/event.replica == 0);
         break;
       case EventKind::kCompletion:
-        on_completion(event);
+        if (requests_[event.request].attempt == event.stamp) {
+          on_completion(event.replica, event.request);
+        }
+        break;
+      case EventKind::kStep:
+        if (current(event)) {
+          on_step(event.replica);
+        }
         break;
       case EventKind::kReady:
         // A slot cancelled while starting may hold a newer replica by now.
-        if (replicas_[event.replica].generation == static_cast<uint64_t>(event.arrival)) {
+        if (current(event)) {
           on_ready(event.replica);
+        }
+        break;
+      case EventKind::kCrash:
+        if (current(event) && replicas_[event.replica].phase == ReplicaPhase::kReady) {
+          on_crash(event.replica);
         }
         break;
       case EventKind::kSecond:
@@ -251,11 +308,13 @@ class Simulator {
       ++arrivals_;
       ++second_arrivals_;
       // Behind a non-empty queue there is no free slot (freed slots go to waiters at once).
-      if (!queue_.empty() || !try_start(now_)) {
-        if (static_cast<int64_t>(queue_.size()) < scenario_.queue_capacity) {
-          queue_.push_back(now_);
-        } else {
-          reject();
+      const bool has_waiters = !queue_.empty();
+      if (has_waiters && static_cast<int64_t>(queue_.size()) >= scenario_.queue_capacity) {
+        reject();
+      } else {
+        const uint32_t id = new_request();
+        if (has_waiters || !try_start(id)) {
+          queue_.push_back(id);
         }
       }
     }
@@ -267,32 +326,116 @@ class Simulator {
     }
   }
 
-  bool try_start(double arrival) {
+  uint32_t new_request() {
+    uint32_t id;
+    if (!free_requests_.empty()) {
+      id = free_requests_.back();
+      free_requests_.pop_back();
+    } else {
+      id = static_cast<uint32_t>(requests_.size());
+      requests_.emplace_back();
+    }
+    Request& request = requests_[id];
+    request.arrival = now_;
+    request.retried = false;
+    return id;
+  }
+
+  bool try_start(uint32_t id) {
     const auto index = balancer_->pick(candidates_, random_);
     if (!index) {
       return false;
     }
-    start_on(*index, arrival);
+    start_on(*index, id);
     return true;
   }
 
-  void start_on(uint32_t slot, double arrival) {
+  void set_in_flight(uint32_t slot, int64_t count) {
     Replica& replica = replicas_[slot];
-    ++replica.in_flight;
-    ++in_flight_;
-    candidates_[slot].in_flight = replica.in_flight;
+    if (batched()) {
+      const int64_t batch = scenario_.replica.max_batch;
+      replica_queued_ +=
+          std::max<int64_t>(0, count - batch) - std::max<int64_t>(0, replica.in_flight - batch);
+    }
+    in_flight_ += count - replica.in_flight;
+    replica.in_flight = count;
+    candidates_[slot].in_flight = count;
+  }
+
+  void start_on(uint32_t slot, uint32_t id) {
+    Replica& replica = replicas_[slot];
+    Request& request = requests_[id];
+    request.dispatched = now_;
+    ++request.attempt;
+    set_in_flight(slot, replica.in_flight + 1);
+    if (batched()) {
+      request.steps_left = scenario_.replica.steps_per_request;
+      replica.waiting.push_back(id);
+      if (!replica.stepping) {
+        start_step(slot);
+      }
+      return;
+    }
+    request.position = static_cast<uint32_t>(replica.running.size());
+    replica.running.push_back(id);
     const double load =
         std::max(1.0, static_cast<double>(replica.in_flight) / scenario_.replica.saturation);
     const double service = scenario_.replica.service_ms / 1000 * load / replica.speed;
-    schedule(now_ + service, EventKind::kCompletion, slot, arrival, service);
+    schedule(now_ + service, EventKind::kCompletion, slot, id, request.attempt);
   }
 
-  void on_completion(const Event& event) {
-    Replica& replica = replicas_[event.replica];
-    --replica.in_flight;
-    --in_flight_;
-    candidates_[event.replica].in_flight = replica.in_flight;
-    const double latency_ms = (now_ - event.arrival) * 1000;
+  void on_completion(uint32_t slot, uint32_t id) {
+    Replica& replica = replicas_[slot];
+    // Swap-remove from the running list.
+    const uint32_t position = requests_[id].position;
+    const uint32_t moved = replica.running.back();
+    replica.running[position] = moved;
+    requests_[moved].position = position;
+    replica.running.pop_back();
+    finish(slot, id);
+    after_completions(slot);
+  }
+
+  // Forms the next batch from the requests waiting at the replica and times the step.
+  void start_step(uint32_t slot) {
+    Replica& replica = replicas_[slot];
+    const auto batch = static_cast<size_t>(scenario_.replica.max_batch);
+    while (!replica.waiting.empty() && replica.running.size() < batch) {
+      replica.running.push_back(replica.waiting.front());
+      replica.waiting.pop_front();
+    }
+    replica.stepping = !replica.running.empty();
+    if (replica.stepping) {
+      const double step_ms =
+          scenario_.replica.step_ms +
+          scenario_.replica.step_ms_per_item * static_cast<double>(replica.running.size());
+      schedule(now_ + step_ms / 1000 / replica.speed, EventKind::kStep, slot, 0,
+               replica.generation);
+    }
+  }
+
+  void on_step(uint32_t slot) {
+    Replica& replica = replicas_[slot];
+    size_t kept = 0;
+    for (const uint32_t id : replica.running) {
+      if (--requests_[id].steps_left > 0) {
+        replica.running[kept++] = id;
+      } else {
+        finish(slot, id);
+      }
+    }
+    replica.running.resize(kept);
+    after_completions(slot);  // dispatches queued requests first: they join this next step
+    if (replica.phase != ReplicaPhase::kGone) {
+      start_step(slot);
+    }
+  }
+
+  // A request done at a replica: counted, measured, its slot there freed.
+  void finish(uint32_t slot, uint32_t id) {
+    const Request& request = requests_[id];
+    set_in_flight(slot, replicas_[slot].in_flight - 1);
+    const double latency_ms = (now_ - request.arrival) * 1000;
     second_latency_.add(latency_ms);
     total_latency_.add(latency_ms);
     ++completed_;
@@ -300,13 +443,25 @@ class Simulator {
     if (latency_ms > scenario_.slo_ms) {
       ++over_slo_;
     }
-    window_service_ms_ += event.service * 1000;
+    window_replica_ms_ += (now_ - request.dispatched) * 1000;
     ++window_completions_;
+    free_requests_.push_back(id);
+  }
+
+  void after_completions(uint32_t slot) {
+    Replica& replica = replicas_[slot];
     if (replica.phase == ReplicaPhase::kDraining && replica.in_flight == 0) {
-      replica.phase = ReplicaPhase::kGone;
-      free_slots_.push_back(event.replica);
+      release(slot);
     }
-    drain_queue_to(event.replica);
+    drain_queue_to(slot);
+  }
+
+  void release(uint32_t slot) {
+    Replica& replica = replicas_[slot];
+    replica.phase = ReplicaPhase::kGone;
+    replica.stepping = false;
+    ++replica.generation;  // its pending events are stale from now on
+    free_slots_.push_back(slot);
   }
 
   // The slot a completion freed (or a new replica's slots) go to the oldest waiters, as in the
@@ -314,28 +469,37 @@ class Simulator {
   void drain_queue_to(uint32_t slot) {
     const gateway::Candidate& candidate = candidates_[slot];
     while (!queue_.empty() && gateway::has_room(candidate)) {
-      if (queue_.front() + scenario_.queue_timeout_s < now_) {
-        queue_.pop_front();
-        reject();
+      const uint32_t id = queue_.front();
+      queue_.pop_front();
+      if (expired(id)) {
         continue;
       }
-      start_on(slot, queue_.front());
-      queue_.pop_front();
+      start_on(slot, id);
     }
   }
 
   void drain_queue() {
     while (!queue_.empty()) {
-      if (queue_.front() + scenario_.queue_timeout_s < now_) {
+      const uint32_t id = queue_.front();
+      if (expired(id)) {
         queue_.pop_front();
-        reject();
         continue;
       }
-      if (!try_start(queue_.front())) {
+      if (!try_start(id)) {
         return;
       }
       queue_.pop_front();
     }
+  }
+
+  // A queued request past its deadline is answered 429 (and forgotten).
+  bool expired(uint32_t id) {
+    if (requests_[id].arrival + scenario_.queue_timeout_s >= now_) {
+      return false;
+    }
+    reject();
+    free_requests_.push_back(id);
+    return true;
   }
 
   void reject() {
@@ -354,7 +518,13 @@ class Simulator {
       candidates_.emplace_back();
     }
     Replica& replica = replicas_[slot];
-    replica = Replica{ReplicaPhase::kStarting, 1, 0, replica.generation + 1};
+    replica.phase = ReplicaPhase::kStarting;
+    replica.speed = 1;
+    replica.in_flight = 0;
+    ++replica.generation;
+    replica.running.clear();
+    replica.waiting.clear();
+    replica.stepping = false;
     if (scenario_.replica.slow_fraction > 0 && uniform() < scenario_.replica.slow_fraction) {
       replica.speed = 1 / scenario_.replica.slow_factor;
     }
@@ -365,7 +535,7 @@ class Simulator {
       const double sigma = 0.25;
       const double delay = mean * std::exp(sigma * normal() - sigma * sigma / 2);
       starting_slots_.push_back(slot);
-      schedule(now_ + delay, EventKind::kReady, slot, static_cast<double>(replica.generation));
+      schedule(now_ + delay, EventKind::kReady, slot, 0, replica.generation);
     } else {
       on_ready(slot);
     }
@@ -384,7 +554,45 @@ class Simulator {
     ++ready_;
     ready_slots_.push_back(slot);
     candidates_[slot].ready = true;
+    if (scenario_.replica.crash_mtbf_s > 0) {
+      schedule(now_ + exponential(scenario_.replica.crash_mtbf_s), EventKind::kCrash, slot, 0,
+               replica.generation);
+    }
     drain_queue_to(slot);
+  }
+
+  // The replica dies with its requests; the orchestrator starts a new one at once (same desired
+  // count) and the gateway retries each lost request once.
+  void on_crash(uint32_t slot) {
+    ++result_.summary.crashes;
+    Replica& replica = replicas_[slot];
+    std::vector<uint32_t> lost = std::move(replica.running);
+    lost.insert(lost.end(), replica.waiting.begin(), replica.waiting.end());
+    replica.running.clear();
+    replica.waiting.clear();
+    set_in_flight(slot, 0);
+    candidates_[slot].ready = false;
+    ready_slots_.erase(std::find(ready_slots_.begin(), ready_slots_.end(), slot));
+    --ready_;
+    release(slot);
+    add_replica(/*cold=*/true);
+    // Oldest first, ahead of the queue: they were dispatched before anything waiting.
+    std::sort(lost.begin(), lost.end(), [this](uint32_t a, uint32_t b) {
+      return requests_[a].arrival > requests_[b].arrival;
+    });
+    for (const uint32_t id : lost) {
+      Request& request = requests_[id];
+      ++request.attempt;  // its pending completion is stale
+      if (request.retried) {
+        ++failed_;
+        ++second_failed_;
+        free_requests_.push_back(id);
+      } else {
+        request.retried = true;
+        queue_.push_front(id);
+      }
+    }
+    drain_queue();
   }
 
   // Every policy runs behind the same gateway: the per-replica cap is APA's learned target,
@@ -406,18 +614,22 @@ class Simulator {
     stats.p50_ms = second_latency_.percentile(0.5);
     stats.p99_ms = second_latency_.percentile(0.99);
     stats.rejected = second_rejected_;
+    stats.failed = second_failed_;
     stats.target_concurrency = options_.policy == PolicyKind::kApa ? vertical_.target() : 0;
     result_.seconds.push_back(stats);
     window_.add(autoscaler::Sample{Millis(std::llround(now_ * 1000)), in_flight_area_, queued_area_,
                                    static_cast<double>(second_arrivals_),
                                    static_cast<double>(second_completions_)});
     window_in_flight_ += in_flight_area_;
+    window_replica_queued_ += replica_queued_area_;
     ++window_seconds_;
     in_flight_area_ = 0;
     queued_area_ = 0;
+    replica_queued_area_ = 0;
     second_arrivals_ = 0;
     second_completions_ = 0;
     second_rejected_ = 0;
+    second_failed_ = 0;
     second_latency_.clear();
     drain_queue();  // answers what expired while nothing completed
     schedule(now_ + 1, EventKind::kSecond);
@@ -436,21 +648,18 @@ class Simulator {
     while (ready_ + starting_ > desired_ && !starting_slots_.empty()) {
       const uint32_t slot = starting_slots_.back();
       starting_slots_.pop_back();
-      replicas_[slot].phase = ReplicaPhase::kGone;
-      free_slots_.push_back(slot);
+      release(slot);
       --starting_;
     }
     while (ready_ > desired_ && !ready_slots_.empty()) {
       const uint32_t slot = ready_slots_.back();  // the newest
       ready_slots_.pop_back();
-      Replica& replica = replicas_[slot];
       candidates_[slot].ready = false;
       --ready_;
-      if (replica.in_flight == 0) {
-        replica.phase = ReplicaPhase::kGone;
-        free_slots_.push_back(slot);
+      if (replicas_[slot].in_flight == 0) {
+        release(slot);
       } else {
-        replica.phase = ReplicaPhase::kDraining;
+        replicas_[slot].phase = ReplicaPhase::kDraining;
       }
     }
     schedule(now_ + seconds_of(policy_->period()), EventKind::kDecide);
@@ -458,18 +667,23 @@ class Simulator {
 
   void on_vertical() {
     autoscaler::ReplicaSignals signals;
-    const double per_replica =
-        window_seconds_ > 0 && ready_ > 0
-            ? window_in_flight_ / window_seconds_ / static_cast<double>(ready_)
-            : 0;
+    const double replica_seconds =
+        static_cast<double>(window_seconds_) * static_cast<double>(std::max<int64_t>(ready_, 1));
+    const double per_replica = window_seconds_ > 0 ? window_in_flight_ / replica_seconds : 0;
     signals.latency_ms =
-        window_completions_ > 0 ? window_service_ms_ / static_cast<double>(window_completions_) : 0;
+        window_completions_ > 0 ? window_replica_ms_ / static_cast<double>(window_completions_) : 0;
     signals.concurrency = per_replica;
-    signals.cpu_utilization = std::min(1.0, per_replica / scenario_.replica.saturation);
+    signals.queued_in_replica = window_seconds_ > 0 ? window_replica_queued_ / replica_seconds : 0;
+    // The model's CPU is busy in proportion to what it serves at once, up to its saturation
+    // point (a batched engine: its batch).
+    const double saturation =
+        batched() ? static_cast<double>(scenario_.replica.max_batch) : scenario_.replica.saturation;
+    signals.cpu_utilization = std::min(1.0, per_replica / saturation);
     vertical_.decide_target(signals);
-    window_service_ms_ = 0;
+    window_replica_ms_ = 0;
     window_completions_ = 0;
     window_in_flight_ = 0;
+    window_replica_queued_ = 0;
     window_seconds_ = 0;
     const int64_t new_cap = cap();
     for (auto& candidate : candidates_) {
@@ -482,9 +696,14 @@ class Simulator {
   void finish_summary() {
     Summary& summary = result_.summary;
     summary.requests = arrivals_;
+    summary.completed = completed_;
+    summary.rejected = rejected_;
+    summary.failed = failed_;
+    summary.unfinished = static_cast<uint64_t>(in_flight_) + queue_.size();
     const double total = static_cast<double>(std::max<uint64_t>(arrivals_, 1));
     summary.rejected_pct = 100.0 * static_cast<double>(rejected_) / total;
-    summary.over_slo_pct = 100.0 * static_cast<double>(over_slo_ + rejected_) / total;
+    summary.failed_pct = 100.0 * static_cast<double>(failed_) / total;
+    summary.over_slo_pct = 100.0 * static_cast<double>(over_slo_ + rejected_ + failed_) / total;
     summary.p99_ms = total_latency_.percentile(0.99);
     summary.final_target = options_.policy == PolicyKind::kApa ? vertical_.target() : 0;
   }
@@ -512,22 +731,30 @@ class Simulator {
   int64_t starting_ = 0;
   int64_t desired_ = 0;
   int64_t in_flight_ = 0;
-  std::deque<double> queue_;  // arrival times of waiting requests
+  int64_t replica_queued_ = 0;     // batched: requests waiting inside replicas for a full batch
+  std::vector<Request> requests_;  // in flight or queued; reused through free_requests_
+  std::vector<uint32_t> free_requests_;
+  std::deque<uint32_t> queue_;  // the gateway's queue, oldest first
 
   uint64_t arrivals_ = 0;
   uint64_t completed_ = 0;
   uint64_t rejected_ = 0;
   uint64_t over_slo_ = 0;
+  uint64_t failed_ = 0;
   uint64_t second_arrivals_ = 0;
   uint64_t second_completions_ = 0;
   uint64_t second_rejected_ = 0;
+  uint64_t second_failed_ = 0;
   double in_flight_area_ = 0;
   double queued_area_ = 0;
+  double replica_queued_area_ = 0;
   LatencyHistogram second_latency_;
   LatencyHistogram total_latency_;
-  double window_service_ms_ = 0;  // for the vertical policy, since its last cycle
+  // For the vertical policy, since its last cycle.
+  double window_replica_ms_ = 0;  // summed replica-side latency of completed requests
   uint64_t window_completions_ = 0;
   double window_in_flight_ = 0;
+  double window_replica_queued_ = 0;
   int64_t window_seconds_ = 0;
 
   SimResult result_;
@@ -541,14 +768,15 @@ SimResult simulate(const Scenario& scenario, const SimOptions& options) {
 
 std::string to_csv(const SimResult& result) {
   std::string out =
-      "second,arrivals,ready,pending,in_flight,queued,p50_ms,p99_ms,rejected,target_concurrency\n";
+      "second,arrivals,ready,pending,in_flight,queued,p50_ms,p99_ms,rejected,failed,"
+      "target_concurrency\n";
   char line[256];
   for (const SecondStats& s : result.seconds) {
-    std::snprintf(line, sizeof(line), "%lld,%llu,%lld,%lld,%.2f,%.2f,%.2f,%.2f,%llu,%.2f\n",
+    std::snprintf(line, sizeof(line), "%lld,%llu,%lld,%lld,%.2f,%.2f,%.2f,%.2f,%llu,%llu,%.2f\n",
                   static_cast<long long>(s.second), static_cast<unsigned long long>(s.arrivals),
                   static_cast<long long>(s.ready), static_cast<long long>(s.pending), s.in_flight,
                   s.queued, s.p50_ms, s.p99_ms, static_cast<unsigned long long>(s.rejected),
-                  s.target_concurrency);
+                  static_cast<unsigned long long>(s.failed), s.target_concurrency);
     out += line;
   }
   return out;

@@ -128,6 +128,54 @@ TEST(ApaHorizontalTest, StandingQueueIsDemandWhenNothingIsStarting) {
   EXPECT_LT(policy->decide(sec(5), draining, Fleet{1, 0, 1}).desired, 6);
 }
 
+TEST(SampleWindowTest, ArrivalGrowthFollowsARampButNotAStep) {
+  // Arrivals 1000 + 100/s: in 10 s the rate grows from 3000 to 4000.
+  SampleWindow ramp;
+  for (int64_t s = 1; s <= 20; ++s) {
+    ramp.add(Sample{sec(s), 1, 0, 1000 + 100.0 * static_cast<double>(s), 0});
+  }
+  EXPECT_NEAR(ramp.arrival_growth(sec(20), sec(20), sec(10)).value(), 4000.0 / 3000, 1e-9);
+  // A step 8 s ago (a spike): both halves of the window are flat, so no trend.
+  SampleWindow step;
+  for (int64_t s = 1; s <= 20; ++s) {
+    step.add(Sample{sec(s), 1, 0, s <= 12 ? 1000.0 : 5000.0, 0});
+  }
+  EXPECT_DOUBLE_EQ(step.arrival_growth(sec(20), sec(20), sec(10)).value(), 1);
+  // A few outliers do not tilt it (Theil-Sen).
+  SampleWindow noisy;
+  for (int64_t s = 1; s <= 20; ++s) {
+    noisy.add(Sample{sec(s), 1, 0, s % 7 == 0 ? 9000.0 : 1000.0, 0});
+  }
+  EXPECT_DOUBLE_EQ(noisy.arrival_growth(sec(20), sec(20), sec(10)).value(), 1);
+  SampleWindow short_window;
+  fill_constant(short_window, 1, 5, 1);
+  EXPECT_FALSE(short_window.arrival_growth(sec(5), sec(20), sec(10)).has_value());
+}
+
+TEST(ApaHorizontalTest, SizesARampForWhereItWillBe) {
+  double target = 10;
+  ApaOptions options;
+  options.min_up_step = 100;  // no per-cycle cap here: the test is about the demand
+  auto policy = make_apa_policy(options, &target);
+  // 30 in flight now, arrivals growing from 2000 to 3000/s over the window (50/s): in the
+  // 10 s lead time 3000 -> 3500, x7/6, so the busiest second's 30 becomes 35: 4 replicas.
+  SampleWindow window;
+  for (int64_t s = 1; s <= 20; ++s) {
+    const double arrivals = 2000 + 50.0 * static_cast<double>(s);
+    window.add(Sample{sec(s), s == 20 ? 30.0 : 20.0, 0, arrivals, arrivals});
+  }
+  const Decision decision = policy->decide(sec(20), window, Fleet{3, 0, 3});
+  EXPECT_EQ(decision.desired, 4) << decision.reason;
+  EXPECT_NE(decision.reason.find("arrival trend"), std::string::npos) << decision.reason;
+  // Growth within the tolerance (under 10% in the lead time) is noise: sized for now, 3.
+  SampleWindow slow;
+  for (int64_t s = 1; s <= 20; ++s) {
+    const double arrivals = 3000 + 2.0 * static_cast<double>(s);
+    slow.add(Sample{sec(s), s == 20 ? 30.0 : 20.0, 0, arrivals, arrivals});
+  }
+  EXPECT_EQ(policy->decide(sec(20), slow, Fleet{3, 0, 3}).desired, 3);
+}
+
 TEST(ApaHorizontalTest, ReadsTheTargetEachCycle) {
   double target = 2;
   auto policy = make_apa_policy(ApaOptions{}, &target);

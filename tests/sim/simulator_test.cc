@@ -68,6 +68,55 @@ TEST(SimulatorTest, ApaAbsorbsASpikeBetterThanHpa) {
   EXPECT_LT(apa.replica_seconds, hpa.replica_seconds);
 }
 
+// A batched engine alone: each request takes its steps at the single-item step time.
+TEST(SimulatorTest, BatchedReplicaStepsAtItsBatchsStepTime) {
+  Scenario scenario = *find_scenario("batched");
+  scenario.load.points = {{0, 1}, {300, 1}};  // 1 req/s: mostly alone in the batch
+  SimOptions options;
+  options.policy = PolicyKind::kStatic;
+  options.static_replicas = 1;
+  const Summary summary = simulate(scenario, options).summary;
+  // 50 steps x (20 + 0.5 x 1) ms = 1025 ms, within the histogram's 5% buckets.
+  EXPECT_NEAR(summary.p99_ms, 1025 * 1.2, 1025 * 0.25);
+  EXPECT_GT(summary.p99_ms, 1025);
+  EXPECT_EQ(summary.over_slo_pct, 0);
+}
+
+// Configured for twice the batch, replicas queue requests inside; APA's vertical axis sees the
+// queue and the latency and lowers the per-replica target to the batch or below, and serves
+// the SLO better than HPA on the configured concurrency.
+TEST(SimulatorTest, VerticalAxisLearnsABatchedEnginesCapacity) {
+  const Scenario scenario = *find_scenario("batched");
+  SimOptions options;
+  const Summary apa = simulate(scenario, options).summary;
+  EXPECT_LE(apa.final_target, 32);
+  EXPECT_GE(apa.final_target, 16);
+  EXPECT_EQ(apa.completed + apa.rejected + apa.failed + apa.unfinished, apa.requests);
+  options.policy = PolicyKind::kHpa;
+  const Summary hpa = simulate(scenario, options).summary;
+  EXPECT_LT(apa.over_slo_pct, hpa.over_slo_pct);
+}
+
+// Every request is answered once: completed, rejected, or failed after its retry.
+TEST(SimulatorTest, CrashedReplicasRequestsAreRetriedOnceThenFail) {
+  Scenario scenario = *find_scenario("crashes");
+  scenario.load.points = {{0, 3000}, {120, 3000}};
+  SimOptions options;
+  options.policy = PolicyKind::kStatic;
+  options.static_replicas = 8;
+  const Summary summary = simulate(scenario, options).summary;
+  EXPECT_GT(summary.crashes, 0);
+  EXPECT_EQ(summary.failed_pct, 0);  // a retry lost again needs a second crash meanwhile
+  EXPECT_EQ(summary.completed + summary.rejected + summary.failed + summary.unfinished,
+            summary.requests);
+
+  scenario.replica.crash_mtbf_s = 0.05;  // replicas die within a few requests
+  const Summary chaos = simulate(scenario, options).summary;
+  EXPECT_GT(chaos.failed_pct, 0);
+  EXPECT_GE(chaos.over_slo_pct, chaos.failed_pct + chaos.rejected_pct);
+  EXPECT_EQ(chaos.completed + chaos.rejected + chaos.failed + chaos.unfinished, chaos.requests);
+}
+
 TEST(SimulatorTest, ReadsTraceTimestamps) {
   const std::string path = ::testing::TempDir() + "/trace.csv";
   {
@@ -92,7 +141,8 @@ TEST(SimulatorTest, ReadsTraceTimestamps) {
 }
 
 TEST(SimulatorTest, KnowsItsScenariosAndPolicies) {
-  for (const char* name : {"spike", "diurnal", "ramp", "zero", "unknown-capacity", "hetero"}) {
+  for (const char* name :
+       {"spike", "diurnal", "ramp", "zero", "unknown-capacity", "hetero", "batched", "crashes"}) {
     EXPECT_TRUE(find_scenario(name).has_value()) << name;
   }
   EXPECT_FALSE(find_scenario("nope").has_value());
