@@ -4,6 +4,8 @@
 #include <cmath>
 #include <optional>
 
+#include <nlohmann/json.hpp>
+
 namespace flotilla::control {
 
 ConcurrencyRange target_bounds(const EndpointSpec& spec) {
@@ -45,28 +47,78 @@ int64_t replicas_matching(const EndpointSpec& spec, const std::vector<int64_t>& 
   return matching;
 }
 
-EndpointScaler::EndpointScaler(const EndpointSpec& spec, const AutoscalingOptions& options,
-                               int64_t current_replicas, autoscaler::Millis now)
-    : options_(options), spec_(spec) {
-  double target = 0;
-  for (const ServedModelSpec& served : spec.served_models) {
-    target = std::max(target, static_cast<double>(initial_target_concurrency(served)));
+std::string learned_target_to_json(const LearnedTarget& learned) {
+  nlohmann::json json = {{"models", learned.models}, {"target", learned.target}};
+  if (learned.baseline_ms) {
+    json["baseline_ms"] = *learned.baseline_ms;
   }
-  rebuild_policies(target);
-  // Not capped by the range's maximum: that comes from a target not learned yet (the learned
-  // one is not kept across restarts); the first decisions bring the count into the range.
+  return json.dump();
+}
+
+std::optional<LearnedTarget> learned_target_from_json(const std::string& text) {
+  const nlohmann::json json = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (!json.is_object() || !json.contains("models") || !json["models"].is_string() ||
+      !json.contains("target") || !json["target"].is_number() || !(json["target"] > 0)) {
+    return std::nullopt;
+  }
+  LearnedTarget learned{json["models"].get<std::string>(), json["target"].get<double>(), {}};
+  if (json.contains("baseline_ms")) {
+    if (!json["baseline_ms"].is_number() || !(json["baseline_ms"] > 0)) {
+      return std::nullopt;
+    }
+    learned.baseline_ms = json["baseline_ms"].get<double>();
+  }
+  return learned;
+}
+
+std::string learned_for(const EndpointSpec& spec) {
+  std::vector<std::string> keys;
+  for (const ServedModelSpec& served : spec.served_models) {
+    keys.push_back(deployment_key(spec.name, served));
+  }
+  std::sort(keys.begin(), keys.end());
+  const ConcurrencyRange bounds = target_bounds(spec);
+  std::string identity = std::to_string(bounds.min) + ".." + std::to_string(bounds.max);
+  for (const std::string& key : keys) {
+    identity += " " + key;
+  }
+  return identity;
+}
+
+EndpointScaler::EndpointScaler(const EndpointSpec& spec, const AutoscalingOptions& options,
+                               int64_t current_replicas, autoscaler::Millis now,
+                               const std::optional<LearnedTarget>& saved)
+    : options_(options), spec_(spec) {
+  if (saved && saved->models == learned_for(spec)) {
+    rebuild_policies(saved->target, saved->baseline_ms);  // the policy clamps it to the bounds
+  } else {
+    double target = 0;
+    for (const ServedModelSpec& served : spec.served_models) {
+      target = std::max(target, static_cast<double>(initial_target_concurrency(served)));
+    }
+    rebuild_policies(target);
+  }
+  const double target = vertical_->target();
+  // Not capped by the range's maximum: the replicas running may come from another target (a
+  // model changed while the control plane was down); the first decisions bring the count into
+  // the range.
   scale_ = Scale{std::max(current_replicas, replica_range(spec_, target).min), target};
   next_horizontal_ = now + options_.horizontal_period;
   next_vertical_ = now + options_.vertical_period;
 }
 
-void EndpointScaler::rebuild_policies(double target) {
+LearnedTarget EndpointScaler::learned() const {
+  return LearnedTarget{learned_for(spec_), vertical_->target(), vertical_->baseline_ms()};
+}
+
+void EndpointScaler::rebuild_policies(double target, std::optional<double> baseline_ms) {
   const ConcurrencyRange bounds = target_bounds(spec_);
   autoscaler::VerticalOptions vertical;
   vertical.period = options_.vertical_period;
   vertical.min_target = static_cast<double>(bounds.min);
   vertical.max_target = static_cast<double>(bounds.max);
   vertical.initial_target = target;
+  vertical.initial_baseline_ms = baseline_ms;
   vertical_ = std::make_unique<autoscaler::VerticalPolicy>(vertical);
   rebuild_horizontal();
 }
@@ -86,15 +138,7 @@ void EndpointScaler::update_spec(const EndpointSpec& spec) {
   }
   // The vertical policy's learned baseline belongs to the models that ran: it is kept through
   // a change of traffic or concurrency, and learned anew when a model or the bounds change.
-  auto keys = [](const EndpointSpec& of) {
-    std::vector<std::string> result;
-    for (const ServedModelSpec& served : of.served_models) {
-      result.push_back(deployment_key(of.name, served));
-    }
-    std::sort(result.begin(), result.end());
-    return result;
-  };
-  const bool same_models = keys(spec) == keys(spec_) && target_bounds(spec) == target_bounds(spec_);
+  const bool same_models = learned_for(spec) == learned_for(spec_);
   spec_ = spec;
   const ConcurrencyRange bounds = target_bounds(spec_);
   const double target = std::clamp(vertical_->target(), static_cast<double>(bounds.min),

@@ -32,12 +32,31 @@ ConcurrencyRange target_bounds(const EndpointSpec& spec);
 // already is, removing nothing.
 int64_t replicas_matching(const EndpointSpec& spec, const std::vector<int64_t>& running);
 
+// What the vertical policy learned, kept across restarts of the control plane: valid for the
+// models and per-replica bounds it was learned on (`models`, see learned_for()).
+struct LearnedTarget {
+  std::string models;
+  double target = 0;
+  std::optional<double> baseline_ms;
+  bool operator==(const LearnedTarget&) const = default;
+};
+
+// As stored: {"models", "target", "baseline_ms"}; nullopt for anything else.
+std::string learned_target_to_json(const LearnedTarget& learned);
+std::optional<LearnedTarget> learned_target_from_json(const std::string& json);
+
+// The identity of what a learned target applies to: the endpoint's deployment keys (a model
+// and its runtime settings) and its per-replica bounds.
+std::string learned_for(const EndpointSpec& spec);
+
 class EndpointScaler {
  public:
-  // Starts at the spec's initial target and at `current_replicas` (what already runs, so a
-  // restart of the control plane does not scale anything down), clamped to the range.
+  // Starts at `saved`'s target and baseline when it was learned for this spec's models and
+  // bounds, else at the spec's initial target; and at `current_replicas` (what already runs,
+  // so a restart of the control plane does not scale anything down), clamped to the range.
   EndpointScaler(const EndpointSpec& spec, const AutoscalingOptions& options,
-                 int64_t current_replicas, autoscaler::Millis now);
+                 int64_t current_replicas, autoscaler::Millis now,
+                 const std::optional<LearnedTarget>& saved = std::nullopt);
 
   // A new spec for the endpoint: its range and bounds apply from the next decision. The learned
   // latency baseline is kept unless a model (a deployment key) or the per-replica bounds change.
@@ -59,10 +78,12 @@ class EndpointScaler {
   bool request_capacity();
 
   const Scale& scale() const { return scale_; }
+  LearnedTarget learned() const;
 
  private:
-  // Makes both policies for the current spec; the vertical one starts from `target`.
-  void rebuild_policies(double target);
+  // Makes both policies for the current spec; the vertical one starts from `target` (and
+  // `baseline_ms`, if known).
+  void rebuild_policies(double target, std::optional<double> baseline_ms = std::nullopt);
   // Makes the horizontal policy for the current spec and target (its range follows both).
   void rebuild_horizontal();
 

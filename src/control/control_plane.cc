@@ -137,6 +137,15 @@ Status ControlPlaneImpl::start() {
     stored.record = record;
     endpoints_.emplace(record.name, std::move(stored));
   }
+  FLOTILLA_ASSIGN_OR_RETURN(auto learned, store_->list_autoscaler_states());
+  for (const auto& [name, json] : learned) {
+    // A state we cannot read is only a lost optimization: the autoscaler learns again.
+    if (std::optional<LearnedTarget> state = learned_target_from_json(json)) {
+      learned_.emplace(name, *state);
+    } else {
+      spdlog::warn("control: ignoring the unreadable autoscaler state of '{}'", name);
+    }
+  }
   FLOTILLA_ASSIGN_OR_RETURN(tokens_, store_->list_tokens());
   if (tokens_.empty()) {
     FLOTILLA_RETURN_IF_ERROR(mint_first_admin_token());
@@ -322,6 +331,7 @@ void ControlPlaneImpl::autoscale(const std::vector<orchestrator::Replica>& repli
     requests.swap(capacity_requests_);
   }
   std::erase_if(scalers_, [&](const auto& entry) { return !specs.contains(entry.first); });
+  std::erase_if(learned_, [&](const auto& entry) { return !specs.contains(entry.first); });
   const autoscaler::Millis now(unix_time_ms());
   std::map<std::string, std::pair<Scale, std::vector<std::string>>> decisions;
   for (const auto& [name, spec] : specs) {
@@ -350,8 +360,10 @@ void ControlPlaneImpl::autoscale(const std::vector<orchestrator::Replica>& repli
                                              r.state == orchestrator::ReplicaState::kLoading);
         }));
       }
-      scaler = std::make_unique<EndpointScaler>(spec, options_.autoscaling,
-                                                replicas_matching(spec, running), now);
+      const auto saved = learned_.find(name);
+      scaler = std::make_unique<EndpointScaler>(
+          spec, options_.autoscaling, replicas_matching(spec, running), now,
+          saved != learned_.end() ? std::optional(saved->second) : std::nullopt);
     }
     scaler->update_spec(spec);
     scaler->add_samples(gateway_.samples(name, 30));
@@ -361,6 +373,7 @@ void ControlPlaneImpl::autoscale(const std::vector<orchestrator::Replica>& repli
       changes.push_back("scale from zero: 0 -> 1 replica, a request is waiting");
     }
     decisions[name] = {scaler->scale(), std::move(changes)};
+    save_learned(name, scaler->learned());
   }
   std::lock_guard lock(mu_);
   for (auto& [name, decision] : decisions) {
@@ -381,6 +394,21 @@ void ControlPlaneImpl::autoscale(const std::vector<orchestrator::Replica>& repli
                "Learned per-replica target concurrency per endpoint", {{"endpoint", name}})
         .set(decision.first.target);
   }
+}
+
+void ControlPlaneImpl::save_learned(const std::string& endpoint, const LearnedTarget& learned) {
+  auto it = learned_.find(endpoint);
+  if (it != learned_.end() && it->second == learned) {
+    return;
+  }
+  // A failed write (a full disk, the endpoint deleted meanwhile) is retried on the next pass.
+  if (Status saved = store_->put_autoscaler_state(endpoint, learned_target_to_json(learned));
+      !saved.is_ok()) {
+    spdlog::warn("control: cannot save the autoscaler state of '{}': {}", endpoint,
+                 saved.message());
+    return;
+  }
+  learned_[endpoint] = learned;
 }
 
 void ControlPlaneImpl::reconcile_once() {

@@ -87,6 +87,8 @@ class ControlPlaneImpl final : public ControlPlane, public gateway::CapacityRequ
   void reconcile_once();
   // The autoscaler's pass (reconciler thread): samples in, decisions out into endpoints_.
   void autoscale(const std::vector<orchestrator::Replica>& replicas);
+  // Stores what an endpoint's autoscaler learned when it changed since the last save.
+  void save_learned(const std::string& endpoint, const LearnedTarget& learned);
   // Mean CPU use (0..1 of the cores a replica may use) of `replicas` since the last call.
   double cpu_utilization(const std::vector<orchestrator::Replica>& replicas);
 
@@ -113,6 +115,9 @@ class ControlPlaneImpl final : public ControlPlane, public gateway::CapacityRequ
   gateway::EndpointTable published_table_;                          // reconciler thread only
   std::set<std::string> capacity_requests_;                         // guarded by mu_
   std::map<std::string, std::unique_ptr<EndpointScaler>> scalers_;  // reconciler thread only
+  // What each endpoint's autoscaler learned, as last saved to the store (loaded at start);
+  // reconciler thread only after start().
+  std::map<std::string, LearnedTarget> learned_;
   struct CpuReading {
     double cpu_seconds = 0;
     std::chrono::steady_clock::time_point at;

@@ -13,7 +13,7 @@
 namespace flotilla::control {
 namespace {
 
-constexpr int kSchemaVersion = 1;
+constexpr int kSchemaVersion = 2;
 constexpr int kBusyTimeoutMs = 5000;
 constexpr int64_t kMaxEvents = 100000;
 
@@ -51,6 +51,15 @@ CREATE TABLE events (
 );
 CREATE INDEX events_by_endpoint ON events (endpoint, id);
 PRAGMA user_version = 1;
+)sql";
+
+// Version 2: what the autoscaler learned per endpoint, so a restart does not start over.
+constexpr const char* kSchemaV2 = R"sql(
+CREATE TABLE autoscaler_state (
+  endpoint TEXT PRIMARY KEY NOT NULL,
+  json TEXT NOT NULL
+);
+PRAGMA user_version = 2;
 )sql";
 
 struct DbDeleter {
@@ -268,8 +277,11 @@ Status prepare_database(sqlite3* db, const std::string& path) {
   if (version > kSchemaVersion) {
     return refuse_newer(version, path);
   }
-  if (version == 0) {
+  if (version < 1) {
     FLOTILLA_RETURN_IF_ERROR(exec_script(db, kSchemaV1, what + ": creating the schema"));
+  }
+  if (version < 2) {
+    FLOTILLA_RETURN_IF_ERROR(exec_script(db, kSchemaV2, what + ": upgrading the schema to 2"));
   }
   return transaction.commit(what);
 }
@@ -338,11 +350,43 @@ Status Store::update_endpoint(const EndpointRecord& record) {
 Status Store::delete_endpoint(const std::string& name) {
   std::lock_guard lock(mu_);
   const std::string what = "deleting endpoint '" + name + "'";
+  Transaction transaction(db_);
+  FLOTILLA_RETURN_IF_ERROR(transaction.begin(what));
   FLOTILLA_RETURN_IF_ERROR(exec(db_, "DELETE FROM endpoints WHERE name = ?", what, name));
   if (sqlite3_changes(db_) == 0) {
     return not_found("endpoint '" + name + "' not found");
   }
+  FLOTILLA_RETURN_IF_ERROR(
+      exec(db_, "DELETE FROM autoscaler_state WHERE endpoint = ?", what, name));
+  return transaction.commit(what);
+}
+
+Status Store::put_autoscaler_state(const std::string& endpoint, const std::string& json) {
+  std::lock_guard lock(mu_);
+  const std::string what = "saving the autoscaler state of '" + endpoint + "'";
+  // Only for an endpoint that exists: a late write must not resurrect a deleted one's state.
+  FLOTILLA_RETURN_IF_ERROR(
+      exec(db_,
+           "INSERT OR REPLACE INTO autoscaler_state (endpoint, json) "
+           "SELECT ?1, ?2 WHERE EXISTS (SELECT 1 FROM endpoints WHERE name = ?1)",
+           what, endpoint, json));
+  if (sqlite3_changes(db_) == 0) {
+    return not_found("endpoint '" + endpoint + "' not found");
+  }
   return Status::ok();
+}
+
+Result<std::map<std::string, std::string>> Store::list_autoscaler_states() {
+  std::lock_guard lock(mu_);
+  const std::string what = "listing autoscaler states";
+  FLOTILLA_ASSIGN_OR_RETURN(Stmt stmt,
+                            prepare(db_, "SELECT endpoint, json FROM autoscaler_state", what));
+  std::map<std::string, std::string> states;
+  FLOTILLA_RETURN_IF_ERROR(for_each_row(db_, stmt.get(), what, [&](sqlite3_stmt* row) {
+    states.emplace(column_text(row, 0), column_text(row, 1));
+    return Status::ok();
+  }));
+  return states;
 }
 
 namespace {

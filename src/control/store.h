@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -79,6 +80,11 @@ class Store {
   Status put_replica(const ReplicaRecord& record);     // insert or replace by id
   Status delete_replica(const std::string& id);        // absent: ok
   Result<std::vector<ReplicaRecord>> list_replicas();  // ordered by id
+
+  // What the autoscaler learned about an endpoint (JSON, opaque to the store); deleted with the
+  // endpoint. kNotFound when the endpoint does not exist.
+  Status put_autoscaler_state(const std::string& endpoint, const std::string& json);
+  Result<std::map<std::string, std::string>> list_autoscaler_states();  // endpoint -> json
 
   // kFailedPrecondition when the id exists.
   Status create_token(const TokenRow& token);

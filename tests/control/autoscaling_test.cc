@@ -169,6 +169,51 @@ TEST(EndpointScalerTest, TrafficChangeKeepsTheLearnedBaseline) {
   EXPECT_NE(changes[0].find("overload"), std::string::npos) << changes[0];
 }
 
+// A restart of the control plane starts from what was learned, for the same models only.
+TEST(EndpointScalerTest, StartsFromASavedTargetLearnedForTheSameModels) {
+  EndpointScaler learning(endpoint({served(1, 256)}), fast_options(), 2, Millis(0));
+  learning.add_samples(steady(0, 30, 20, 10));  // baseline: 10 ms
+  learning.tick(Millis(30'000), 2, 0, no_cpu);
+  learning.add_samples(steady(30'000, 30, 32, 25));
+  learning.tick(Millis(60'000), 2, 0, no_cpu);  // 16 -> 12
+  const LearnedTarget saved = learning.learned();
+  EXPECT_EQ(saved.target, 12);
+  EXPECT_EQ(saved.baseline_ms, 10);
+  const std::optional<LearnedTarget> stored =
+      learned_target_from_json(learned_target_to_json(saved));
+  ASSERT_TRUE(stored.has_value());
+  EXPECT_EQ(*stored, saved);
+
+  EndpointScaler restarted(endpoint({served(1, 256)}), fast_options(), 2, Millis(0), stored);
+  EXPECT_EQ(restarted.scale().target, 12);
+  EXPECT_EQ(restarted.learned(), saved);
+  // The baseline came along: 25 ms is overload at once, without relearning 10 ms first.
+  restarted.add_samples(steady(0, 30, 24, 25));
+  const auto changes = restarted.tick(Millis(30'000), 2, 0, no_cpu);
+  ASSERT_FALSE(changes.empty());
+  EXPECT_NE(changes[0].find("target 12.00 -> 9.00"), std::string::npos) << changes[0];
+
+  // Another model (or other per-replica bounds): the runtime's default again.
+  ServedModelSpec other = served(1, 256);
+  other.model = "/m/other.json";
+  EXPECT_EQ(EndpointScaler(endpoint({other}), fast_options(), 2, Millis(0), stored).scale().target,
+            16);
+  ServedModelSpec bounded = served(1, 256);
+  bounded.per_replica_concurrency = ConcurrencyRange{2, 8};
+  EXPECT_EQ(
+      EndpointScaler(endpoint({bounded}), fast_options(), 2, Millis(0), stored).scale().target, 8);
+}
+
+TEST(EndpointScalerTest, UnreadableSavedStateIsRefused) {
+  for (const char* text : {"", "[]", "{}", R"({"models": "m"})", R"({"models": 1, "target": 2})",
+                           R"({"models": "m", "target": 0})", R"({"models": "m", "target": -3})",
+                           R"({"models": "m", "target": 2, "baseline_ms": "x"})",
+                           R"({"models": "m", "target": 2, "baseline_ms": 0})", "{"}) {
+    EXPECT_FALSE(learned_target_from_json(text).has_value()) << text;
+  }
+  EXPECT_TRUE(learned_target_from_json(R"({"models": "m", "target": 2})").has_value());
+}
+
 TEST(EndpointScalerTest, CpuIsReadOnlyWhenTheVerticalPolicyIsDue) {
   EndpointScaler scaler(endpoint({served(1, 256)}), fast_options(), 1, Millis(0));
   int reads = 0;

@@ -109,13 +109,56 @@ class StoreTest : public ::testing::Test {
 
 // ---- Opening ------------------------------------------------------------------------------------
 
-TEST_F(StoreTest, CreatesSchemaVersionOneInWalMode) {
-  EXPECT_EQ(raw_query(path_, "PRAGMA user_version"), "1");
+TEST_F(StoreTest, CreatesSchemaVersionTwoInWalMode) {
+  EXPECT_EQ(raw_query(path_, "PRAGMA user_version"), "2");
   EXPECT_EQ(raw_query(path_, "PRAGMA journal_mode"), "wal");
   EXPECT_EQ(raw_query(path_,
                       "SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name IN "
-                      "('endpoints', 'replicas', 'tokens', 'events')"),
-            "4");
+                      "('endpoints', 'replicas', 'tokens', 'events', 'autoscaler_state')"),
+            "5");
+}
+
+TEST_F(StoreTest, UpgradesAVersionOneDatabaseKeepingItsData) {
+  store_.reset();
+  const std::string path = (dir_ / "v1.db").string();
+  raw_query(path,
+            "CREATE TABLE endpoints (name TEXT PRIMARY KEY NOT NULL, spec_json TEXT NOT NULL, "
+            "serving_json TEXT NOT NULL, created_unix_ms INTEGER NOT NULL, updated_unix_ms "
+            "INTEGER NOT NULL); CREATE TABLE replicas (id TEXT PRIMARY KEY NOT NULL, endpoint "
+            "TEXT NOT NULL, json TEXT NOT NULL); CREATE TABLE tokens (id TEXT PRIMARY KEY NOT "
+            "NULL, salt TEXT NOT NULL, sha256 TEXT NOT NULL, endpoints_json TEXT NOT NULL, admin "
+            "INTEGER NOT NULL, comment TEXT NOT NULL, created_unix_ms INTEGER NOT NULL); CREATE "
+            "TABLE events (id INTEGER PRIMARY KEY AUTOINCREMENT, unix_ms INTEGER NOT NULL, "
+            "endpoint TEXT NOT NULL, kind TEXT NOT NULL, actor TEXT NOT NULL, message TEXT NOT "
+            "NULL); INSERT INTO endpoints VALUES ('fraud', '{}', '', 1, 2); "
+            "PRAGMA user_version = 1;");
+  Result<std::unique_ptr<Store>> opened = Store::open(path);
+  ASSERT_TRUE(opened.is_ok()) << opened.status().to_string();
+  EXPECT_EQ(raw_query(path, "PRAGMA user_version"), "2");
+  Result<std::vector<EndpointRecord>> endpoints = opened.value()->list_endpoints();
+  ASSERT_TRUE(endpoints.is_ok());
+  ASSERT_EQ(endpoints->size(), 1u);
+  EXPECT_EQ(endpoints->front().name, "fraud");
+  EXPECT_TRUE(opened.value()->put_autoscaler_state("fraud", "{}").is_ok());
+}
+
+TEST_F(StoreTest, AutoscalerStateBelongsToAnExistingEndpointAndGoesWithIt) {
+  EXPECT_EQ(store_->put_autoscaler_state("fraud", R"({"target":4})").code(), StatusCode::kNotFound);
+  ASSERT_TRUE(store_->create_endpoint(endpoint("fraud", 10)).is_ok());
+  ASSERT_TRUE(store_->create_endpoint(endpoint("churn", 10)).is_ok());
+  ASSERT_TRUE(store_->put_autoscaler_state("fraud", R"({"target":4})").is_ok());
+  ASSERT_TRUE(store_->put_autoscaler_state("fraud", R"({"target":3})").is_ok());  // replaced
+  ASSERT_TRUE(store_->put_autoscaler_state("churn", R"({"target":8})").is_ok());
+  reopen();
+  auto states = store_->list_autoscaler_states();
+  ASSERT_TRUE(states.is_ok());
+  EXPECT_EQ(states.value(), (std::map<std::string, std::string>{{"churn", R"({"target":8})"},
+                                                                {"fraud", R"({"target":3})"}}));
+  ASSERT_TRUE(store_->delete_endpoint("fraud").is_ok());
+  states = store_->list_autoscaler_states();
+  ASSERT_TRUE(states.is_ok());
+  EXPECT_EQ(states.value(), (std::map<std::string, std::string>{{"churn", R"({"target":8})"}}));
+  EXPECT_EQ(store_->delete_endpoint("fraud").code(), StatusCode::kNotFound);
 }
 
 TEST_F(StoreTest, OpeningInAMissingDirectoryFailsNamingThePath) {
@@ -160,7 +203,7 @@ TEST_F(StoreTest, ReopeningFindsTheSameData) {
   ASSERT_TRUE(first.is_ok());
 
   reopen();
-  EXPECT_EQ(raw_query(path_, "PRAGMA user_version"), "1");
+  EXPECT_EQ(raw_query(path_, "PRAGMA user_version"), "2");
   Result<std::vector<EndpointRecord>> endpoints = store_->list_endpoints();
   ASSERT_TRUE(endpoints.is_ok());
   EXPECT_THAT(endpoints.value(), ElementsAre(endpoint("fraud", 10)));

@@ -1827,6 +1827,39 @@ class Autoscaling(ControlTestCase):
         self.assertLessEqual(abs(target - saturation), 0.2 * saturation,
                              [e["message"] for e in self.autoscaler_events(name)])
 
+    def test_learned_target_survives_a_restart(self):
+        flags = ("--autoscale-period-ms", "500", "--vertical-period-ms", "1000")
+        data_dir = fresh_dir("learned-restart")
+        up, name = self.start_up_for_test(*flags, data_dir=data_dir), "remembered"
+        # Latency grows past 2 requests in flight: under 16 clients the target (8 at first)
+        # falls by 25% a vertical period.
+        up.create(spec(name, served("v1", synthetic_model(50, 2), runtime="synthetic",
+                                    concurrency={"min": 1, "max": 16},
+                                    per_replica_concurrency={"min": 1, "max": 32})))
+        up.wait_view(name, lambda v: v["state"]["ready"] == "READY", "ready")
+        # One client first, for the vertical policy's latency baseline (50 ms).
+        light = Load(up, name, threads=1, total=1000000, deadline_s=60,
+                     label=synthetic_label).start()
+        self.addCleanup(light.stop)
+        light.wait_for(lambda l: l.completed >= 50, "50 requests of one client")  # 2.5 s
+        light.stop()
+        load = Load(up, name, threads=16, total=1000000, deadline_s=60,
+                    label=synthetic_label).start()
+        self.addCleanup(load.stop)
+        up.wait_view(name, lambda v: v["autoscaler"]["target_concurrency"] <= 4.5,
+                     "the target lowered twice", deadline_s=30)
+        load.stop()
+        self.assertNoFailures(light, "one client")
+        self.assertNoFailures(load, "load while learning")
+        # With no load, no vertical decision moves it any more.
+        time.sleep(1.5)
+        learned = up.view(name)["autoscaler"]["target_concurrency"]
+        up.stop()
+
+        again = self.start_up_for_test(*flags, data_dir=data_dir)
+        view = again.wait_view(name, lambda v: v["state"]["ready"] == "READY", "ready again")
+        self.assertAlmostEqual(view["autoscaler"]["target_concurrency"], learned, places=6)
+
     def test_scale_to_zero_holds_the_first_request_until_a_replica_is_ready(self):
         up, name = self.up, "idle"
         up.create(spec(name, served("v1", synthetic_model(5), runtime="synthetic",
