@@ -1,6 +1,7 @@
 // APA, Flotilla's autoscaler: the horizontal replica policy and the vertical target policy.
 #include <algorithm>
 #include <cmath>
+#include <deque>
 
 #include <fmt/format.h>
 
@@ -39,8 +40,11 @@ class ApaPolicy final : public Policy {
         samples.arrival_growth(now, options_.up_window, options_.lead_time).value_or(1.0);
     growth = growth >= 1 + options_.trend_tolerance ? growth : 1.0;
     const double projected = *recent * growth;
-    const int64_t wanted_up = ceil_replicas(std::max({*recent, waiting, projected}) / target);
+    const double needed = std::max({*recent, waiting, projected});
+    const int64_t spare = recent_failures(now, fleet.failures) > 0 && needed > 0 ? 1 : 0;
+    const int64_t wanted_up = ceil_replicas(needed / target) + spare;
     if (wanted_up > current) {
+      remember_up(now, needed);
       const int64_t limit =
           std::max(ceil_replicas(static_cast<double>(current) * options_.max_up_factor),
                    current + options_.min_up_step);
@@ -54,21 +58,25 @@ class ApaPolicy final : public Policy {
                     options_.lead_time.count() / 1000)
               : fmt::format("busiest second needs concurrency {:.1f} over {} s", *recent,
                             options_.up_window.count() / 1000);
-      return {desired, fmt::format("up: {} / target {:.2f} = {}{}", need, target, wanted_up,
+      return {desired, fmt::format("up: {} / target {:.2f} = {}{}{}", need, target, wanted_up,
+                                   spare > 0 ? " (with a spare: a replica failed)" : "",
                                    wanted_up > limit ? fmt::format(" (capped at {})", limit) : "")};
     }
-    // Down only when the busiest second of the whole down window asks for fewer.
-    const auto busiest = samples.max_offered(now, options_.down_window);
-    const int64_t wanted_down = ceil_replicas(busiest.value_or(0) / target);
+    // Down only when the whole down window asks for fewer: its busiest second, and what every
+    // scale-up in it was for (a trend or a standing queue need not show in any one second), so
+    // a replica added is not taken back at the next cycle.
+    const double busiest =
+        std::max(samples.max_offered(now, options_.down_window).value_or(0), largest_up(now));
+    const int64_t wanted_down = ceil_replicas(busiest / target) + (busiest > 0 ? spare : 0);
     if (wanted_down < current && samples.covers(now, options_.down_window)) {
       const int64_t step =
           std::max<int64_t>(1, static_cast<int64_t>(std::floor(static_cast<double>(current) *
                                                                options_.max_down_fraction)));
       const int64_t desired = clamp_to(options_.range, std::max(wanted_down, current - step));
-      return {desired, fmt::format("down: busiest second {:.1f} over {} s / target {:.2f} = {} "
-                                   "(at most -{} per cycle)",
-                                   busiest.value_or(0), options_.down_window.count() / 1000, target,
-                                   wanted_down, step)};
+      return {desired,
+              fmt::format("down: busiest second {:.1f} over {} s / target {:.2f} = {} "
+                          "(at most -{} per cycle)",
+                          busiest, options_.down_window.count() / 1000, target, wanted_down, step)};
     }
     return {clamp_to(options_.range, current),
             fmt::format("hold: busiest second needs concurrency {:.1f} / target {:.2f} = {}",
@@ -76,8 +84,35 @@ class ApaPolicy final : public Policy {
   }
 
  private:
+  void remember_up(Millis now, double needed) { ups_.emplace_back(now, needed); }
+  // The largest concurrency a scale-up in the down window was for.
+  double largest_up(Millis now) {
+    while (!ups_.empty() && ups_.front().first <= now - options_.down_window) {
+      ups_.pop_front();
+    }
+    double largest = 0;
+    for (const auto& [time, needed] : ups_) {
+      largest = std::max(largest, needed);
+    }
+    return largest;
+  }
+
+  // Replica failures within the down window, from the fleet's running count.
+  int64_t recent_failures(Millis now, int64_t failures_total) {
+    if (failures_.empty() || failures_.back().second != failures_total) {
+      failures_.emplace_back(now, failures_total);
+    }
+    while (failures_.size() > 1 && failures_[1].first <= now - options_.down_window) {
+      failures_.pop_front();
+    }
+    // The oldest entry is the count at (or before) the window's start.
+    return failures_total - failures_.front().second;
+  }
+
   ApaOptions options_;
   const double* target_;
+  std::deque<std::pair<Millis, double>> ups_;        // (when, concurrency needed), oldest first
+  std::deque<std::pair<Millis, int64_t>> failures_;  // (when, Fleet::failures then)
 };
 
 }  // namespace
@@ -103,10 +138,14 @@ Decision VerticalPolicy::decide_target(const ReplicaSignals& signals) {
   const bool slow =
       baseline_ms_ && signals.latency_ms > *baseline_ms_ * options_.overload_latency_ratio;
   const bool overload = slow || queueing;
+  const double raised =
+      std::min(options_.max_target,
+               target_ + std::min(options_.increase_step, target_ * options_.max_change));
   const bool headroom = baseline_ms_ && !overload &&
                         signals.latency_ms <= *baseline_ms_ * options_.headroom_latency_ratio &&
                         signals.cpu_utilization < options_.cpu_headroom &&
-                        signals.concurrency >= options_.busy_fraction * target_;
+                        signals.peak_concurrency >= options_.busy_fraction * target_ &&
+                        signals.peak_latency_ms <= *baseline_ms_ * options_.headroom_latency_ratio;
   overload_streak_ = overload ? overload_streak_ + 1 : 0;
   headroom_streak_ = headroom ? headroom_streak_ + 1 : 0;
 
@@ -123,14 +162,13 @@ Decision VerticalPolicy::decide_target(const ReplicaSignals& signals) {
     }
   } else if (headroom_streak_ >= options_.increase_cycles) {
     headroom_streak_ = 0;
-    const double next =
-        std::min(options_.max_target,
-                 target_ + std::min(options_.increase_step, target_ * options_.max_change));
+    const double next = raised;
     if (next > target_) {
-      Decision decision{0, fmt::format("target {:.2f} -> {:.2f}: headroom (latency {:.1f} ms "
-                                       "vs baseline {:.1f} ms, cpu {:.0f}%, {:.1f} in flight)",
-                                       target_, next, signals.latency_ms, *baseline_ms_,
-                                       signals.cpu_utilization * 100, signals.concurrency)};
+      Decision decision{
+          0, fmt::format("target {:.2f} -> {:.2f}: headroom (latency {:.1f} ms vs baseline {:.1f} "
+                         "ms, {:.1f} ms at the busiest {:.1f} in flight, cpu {:.0f}%)",
+                         target_, next, signals.latency_ms, *baseline_ms_, signals.peak_latency_ms,
+                         signals.peak_concurrency, signals.cpu_utilization * 100)};
       target_ = next;
       return decision;
     }

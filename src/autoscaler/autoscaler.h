@@ -55,9 +55,10 @@ class SampleWindow {
   std::optional<double> max_offered(Millis now, Millis window) const;
   // How much the arrival rate grows from now to `ahead` of now, on the trend of the samples
   // in (now - window, now]: the smaller of the robust (Theil-Sen) slopes of the window's older
-  // and newer halves, so a step is not read as a trend. Arrivals, not Sample::offered(), which
-  // also moves while replicas start and a backlog drains. nullopt with fewer than 6 samples or
-  // no arrivals.
+  // and newer halves, so a step is not read as a trend; 1 when the rise is within the noise
+  // (twice the arrivals' robust spread around the lines). Arrivals, not Sample::offered(),
+  // which also moves while replicas start and a backlog drains. nullopt with fewer than 6
+  // samples or no arrivals.
   std::optional<double> arrival_growth(Millis now, Millis window, Millis ahead) const;
   // A standing queue's demand: the smallest concurrency + queued of one sample in
   // (now - window, now] when requests queued through it and the queue did not shrink across it
@@ -73,9 +74,10 @@ class SampleWindow {
 };
 
 struct Fleet {
-  int64_t ready = 0;    // replicas serving
-  int64_t pending = 0;  // replicas starting (count toward capacity already asked for)
-  int64_t desired = 0;  // the last desired count this policy returned (its own state of record)
+  int64_t ready = 0;     // replicas serving
+  int64_t pending = 0;   // replicas starting (count toward capacity already asked for)
+  int64_t desired = 0;   // the last desired count this policy returned (its own state of record)
+  int64_t failures = 0;  // replicas that ever failed (crashed, timed out): a running count
 };
 
 // A scaling decision and its inputs, to record as an event ("why it scaled").
@@ -124,7 +126,9 @@ struct ApaOptions {
 // ramp outruns a policy that sizes for the present), acted on at once, bounded
 // by max(x2, +min_up_step) of the count already asked for. Down: only
 // when even the busiest second of `down_window` asks for fewer, at most max_down_fraction per
-// cycle. Clamped to the range. `target_concurrency` is read through the pointer each cycle,
+// cycle. While a replica failed within `down_window`, one spare replica on top (N+1: a fleet
+// sized at its targets queues for a whole cold start when one replica dies). Clamped to the
+// range. `target_concurrency` is read through the pointer each cycle,
 // so the vertical policy can move it.
 std::unique_ptr<Policy> make_apa_policy(const ApaOptions& options,
                                         const double* target_concurrency);
@@ -136,6 +140,9 @@ struct ReplicaSignals {
   double concurrency = 0;        // mean in-flight per ready replica over the cycle
   double queued_in_replica = 0;  // mean requests queued inside a replica (batcher backlog)
   double cpu_utilization = 0;    // 0..1, mean over ready replicas
+  // The cycle's busiest second: in-flight per ready replica, and the replicas' latency then.
+  double peak_concurrency = 0;
+  double peak_latency_ms = 0;
 };
 
 struct VerticalOptions {
@@ -151,7 +158,7 @@ struct VerticalOptions {
   double decrease_factor = 0.75;  // multiplicative decrease (-25%, the per-cycle bound)
   double increase_step = 1;       // additive increase ...
   double max_change = 0.25;       // ... bounded to +25% per cycle
-  double busy_fraction = 0.7;     // raise only when replicas are this busy relative to target
+  double busy_fraction = 0.9;     // raise only when the busiest second filled replicas this far
   int decrease_cycles = 1;        // cycles in a row an overload must last before a decrease
   int increase_cycles = 1;        // cycles in a row headroom must last before an increase
 };
@@ -159,7 +166,10 @@ struct VerticalOptions {
 // Learns the latency baseline (the lowest latency seen without queueing or CPU saturation) and
 // moves the target: fast multiplicative decrease on overload (latency past the threshold, or
 // requests queued inside replicas), slow additive increase with headroom (latency at baseline,
-// CPU below cpu_headroom) while replicas are busy. A saturated CPU at baseline latency changes
+// CPU below cpu_headroom), only on evidence: the cycle's busiest second filled replicas to
+// busy_fraction of the target and their latency then was at baseline too. (A mean of 70% of
+// the target at baseline latency let the target climb 25% past the knee of a model's latency
+// curve.) A saturated CPU at baseline latency changes
 // nothing: the replica is at its most efficient point. A signal acts only past its threshold
 // and after it held for the configured cycles in a row.
 class VerticalPolicy {

@@ -1,4 +1,5 @@
 #include <algorithm>
+#include <cmath>
 #include <vector>
 
 #include "autoscaler/autoscaler.h"
@@ -99,7 +100,19 @@ std::optional<double> SampleWindow::arrival_growth(Millis now, Millis window, Mi
   if (newer.at_zero <= 0) {
     return std::nullopt;
   }
-  return (newer.at_zero + slope * static_cast<double>(ahead.count()) / 1000) / newer.at_zero;
+  const double rise = slope * static_cast<double>(ahead.count()) / 1000;
+  // Bursty arrivals tilt a short line by chance: a rise within twice the spread of the
+  // arrivals around their lines (a robust standard deviation, 1.4826 x the median absolute
+  // residual) is not a trend.
+  std::vector<double> residuals;
+  for (auto it = points.begin(); it != points.end(); ++it) {
+    const Line& line = it < middle ? older : newer;
+    residuals.push_back(std::abs(it->second - (line.at_zero + line.slope * it->first)));
+  }
+  if (rise <= 2 * 1.4826 * median(residuals)) {
+    return 1.0;
+  }
+  return (newer.at_zero + rise) / newer.at_zero;
 }
 
 std::optional<double> SampleWindow::standing_demand(Millis now, Millis window) const {

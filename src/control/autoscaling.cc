@@ -169,11 +169,15 @@ void EndpointScaler::add_samples(const std::vector<gateway::EndpointSample>& sam
     completions_sum_ += static_cast<double>(sample.completions);
     concurrency_sum_ += sample.concurrency;
     sample_count_ += 1;
+    if (sample.completions > 0 && sample.concurrency > peak_concurrency_) {
+      peak_concurrency_ = sample.concurrency;
+      peak_latency_ms_ = sample.latency_ms;
+    }
   }
 }
 
 std::vector<std::string> EndpointScaler::tick(autoscaler::Millis now, int64_t ready,
-                                              int64_t pending,
+                                              int64_t pending, int64_t failures,
                                               const std::function<double()>& cpu_utilization) {
   std::vector<std::string> changes;
   if (now >= next_vertical_) {
@@ -184,6 +188,8 @@ std::vector<std::string> EndpointScaler::tick(autoscaler::Millis now, int64_t re
       signals.concurrency = concurrency_sum_ /
                             static_cast<double>(std::max<int64_t>(1, sample_count_)) /
                             static_cast<double>(ready);
+      signals.peak_concurrency = peak_concurrency_ / static_cast<double>(ready);
+      signals.peak_latency_ms = peak_latency_ms_;
       signals.cpu_utilization = cpu_utilization();
       const autoscaler::Decision decision = vertical_->decide_target(signals);
       if (!decision.reason.empty()) {
@@ -197,10 +203,12 @@ std::vector<std::string> EndpointScaler::tick(autoscaler::Millis now, int64_t re
     completions_sum_ = 0;
     concurrency_sum_ = 0;
     sample_count_ = 0;
+    peak_concurrency_ = 0;
+    peak_latency_ms_ = 0;
   }
   if (now >= next_horizontal_) {
     next_horizontal_ = now + options_.horizontal_period;
-    autoscaler::Fleet fleet{ready, pending, scale_.replicas};
+    autoscaler::Fleet fleet{ready, pending, scale_.replicas, failures};
     const autoscaler::Decision decision = horizontal_->decide(now, window_, fleet);
     // While nothing is ready (a cold start, scale from zero) capacity is on its way: a window
     // of idle seconds must not cancel it.

@@ -67,11 +67,12 @@ class EndpointScaler {
 
   // Runs whichever policy is due at `now` (the horizontal every horizontal_period, the vertical
   // every vertical_period). `ready`/`pending`: the endpoint's replicas serving and starting;
+  // `failures`: how many of its replicas ever failed (a running count);
   // `cpu_utilization` is called when the vertical policy is due and returns the ready
   // replicas' mean CPU use since its previous call, 0..1. Returns the reasons of the decisions
   // that changed something (to record as events).
   std::vector<std::string> tick(autoscaler::Millis now, int64_t ready, int64_t pending,
-                                const std::function<double()>& cpu_utilization);
+                                int64_t failures, const std::function<double()>& cpu_utilization);
 
   // Scale from zero: a request waits for an endpoint with no ready replica. Asks for one at
   // once; true when that changed the scale.
@@ -92,11 +93,14 @@ class EndpointScaler {
   std::unique_ptr<autoscaler::VerticalPolicy> vertical_;
   std::unique_ptr<autoscaler::Policy> horizontal_;  // reads vertical_'s target through a pointer
   autoscaler::SampleWindow window_;
-  // Since the last vertical decision: completion-weighted latency and mean concurrency.
+  // Since the last vertical decision: completion-weighted latency, mean concurrency, and the
+  // busiest second.
   double latency_weighted_sum_ = 0;
   double completions_sum_ = 0;
   double concurrency_sum_ = 0;
   int64_t sample_count_ = 0;
+  double peak_concurrency_ = 0;  // the endpoint's, in the busiest second
+  double peak_latency_ms_ = 0;   // in that second
   int64_t last_sample_unix_ms_ = 0;
   autoscaler::Millis next_horizontal_{0};
   autoscaler::Millis next_vertical_{0};

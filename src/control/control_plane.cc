@@ -259,6 +259,8 @@ void ControlPlaneImpl::on_replica(const orchestrator::ReplicaEvent& event) {
     (replica.from_warm_pool ? cold_start_warm_ : cold_start_fresh_).observe(seconds);
   } else if (event.kind == "failed") {  // a timeout is followed by its "failed"
     replica_failures_.inc();
+    std::lock_guard lock(mu_);
+    ++replica_failures_by_endpoint_[replica.deployment.endpoint];
   }
   wake_.notify_all();
 }
@@ -323,12 +325,14 @@ void ControlPlaneImpl::autoscale(const std::vector<orchestrator::Replica>& repli
   // What each endpoint runs now, read under mu_; the policies run without it.
   std::map<std::string, EndpointSpec> specs;
   std::set<std::string> requests;
+  std::map<std::string, int64_t> failures;
   {
     std::lock_guard lock(mu_);
     for (const auto& [name, stored] : endpoints_) {
       specs.emplace(name, stored.state.serving.value_or(stored.state.target));
     }
     requests.swap(capacity_requests_);
+    failures = replica_failures_by_endpoint_;
   }
   std::erase_if(scalers_, [&](const auto& entry) { return !specs.contains(entry.first); });
   std::erase_if(learned_, [&](const auto& entry) { return !specs.contains(entry.first); });
@@ -367,8 +371,9 @@ void ControlPlaneImpl::autoscale(const std::vector<orchestrator::Replica>& repli
     }
     scaler->update_spec(spec);
     scaler->add_samples(gateway_.samples(name, 30));
-    std::vector<std::string> changes = scaler->tick(
-        now, static_cast<int64_t>(ready.size()), pending, [&] { return cpu_utilization(ready); });
+    std::vector<std::string> changes =
+        scaler->tick(now, static_cast<int64_t>(ready.size()), pending, failures[name],
+                     [&] { return cpu_utilization(ready); });
     if (requests.contains(name) && scaler->request_capacity()) {
       changes.push_back("scale from zero: 0 -> 1 replica, a request is waiting");
     }

@@ -114,6 +114,7 @@ class ControlPlaneImpl final : public ControlPlane, public gateway::CapacityRequ
   std::condition_variable applied_;  // notified after every reconciler pass // guarded by mu_
   gateway::EndpointTable published_table_;                          // reconciler thread only
   std::set<std::string> capacity_requests_;                         // guarded by mu_
+  std::map<std::string, int64_t> replica_failures_by_endpoint_;     // guarded by mu_
   std::map<std::string, std::unique_ptr<EndpointScaler>> scalers_;  // reconciler thread only
   // What each endpoint's autoscaler learned, as last saved to the store (loaded at start);
   // reconciler thread only after start().

@@ -72,13 +72,14 @@ std::map<std::string, Scenario> all_scenarios() {
   }
   {
     Scenario s = base("unknown-capacity",
-                      "replicas take 32 concurrent requests but are configured for 4: learn it");
-    s.load.points = {{0, 2000}, {900, 2000}};
+                      "replicas take 32 concurrent requests but are configured for 4: learn it "
+                      "(10K req/s of 20 ms for 30 minutes)");
+    s.load.points = {{0, 10000}, {1800, 10000}};
     s.replica.service_ms = 20;
     s.replica.saturation = 32;
     s.configured_concurrency = 4;
     s.slo_ms = 200;
-    s.initial_replicas = 10;
+    s.initial_replicas = 50;  // 200 in flight at 4 each
     all[s.name] = s;
   }
   {

@@ -444,6 +444,7 @@ class Simulator {
       ++over_slo_;
     }
     window_replica_ms_ += (now_ - request.dispatched) * 1000;
+    second_replica_ms_ += (now_ - request.dispatched) * 1000;
     ++window_completions_;
     free_requests_.push_back(id);
   }
@@ -621,6 +622,12 @@ class Simulator {
                                    static_cast<double>(second_arrivals_),
                                    static_cast<double>(second_completions_)});
     window_in_flight_ += in_flight_area_;
+    const double per_replica = in_flight_area_ / static_cast<double>(std::max<int64_t>(ready_, 1));
+    if (second_completions_ > 0 && per_replica > window_peak_concurrency_) {
+      window_peak_concurrency_ = per_replica;
+      window_peak_latency_ms_ = second_replica_ms_ / static_cast<double>(second_completions_);
+    }
+    second_replica_ms_ = 0;
     window_replica_queued_ += replica_queued_area_;
     ++window_seconds_;
     in_flight_area_ = 0;
@@ -636,8 +643,9 @@ class Simulator {
   }
 
   void on_decide() {
-    const autoscaler::Decision decision = policy_->decide(
-        Millis(std::llround(now_ * 1000)), window_, autoscaler::Fleet{ready_, starting_, desired_});
+    const autoscaler::Decision decision =
+        policy_->decide(Millis(std::llround(now_ * 1000)), window_,
+                        autoscaler::Fleet{ready_, starting_, desired_, result_.summary.crashes});
     if (decision.desired != desired_) {
       ++result_.summary.scale_events;
       desired_ = decision.desired;
@@ -673,6 +681,8 @@ class Simulator {
     signals.latency_ms =
         window_completions_ > 0 ? window_replica_ms_ / static_cast<double>(window_completions_) : 0;
     signals.concurrency = per_replica;
+    signals.peak_concurrency = window_peak_concurrency_;
+    signals.peak_latency_ms = window_peak_latency_ms_;
     signals.queued_in_replica = window_seconds_ > 0 ? window_replica_queued_ / replica_seconds : 0;
     // The model's CPU is busy in proportion to what it serves at once, up to its saturation
     // point (a batched engine: its batch).
@@ -681,6 +691,8 @@ class Simulator {
     signals.cpu_utilization = std::min(1.0, per_replica / saturation);
     vertical_.decide_target(signals);
     window_replica_ms_ = 0;
+    window_peak_concurrency_ = 0;
+    window_peak_latency_ms_ = 0;
     window_completions_ = 0;
     window_in_flight_ = 0;
     window_replica_queued_ = 0;
@@ -751,7 +763,10 @@ class Simulator {
   LatencyHistogram second_latency_;
   LatencyHistogram total_latency_;
   // For the vertical policy, since its last cycle.
-  double window_replica_ms_ = 0;  // summed replica-side latency of completed requests
+  double window_replica_ms_ = 0;        // summed replica-side latency of completed requests
+  double second_replica_ms_ = 0;        // the same, this second
+  double window_peak_concurrency_ = 0;  // per replica, in the cycle's busiest second
+  double window_peak_latency_ms_ = 0;   // replica-side, in that second
   uint64_t window_completions_ = 0;
   double window_in_flight_ = 0;
   double window_replica_queued_ = 0;

@@ -176,6 +176,22 @@ TEST(ApaHorizontalTest, SizesARampForWhereItWillBe) {
   EXPECT_EQ(policy->decide(sec(20), slow, Fleet{3, 0, 3}).desired, 3);
 }
 
+// N+1 after a failure: while a replica failed within the down window, one spare on top.
+TEST(ApaHorizontalTest, KeepsASpareWhileAReplicaFailedRecently) {
+  double target = 10;
+  auto policy = make_apa_policy(ApaOptions{}, &target);
+  SampleWindow window;
+  fill_constant(window, 1, 400, 30);                                          // 3 replicas' worth
+  EXPECT_EQ(policy->decide(sec(400), window, Fleet{3, 0, 3, 5}).desired, 3);  // 5 failed before
+  const Decision decision = policy->decide(sec(405), window, Fleet{3, 0, 3, 6});  // one more
+  EXPECT_EQ(decision.desired, 4) << decision.reason;
+  EXPECT_NE(decision.reason.find("spare"), std::string::npos) << decision.reason;
+  fill_constant(window, 401, 700, 30);
+  EXPECT_EQ(policy->decide(sec(700), window, Fleet{4, 0, 4, 6}).desired, 4);  // 295 s later
+  // Once the failure has left the 300 s window, the spare goes.
+  EXPECT_EQ(policy->decide(sec(706), window, Fleet{4, 0, 4, 6}).desired, 3);
+}
+
 TEST(ApaHorizontalTest, ReadsTheTargetEachCycle) {
   double target = 2;
   auto policy = make_apa_policy(ApaOptions{}, &target);
@@ -201,32 +217,62 @@ TEST(ApaHorizontalTest, ScalesToZeroOnlyWhenAllowed) {
 
 // ---- APA vertical ----------------------------------------------------------------------------
 
+// Signals of a cycle whose load was steady: the busiest second looked like the mean.
+ReplicaSignals steady(double latency_ms, double concurrency, double queued, double cpu) {
+  return ReplicaSignals{latency_ms, concurrency, queued, cpu, concurrency, latency_ms};
+}
+
 TEST(VerticalPolicyTest, DecreasesFastOnOverload) {
   VerticalPolicy policy(VerticalOptions{});
-  EXPECT_TRUE(policy.decide_target({10, 1, 0, 0.3}).reason.empty());  // learns the baseline
+  EXPECT_TRUE(policy.decide_target(steady(10, 1, 0, 0.3)).reason.empty());  // the baseline
   EXPECT_EQ(policy.baseline_ms(), 10);
-  const Decision decision = policy.decide_target({25, 4, 0, 0.6});  // 2.5x the baseline
-  EXPECT_DOUBLE_EQ(policy.target(), 3);                             // 4 x 0.75
+  const Decision decision = policy.decide_target(steady(25, 4, 0, 0.6));  // 2.5x the baseline
+  EXPECT_DOUBLE_EQ(policy.target(), 3);                                   // 4 x 0.75
   EXPECT_NE(decision.reason.find("overload"), std::string::npos) << decision.reason;
-  policy.decide_target({10, 3, 2, 0.5});  // queueing inside the replica is overload too
+  policy.decide_target(steady(10, 3, 2, 0.5));  // queueing inside the replica is overload too
   EXPECT_DOUBLE_EQ(policy.target(), 2.25);
   // A saturated CPU at baseline latency is a replica at its sweet spot: no change either way.
-  EXPECT_TRUE(policy.decide_target({10, 2.25, 0, 0.97}).reason.empty());
+  EXPECT_TRUE(policy.decide_target(steady(10, 2.25, 0, 0.97)).reason.empty());
   EXPECT_DOUBLE_EQ(policy.target(), 2.25);
 }
 
 TEST(VerticalPolicyTest, IncreasesAdditivelyOnlyWithHeadroomUnderLoad) {
   VerticalPolicy policy(VerticalOptions{});
-  policy.decide_target({10, 1, 0, 0.2});
-  EXPECT_FALSE(policy.decide_target({10.5, 3.5, 0, 0.5}).reason.empty());
-  EXPECT_DOUBLE_EQ(policy.target(), 5);                                 // +1 (within +25%)
-  EXPECT_TRUE(policy.decide_target({12, 4.5, 0, 0.5}).reason.empty());  // latency 1.2x: hold
+  policy.decide_target(steady(10, 1, 0, 0.2));
+  EXPECT_FALSE(policy.decide_target(steady(10.5, 3.8, 0, 0.5)).reason.empty());
+  EXPECT_DOUBLE_EQ(policy.target(), 5);                                       // +1 (<= +25%)
+  EXPECT_TRUE(policy.decide_target(steady(12, 4.8, 0, 0.5)).reason.empty());  // 1.2x: hold
   EXPECT_DOUBLE_EQ(policy.target(), 5);
   // Idle replicas say nothing about their capacity: no increase.
   for (int i = 0; i < 5; ++i) {
-    policy.decide_target({10, 0.5, 0, 0.1});
+    policy.decide_target(steady(10, 0.5, 0, 0.1));
   }
   EXPECT_DOUBLE_EQ(policy.target(), 5);
+}
+
+// An increase needs evidence from the cycle's busiest second: replicas at 90% of the target or
+// more, at baseline latency then. A mean at baseline over a quieter cycle is not enough.
+TEST(VerticalPolicyTest, IncreasesOnlyWhenTheBusiestSecondWasFullAndFast) {
+  VerticalPolicy policy(VerticalOptions{});  // target 4
+  policy.decide_target(steady(10, 1, 0, 0.2));
+  // The busiest second had 3.5 in flight per replica: below 90% of 4.
+  EXPECT_TRUE(policy.decide_target({10, 3, 0, 0.4, 3.5, 10}).reason.empty());
+  // Full (4), but 13 ms then: past 1.1x the baseline.
+  EXPECT_TRUE(policy.decide_target({10, 3, 0, 0.4, 4, 13}).reason.empty());
+  EXPECT_DOUBLE_EQ(policy.target(), 4);
+  const Decision decision = policy.decide_target({10, 3, 0, 0.4, 3.6, 10.5});
+  EXPECT_DOUBLE_EQ(policy.target(), 5);
+  EXPECT_NE(decision.reason.find("10.5 ms at the busiest 3.6 in flight"), std::string::npos)
+      << decision.reason;
+}
+
+TEST(VerticalPolicyTest, StartsFromALearnedBaseline) {
+  VerticalOptions options;
+  options.initial_baseline_ms = 10;
+  VerticalPolicy policy(options);
+  EXPECT_EQ(policy.baseline_ms(), 10);
+  policy.decide_target(steady(20, 4, 0, 0.5));  // 2x: overload at once
+  EXPECT_DOUBLE_EQ(policy.target(), 3);
 }
 
 TEST(VerticalPolicyTest, StaysWithinBounds) {
@@ -234,13 +280,13 @@ TEST(VerticalPolicyTest, StaysWithinBounds) {
   options.min_target = 2;
   options.max_target = 5;
   VerticalPolicy policy(options);
-  policy.decide_target({10, 1, 0, 0.2});
+  policy.decide_target(steady(10, 1, 0, 0.2));
   for (int i = 0; i < 10; ++i) {
-    policy.decide_target({50, 4, 3, 1.0});
+    policy.decide_target(steady(50, 4, 3, 1.0));
   }
   EXPECT_DOUBLE_EQ(policy.target(), 2);
   for (int i = 0; i < 20; ++i) {
-    policy.decide_target({10, policy.target(), 0, 0.3});
+    policy.decide_target(steady(10, policy.target(), 0, 0.3));
   }
   EXPECT_DOUBLE_EQ(policy.target(), 5);
 }
@@ -252,11 +298,11 @@ TEST(VerticalPolicyTest, ConvergesOnTheSaturationPoint) {
     VerticalOptions options;
     options.initial_target = start;
     VerticalPolicy policy(options);
-    policy.decide_target({10, 1, 0, 0.1});  // baseline at low load
+    policy.decide_target(steady(10, 1, 0, 0.1));  // baseline at low load
     for (int cycle = 0; cycle < 60; ++cycle) {
       const double load = policy.target();  // the horizontal axis keeps replicas at target
       const double latency = 10 * std::max(1.0, load / 8);
-      policy.decide_target({latency, load, load > 8 ? load - 8 : 0, std::min(1.0, load / 8)});
+      policy.decide_target(steady(latency, load, load > 8 ? load - 8 : 0, std::min(1.0, load / 8)));
     }
     EXPECT_NEAR(policy.target(), 8, 8 * 0.2) << "from " << start;
   }

@@ -100,7 +100,7 @@ TEST(EndpointScalerTest, NoScaleDownWhileNothingIsReady) {
   EndpointScaler scaler(endpoint({spec}), fast_options(), 0, Millis(0));
   scaler.add_samples(steady(0, 61, 0));
   ASSERT_TRUE(scaler.request_capacity());
-  scaler.tick(Millis(61'000), 0, 1, no_cpu);  // the replica is still starting
+  scaler.tick(Millis(61'000), 0, 1, 0, no_cpu);  // the replica is still starting
   EXPECT_EQ(scaler.scale().replicas, 1);
 }
 
@@ -108,8 +108,8 @@ TEST(EndpointScalerTest, ScalesUpOnTheBusiestSecondAtTheNextDecision) {
   EndpointScaler scaler(endpoint({served(1, 256)}), fast_options(), 1, Millis(0));
   EXPECT_EQ(scaler.scale(), (Scale{1, 16}));
   scaler.add_samples(steady(0, 4, 40));
-  EXPECT_TRUE(scaler.tick(Millis(4'000), 1, 0, no_cpu).empty());  // not due yet
-  const auto changes = scaler.tick(Millis(5'000), 1, 0, no_cpu);
+  EXPECT_TRUE(scaler.tick(Millis(4'000), 1, 0, 0, no_cpu).empty());  // not due yet
+  const auto changes = scaler.tick(Millis(5'000), 1, 0, 0, no_cpu);
   ASSERT_EQ(changes.size(), 1u);
   EXPECT_NE(changes[0].find("1 -> 3 replicas"), std::string::npos) << changes[0];
   EXPECT_EQ(scaler.scale().replicas, 3);  // ceil(40 / 16)
@@ -119,9 +119,9 @@ TEST(EndpointScalerTest, ScalesDownOnlyAfterTheWholeDownWindowAsksForFewer) {
   EndpointScaler scaler(endpoint({served(1, 256)}), fast_options(), 4, Millis(0));
   EXPECT_EQ(scaler.scale().replicas, 4);  // what runs after a restart stays
   scaler.add_samples(steady(0, 30, 1));
-  EXPECT_TRUE(scaler.tick(Millis(30'000), 4, 0, no_cpu).empty());  // window not covered
+  EXPECT_TRUE(scaler.tick(Millis(30'000), 4, 0, 0, no_cpu).empty());  // window not covered
   scaler.add_samples(steady(30'000, 31, 1));
-  const auto changes = scaler.tick(Millis(61'000), 4, 0, no_cpu);
+  const auto changes = scaler.tick(Millis(61'000), 4, 0, 0, no_cpu);
   ASSERT_EQ(changes.size(), 1u);
   EXPECT_EQ(scaler.scale().replicas, 3);  // at most -25% per cycle
 }
@@ -129,7 +129,7 @@ TEST(EndpointScalerTest, ScalesDownOnlyAfterTheWholeDownWindowAsksForFewer) {
 TEST(EndpointScalerTest, StaysWithinTheSpecRange) {
   EndpointScaler scaler(endpoint({served(1, 32)}), fast_options(), 1, Millis(0));
   scaler.add_samples(steady(0, 5, 500));
-  scaler.tick(Millis(5'000), 1, 0, no_cpu);
+  scaler.tick(Millis(5'000), 1, 0, 0, no_cpu);
   EXPECT_EQ(scaler.scale().replicas, 2);  // 32 / 16
   scaler.update_spec(endpoint({served(1, 16)}));
   EXPECT_EQ(scaler.scale().replicas, 1);
@@ -148,10 +148,10 @@ TEST(EndpointScalerTest, ScaleFromZeroAsksForOneReplicaAtOnce) {
 TEST(EndpointScalerTest, VerticalLowersTheTargetOnOverloadAndTheCapFollows) {
   EndpointScaler scaler(endpoint({served(1, 256)}), fast_options(), 2, Millis(0));
   scaler.add_samples(steady(0, 30, 20, 10));  // baseline: 10 ms
-  scaler.tick(Millis(30'000), 2, 0, no_cpu);
+  scaler.tick(Millis(30'000), 2, 0, 0, no_cpu);
   EXPECT_EQ(scaler.scale().target, 16);
   scaler.add_samples(steady(30'000, 30, 32, 25));  // 2.5x the baseline
-  const auto changes = scaler.tick(Millis(60'000), 2, 0, no_cpu);
+  const auto changes = scaler.tick(Millis(60'000), 2, 0, 0, no_cpu);
   ASSERT_FALSE(changes.empty());
   EXPECT_NE(changes[0].find("vertical: target 16.00 -> 12.00"), std::string::npos) << changes[0];
   EXPECT_EQ(scaler.scale().target, 12);
@@ -161,10 +161,10 @@ TEST(EndpointScalerTest, TrafficChangeKeepsTheLearnedBaseline) {
   EndpointScaler scaler(endpoint({served(1, 256, 50), served(1, 256, 50)}), fast_options(), 2,
                         Millis(0));
   scaler.add_samples(steady(0, 30, 20, 10));  // baseline: 10 ms
-  scaler.tick(Millis(30'000), 2, 0, no_cpu);
+  scaler.tick(Millis(30'000), 2, 0, 0, no_cpu);
   scaler.update_spec(endpoint({served(1, 256, 50), served(1, 200, 50)}));  // concurrency only
   scaler.add_samples(steady(30'000, 30, 32, 25));  // 2.5x the baseline learned before
-  const auto changes = scaler.tick(Millis(60'000), 2, 0, no_cpu);
+  const auto changes = scaler.tick(Millis(60'000), 2, 0, 0, no_cpu);
   ASSERT_FALSE(changes.empty());
   EXPECT_NE(changes[0].find("overload"), std::string::npos) << changes[0];
 }
@@ -173,9 +173,9 @@ TEST(EndpointScalerTest, TrafficChangeKeepsTheLearnedBaseline) {
 TEST(EndpointScalerTest, StartsFromASavedTargetLearnedForTheSameModels) {
   EndpointScaler learning(endpoint({served(1, 256)}), fast_options(), 2, Millis(0));
   learning.add_samples(steady(0, 30, 20, 10));  // baseline: 10 ms
-  learning.tick(Millis(30'000), 2, 0, no_cpu);
+  learning.tick(Millis(30'000), 2, 0, 0, no_cpu);
   learning.add_samples(steady(30'000, 30, 32, 25));
-  learning.tick(Millis(60'000), 2, 0, no_cpu);  // 16 -> 12
+  learning.tick(Millis(60'000), 2, 0, 0, no_cpu);  // 16 -> 12
   const LearnedTarget saved = learning.learned();
   EXPECT_EQ(saved.target, 12);
   EXPECT_EQ(saved.baseline_ms, 10);
@@ -189,7 +189,7 @@ TEST(EndpointScalerTest, StartsFromASavedTargetLearnedForTheSameModels) {
   EXPECT_EQ(restarted.learned(), saved);
   // The baseline came along: 25 ms is overload at once, without relearning 10 ms first.
   restarted.add_samples(steady(0, 30, 24, 25));
-  const auto changes = restarted.tick(Millis(30'000), 2, 0, no_cpu);
+  const auto changes = restarted.tick(Millis(30'000), 2, 0, 0, no_cpu);
   ASSERT_FALSE(changes.empty());
   EXPECT_NE(changes[0].find("target 12.00 -> 9.00"), std::string::npos) << changes[0];
 
@@ -222,10 +222,10 @@ TEST(EndpointScalerTest, CpuIsReadOnlyWhenTheVerticalPolicyIsDue) {
     return 0.5;
   };
   scaler.add_samples(steady(0, 29, 4));
-  scaler.tick(Millis(29'000), 1, 0, cpu);
+  scaler.tick(Millis(29'000), 1, 0, 0, cpu);
   EXPECT_EQ(reads, 0);
   scaler.add_samples(steady(29'000, 1, 4));
-  scaler.tick(Millis(30'000), 1, 0, cpu);
+  scaler.tick(Millis(30'000), 1, 0, 0, cpu);
   EXPECT_EQ(reads, 1);
 }
 
