@@ -31,6 +31,10 @@ std::function<int()> add_up_command(CLI::App& app);
 // returned callable runs whichever was parsed, or returns -1 when none was.
 std::function<int()> add_client_commands(CLI::App& app);
 
+// Adds `flotilla pull` and `flotilla artifact pack`; the returned callable runs whichever was
+// parsed, or returns -1 when none was.
+std::function<int()> add_artifact_commands(CLI::App& app);
+
 // "host:port" → host and port; kInvalidArgument naming the text otherwise.
 Result<std::pair<std::string, uint16_t>> split_address(const std::string& address);
 

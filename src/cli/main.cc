@@ -213,6 +213,7 @@ int main(int argc, char** argv) {
   auto run_sim = flotilla::cli::add_sim_command(app);
   auto run_up = flotilla::cli::add_up_command(app);
   auto run_client = flotilla::cli::add_client_commands(app);
+  auto run_artifact = flotilla::cli::add_artifact_commands(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -230,6 +231,9 @@ int main(int argc, char** argv) {
   }
   if (app.got_subcommand("up")) {
     return run_up();
+  }
+  if (const int code = run_artifact(); code >= 0) {
+    return code;
   }
   const int code = run_client();
   return code < 0 ? 0 : code;

@@ -1,0 +1,370 @@
+#include "store/download.h"
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <cinttypes>
+#include <cstring>
+#include <fstream>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include <fcntl.h>
+#include <spdlog/spdlog.h>
+#include <unistd.h>
+
+#include "store/http_get.h"
+
+namespace flotilla::store {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// Bytes done, reported to the caller at most every 200 ms and to the log every 5 s.
+class Meter {
+ public:
+  Meter(std::string url, const PullOptions& options) : url_(std::move(url)), options_(options) {}
+
+  void set_total(uint64_t total) { total_ = total; }
+  void add(uint64_t bytes, bool final = false) {
+    const uint64_t done = done_ += bytes;
+    std::lock_guard lock(mu_);
+    const auto now = Clock::now();
+    if (!final && now - last_report_ < std::chrono::milliseconds(200)) {
+      return;
+    }
+    last_report_ = now;
+    const double seconds = std::chrono::duration<double>(now - start_).count();
+    const Progress progress{done, total_, seconds > 0 ? (done - resumed_) / seconds : 0};
+    if (options_.on_progress) {
+      options_.on_progress(progress);
+    }
+    if (final || now - last_log_ >= std::chrono::seconds(5)) {
+      last_log_ = now;
+      const double mib = 1 << 20;
+      const double eta = progress.bytes_per_second > 0 && total_ > done
+                             ? static_cast<double>(total_ - done) / progress.bytes_per_second
+                             : 0;
+      spdlog::info("pull {}: {:.1f} of {:.1f} MiB, {:.1f} MiB/s, ETA {:.0f} s", url_,
+                   static_cast<double>(done) / mib, static_cast<double>(total_) / mib,
+                   progress.bytes_per_second / mib, eta);
+    }
+  }
+  // Bytes an earlier attempt left: counted as done, not in the rate.
+  void resumed(uint64_t bytes) {
+    resumed_ = bytes;
+    done_ += bytes;
+  }
+
+ private:
+  std::string url_;
+  const PullOptions& options_;
+  std::atomic<uint64_t> done_{0};
+  uint64_t resumed_ = 0;
+  uint64_t total_ = 0;
+  std::mutex mu_;
+  Clock::time_point start_ = Clock::now();
+  Clock::time_point last_report_{};
+  Clock::time_point last_log_ = Clock::now();
+};
+
+// "bytes FIRST-LAST/TOTAL" → {first, last, total}.
+std::optional<std::array<uint64_t, 3>> parse_content_range(const std::string& text) {
+  uint64_t first = 0, last = 0, total = 0;
+  int consumed = 0;
+  if (std::sscanf(text.c_str(), "bytes %" SCNu64 "-%" SCNu64 "/%" SCNu64 "%n", &first, &last,
+                  &total, &consumed) == 3 &&
+      static_cast<size_t>(consumed) == text.size() && first <= last && last < total) {
+    return std::array<uint64_t, 3>{first, last, total};
+  }
+  return std::nullopt;
+}
+
+Status write_at(int fd, const std::string& path, const char* data, size_t size, uint64_t offset) {
+  while (size > 0) {
+    const ssize_t wrote = ::pwrite(fd, data, size, static_cast<off_t>(offset));
+    if (wrote < 0 && errno == EINTR) {
+      continue;
+    }
+    if (wrote < 0) {
+      // A local failure (ENOSPC, EIO): kFailedPrecondition, so no retry.
+      return Status(StatusCode::kFailedPrecondition,
+                    "writing '" + path + "': " + std::strerror(errno));
+    }
+    data += wrote;
+    size -= static_cast<size_t>(wrote);
+    offset += static_cast<uint64_t>(wrote);
+  }
+  return Status::ok();
+}
+
+// The record of finished ranges: "size N" then one range index per line, appended as they
+// finish (a line is written only after its bytes are).
+class RangeState {
+ public:
+  explicit RangeState(std::string path) : path_(std::move(path)) {}
+
+  // The indices recorded for a file of `size` bytes (none if it was another size).
+  std::vector<bool> load(uint64_t size, size_t ranges) {
+    std::vector<bool> done(ranges, false);
+    std::ifstream in(path_);
+    std::string word;
+    uint64_t recorded = 0;
+    if (in >> word >> recorded && word == "size" && recorded == size) {
+      size_t index = 0;
+      while (in >> index) {
+        if (index < ranges) {
+          done[index] = true;
+        }
+      }
+    }
+    return done;
+  }
+  Status start(uint64_t size, const std::vector<bool>& done) {
+    std::lock_guard lock(mu_);
+    out_.open(path_, std::ios::trunc);
+    out_ << "size " << size << "\n";
+    for (size_t i = 0; i < done.size(); ++i) {
+      if (done[i]) {
+        out_ << i << "\n";
+      }
+    }
+    out_.flush();
+    return out_ ? Status::ok() : unavailable("cannot write '" + path_ + "'");
+  }
+  void finished(size_t index) {
+    std::lock_guard lock(mu_);
+    out_ << index << "\n";
+    out_.flush();
+  }
+  void remove() {
+    std::lock_guard lock(mu_);
+    out_.close();
+    ::unlink(path_.c_str());
+  }
+
+ private:
+  std::string path_;
+  std::mutex mu_;
+  std::ofstream out_;
+};
+
+// Fetches [first, last] into the file; kFailedPrecondition for what a retry cannot fix.
+Status fetch_range(HttpConnection& connection, const Url& url, int fd, const std::string& path,
+                   uint64_t first, uint64_t last, uint64_t total) {
+  uint64_t got = 0;
+  const uint64_t wanted = last - first + 1;
+  Status status = connection.get(
+      url.target, ByteRange{first, last},
+      [&](const ResponseHead& head) -> Status {
+        if (head.status == 200) {
+          return Status(StatusCode::kFailedPrecondition,
+                        url.text() + ": the server stopped honouring Range requests");
+        }
+        if (head.status != 206) {
+          return unavailable(url.text() + ": HTTP " + std::to_string(head.status) + " for bytes " +
+                             std::to_string(first) + "-" + std::to_string(last));
+        }
+        const auto range = parse_content_range(head.content_range);
+        if (!range || (*range)[0] != first || (*range)[1] != last || (*range)[2] != total) {
+          return Status(StatusCode::kFailedPrecondition,
+                        url.text() + ": asked for bytes " + std::to_string(first) + "-" +
+                            std::to_string(last) + "/" + std::to_string(total) +
+                            ", the server sent Content-Range '" + head.content_range + "'");
+        }
+        return Status::ok();
+      },
+      [&](const char* data, size_t size) -> Status {
+        if (got + size > wanted) {
+          return Status(StatusCode::kFailedPrecondition,
+                        url.text() + ": more bytes than the range asked for");
+        }
+        FLOTILLA_RETURN_IF_ERROR(write_at(fd, path, data, size, first + got));
+        got += size;
+        return Status::ok();
+      });
+  FLOTILLA_RETURN_IF_ERROR(status);
+  if (got != wanted) {
+    return unavailable(url.text() + ": bytes " + std::to_string(first) + "-" +
+                       std::to_string(last) + ": got " + std::to_string(got) + " of " +
+                       std::to_string(wanted));
+  }
+  return Status::ok();
+}
+
+}  // namespace
+
+Result<Downloaded> download(const Url& url, const std::string& partial,
+                            const PullOptions& options) {
+  const uint64_t range_bytes = std::max<uint64_t>(options.range_bytes, 1);
+  const int attempts = std::max(options.attempts_per_range, 1);
+  const int fd = ::open(partial.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  if (fd < 0) {
+    return unavailable("cannot create '" + partial + "': " + std::strerror(errno));
+  }
+  struct Closer {
+    int fd;
+    ~Closer() { ::close(fd); }
+  } closer{fd};
+  RangeState state(partial + ".state");
+  Meter meter(url.text(), options);
+  auto discard = [&](Status status) {
+    ::unlink(partial.c_str());
+    state.remove();
+    return status;
+  };
+
+  // A one-byte range tells whether the server honours Range, and the size, in one round trip.
+  // A server that ignores it answers 200 with the whole body: that response is the
+  // single-stream download.
+  HttpConnection first_connection(url, options.io_timeout);
+  std::optional<uint64_t> total;
+  bool ranged = false;
+  uint64_t streamed = 0;
+  Status probe = Status::ok();
+  for (int attempt = 1; attempt <= attempts; ++attempt) {
+    streamed = 0;
+    probe = first_connection.get(
+        url.target, ByteRange{0, 0},
+        [&](const ResponseHead& head) -> Status {
+          if (head.status == 206) {
+            const auto range = parse_content_range(head.content_range);
+            if (!range || (*range)[0] != 0) {
+              return Status(StatusCode::kFailedPrecondition,
+                            url.text() + ": bad Content-Range '" + head.content_range + "'");
+            }
+            ranged = true;
+            total = (*range)[2];
+            return Status::ok();
+          }
+          if (head.status == 416) {  // an empty file has no byte 0
+            ranged = true;
+            total = 0;
+            return Status::ok();
+          }
+          if (head.status == 200) {
+            spdlog::warn("pull {}: the server ignores Range requests: downloading in one stream",
+                         url.text());
+            ranged = false;
+            total = head.content_length;
+            meter.set_total(total.value_or(0));
+            return Status::ok();
+          }
+          const std::string message =
+              url.text() + ": HTTP " + std::to_string(head.status) + " from the server";
+          return head.status == 404 || head.status == 410 ? not_found(message)
+                 : head.status >= 500                     ? unavailable(message)
+                                      : Status(StatusCode::kFailedPrecondition, message);
+        },
+        [&](const char* data, size_t size) -> Status {
+          if (ranged) {
+            return Status::ok();  // the probe's byte: fetched again with its range
+          }
+          FLOTILLA_RETURN_IF_ERROR(write_at(fd, partial, data, size, streamed));
+          streamed += size;
+          meter.add(size);
+          return Status::ok();
+        });
+    // Retry what the network broke (and 5xx); not a 4xx, nor what the disk refused.
+    if (probe.is_ok() || probe.code() != StatusCode::kUnavailable) {
+      break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(100 * attempt));
+  }
+  if (!probe.is_ok()) {
+    return probe.code() == StatusCode::kUnavailable ? probe : discard(probe);
+  }
+
+  if (!ranged) {
+    if (total && streamed != *total) {
+      return discard(unavailable(url.text() + ": the response ended after " +
+                                 std::to_string(streamed) + " of " + std::to_string(*total) +
+                                 " bytes"));
+    }
+    if (::ftruncate(fd, static_cast<off_t>(streamed)) != 0) {
+      return discard(unavailable("cannot truncate '" + partial + "'"));
+    }
+    meter.add(0, /*final=*/true);
+    state.remove();
+    FLOTILLA_ASSIGN_OR_RETURN(std::string digest, sha256_file(partial));
+    return Downloaded{streamed, std::move(digest)};
+  }
+
+  const uint64_t size = *total;
+  meter.set_total(size);
+  const size_t ranges = static_cast<size_t>((size + range_bytes - 1) / range_bytes);
+  std::vector<bool> done = state.load(size, ranges);
+  uint64_t resumed = 0;
+  for (size_t i = 0; i < ranges; ++i) {
+    if (done[i]) {
+      resumed += std::min(range_bytes, size - i * range_bytes);
+    }
+  }
+  if (resumed > 0) {
+    spdlog::info("pull {}: resuming, {} of {} bytes already here", url.text(), resumed, size);
+  }
+  meter.resumed(resumed);
+  FLOTILLA_RETURN_IF_ERROR(state.start(size, done));
+  if (::ftruncate(fd, static_cast<off_t>(size)) != 0) {
+    return discard(unavailable("cannot size '" + partial + "': " + std::strerror(errno)));
+  }
+
+  std::vector<size_t> todo;
+  for (size_t i = 0; i < ranges; ++i) {
+    if (!done[i]) {
+      todo.push_back(i);
+    }
+  }
+  std::atomic<size_t> next{0};
+  std::atomic<bool> stop{false};
+  std::mutex error_mu;
+  Status error = Status::ok();
+  auto worker = [&] {
+    HttpConnection connection(url, options.io_timeout);
+    for (size_t k = next++; k < todo.size() && !stop; k = next++) {
+      const size_t index = todo[k];
+      const uint64_t first = index * range_bytes;
+      const uint64_t last = std::min(size, first + range_bytes) - 1;
+      Status status = Status::ok();
+      for (int attempt = 1; attempt <= attempts && !stop; ++attempt) {
+        status = fetch_range(connection, url, fd, partial, first, last, size);
+        if (status.is_ok() || status.code() != StatusCode::kUnavailable) {
+          break;
+        }
+        spdlog::debug("pull {}: bytes {}-{}, attempt {}: {}", url.text(), first, last, attempt,
+                      status.message());
+        std::this_thread::sleep_for(std::chrono::milliseconds(100 * attempt));
+      }
+      if (!status.is_ok()) {
+        std::lock_guard lock(error_mu);
+        if (error.is_ok()) {
+          error = status;
+        }
+        stop = true;
+        return;
+      }
+      state.finished(index);
+      meter.add(last - first + 1);
+    }
+  };
+  const size_t workers =
+      std::min<size_t>(static_cast<size_t>(std::max(options.connections, 1)), todo.size());
+  std::vector<std::thread> threads;
+  for (size_t i = 0; i < workers; ++i) {
+    threads.emplace_back(worker);
+  }
+  for (std::thread& thread : threads) {
+    thread.join();
+  }
+  if (!error.is_ok()) {
+    // Network trouble: keep what arrived for a resume. Anything else: start over next time.
+    return error.code() == StatusCode::kUnavailable ? error : discard(error);
+  }
+  meter.add(0, /*final=*/true);
+  state.remove();
+  FLOTILLA_ASSIGN_OR_RETURN(std::string digest, sha256_file(partial));
+  return Downloaded{size, std::move(digest)};
+}
+
+}  // namespace flotilla::store
