@@ -13,6 +13,7 @@
 #include "common/common.h"
 #include "replica/replica.h"
 #include "runtime/runtime.h"
+#include "store/store.h"
 
 namespace flotilla {
 namespace {
@@ -38,6 +39,7 @@ struct ReplicaFlags {
   int64_t drain_timeout_ms = 30'000;
   int predict_threads = 1;
   std::string log_level = "info";
+  std::string cache_dir = ".flotilla/cache";
   bool standby = false;
 };
 
@@ -45,7 +47,11 @@ void add_replica_command(CLI::App& app, ReplicaFlags& flags) {
   CLI::App* cmd = app.add_subcommand("replica",
                                      "Serve one model over the Open Inference "
                                      "Protocol v2, MLflow /invocations and /metrics.");
-  cmd->add_option("--model", flags.model, "Model file or MLflow model directory (required)");
+  cmd->add_option("--model", flags.model,
+                  "Model file or MLflow model directory, or an http(s) URL of either (a "
+                  "directory: .../flotilla-manifest.json) pulled into --cache-dir (required)");
+  cmd->add_option("--cache-dir", flags.cache_dir, "Artifact cache for URL models")
+      ->capture_default_str();
   cmd->add_option("--name", flags.name, "Model name (default: the file's stem or directory name)");
   cmd->add_option("--runtime", flags.runtime,
                   "auto, xgboost or synthetic (auto never picks synthetic)")
@@ -139,6 +145,30 @@ int run_standby(const ReplicaFlags& standby_flags) {
   return run_replica(flags);
 }
 
+// The model as a local path: a URL is pulled into the cache first (or found there).
+Result<std::string> local_model(const ReplicaFlags& flags) {
+  if (!store::is_url(flags.model)) {
+    return flags.model;
+  }
+  FLOTILLA_ASSIGN_OR_RETURN(std::unique_ptr<store::ArtifactCache> cache,
+                            store::ArtifactCache::open(flags.cache_dir, 0));
+  const auto start = std::chrono::steady_clock::now();
+  FLOTILLA_ASSIGN_OR_RETURN(std::string path, cache->pull(flags.model, store::PullOptions{}));
+  spdlog::info("model {} is {} ({:.3f} s)", flags.model, path,
+               std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+  return path;
+}
+
+// What the default model name comes from: the local path, except for a directory from a
+// manifest URL (its cache directory is named by digest): the URL's directory.
+std::string model_name_source(const std::string& model, const std::string& local) {
+  if (!store::is_url(model) || !model.ends_with(store::kManifestName)) {
+    return local;
+  }
+  const std::string directory = model.substr(0, model.size() - store::kManifestName.size() - 1);
+  return directory.substr(directory.rfind('/') + 1);
+}
+
 int run_replica(const ReplicaFlags& flags) {
   if (Status status = init_logging(flags.log_level); !status.is_ok()) {
     std::cerr << "flotilla replica: " << status.message() << "\n";
@@ -153,12 +183,18 @@ int run_replica(const ReplicaFlags& flags) {
     std::cerr << "flotilla replica: " << kind.status().message() << "\n";
     return kExitBadInput;
   }
-  runtime::RuntimeOptions runtime_options;
-  runtime_options.name = flags.name.empty() ? runtime::default_model_name(flags.model) : flags.name;
-  runtime_options.predict_threads = flags.predict_threads;
-
   const auto load_start = std::chrono::steady_clock::now();
-  auto runtime = runtime::load_runtime(*kind, flags.model, runtime_options);
+  Result<std::string> model = local_model(flags);
+  if (!model.is_ok()) {
+    std::cerr << "flotilla replica: cannot fetch model: " << model.status().message() << "\n";
+    return model.status().code() == StatusCode::kInvalidArgument ? kExitBadInput : 1;
+  }
+  runtime::RuntimeOptions runtime_options;
+  runtime_options.name = flags.name.empty()
+                             ? runtime::default_model_name(model_name_source(flags.model, *model))
+                             : flags.name;
+  runtime_options.predict_threads = flags.predict_threads;
+  auto runtime = runtime::load_runtime(*kind, *model, runtime_options);
   if (!runtime.is_ok()) {
     std::cerr << "flotilla replica: cannot load model: " << runtime.status().message() << "\n";
     return kExitBadInput;

@@ -115,7 +115,8 @@ int run_up(const UpFlags& flags) {
   local.binary = std::filesystem::read_symlink("/proc/self/exe", error).string();
   local.log_dir = data_dir + "/logs";
   local.warm_pool_size = flags.warm_pool;
-  local.replica_args = {"--log-level", flags.replica_log_level};
+  // Replicas pull URL models into the data directory's shared cache (docs/store.md).
+  local.replica_args = {"--log-level", flags.replica_log_level, "--cache-dir", data_dir + "/cache"};
   local.stop_timeout = std::chrono::milliseconds(flags.drain_timeout_ms);
   auto orchestrator = orchestrator::create_local_orchestrator(local);
   if (!orchestrator.is_ok()) {

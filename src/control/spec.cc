@@ -15,6 +15,8 @@
 #include <openssl/evp.h>
 #include <yaml-cpp/yaml.h>
 
+#include "store/store.h"
+
 namespace flotilla::control {
 namespace {
 
@@ -233,11 +235,6 @@ Status check_model(const std::string& model, const std::string& where) {
   if (model.empty()) {
     return invalid_argument(where + ": must not be empty");
   }
-  if (model.starts_with("http://") || model.starts_with("https://")) {
-    return invalid_argument(where + ": '" + model +
-                            "': http(s) URLs are not supported until the artifact store lands "
-                            "(#6); give an absolute path");
-  }
   for (char c : model) {
     if (static_cast<unsigned char>(c) < 0x20 || c == 0x7F) {
       return invalid_argument(where + ": must not contain control characters");
@@ -246,8 +243,15 @@ Status check_model(const std::string& model, const std::string& where) {
   if (!is_valid_utf8(model)) {
     return invalid_argument(where + ": must be valid UTF-8");
   }
+  if (store::is_url(model)) {
+    if (Result<store::Url> url = store::parse_url(model); !url.is_ok()) {
+      return invalid_argument(where + ": " + url.status().message());
+    }
+    return Status::ok();
+  }
   if (model.front() != '/') {
-    return invalid_argument(where + ": '" + model + "' must be an absolute path");
+    return invalid_argument(where + ": '" + model +
+                            "' must be an absolute path or an http(s):// URL");
   }
   return Status::ok();
 }
@@ -456,6 +460,9 @@ nlohmann::json to_json(const EndpointSpec& spec) {
 Status check_model_paths(const EndpointSpec& spec) {
   for (size_t i = 0; i < spec.served_models.size(); ++i) {
     const std::string& model = spec.served_models[i].model;
+    if (store::is_url(model)) {
+      continue;  // fetched by the replica; a failure shows as the replica's (docs/store.md)
+    }
     const std::string where = index_where("served_models", i) + ".model";
     std::error_code ec;
     const bool exists = std::filesystem::exists(model, ec);

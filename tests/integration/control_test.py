@@ -25,7 +25,9 @@ directory's state.db, or by a model path under the suite's temp dir).
 """
 
 import collections
+import hashlib
 import http.client
+import http.server
 import importlib.util
 import json
 import os
@@ -143,7 +145,8 @@ def synthetic_label(body):
 
 def served(name, model, traffic=None, runtime=None, concurrency=None, **extra):
     """One served model; `model` is a fixture name or an absolute path."""
-    entry = {"name": name, "model": model if os.path.isabs(model) else model_path(model)}
+    entry = {"name": name,
+             "model": model if os.path.isabs(model) or "://" in model else model_path(model)}
     if traffic is not None:
         entry["traffic"] = traffic
     if runtime is not None:
@@ -1661,6 +1664,85 @@ class Cli(ControlTestCase):
 
 
 # =========================================================================== 8. shutdown
+
+class ModelServer(http.server.ThreadingHTTPServer):
+    """A static HTTP server on 127.0.0.1 (port 0) for model URLs, counting the GETs per path.
+    It ignores Range, so a pull is one GET."""
+    daemon_threads = True
+
+    def __init__(self, directory):
+        gets = collections.Counter()
+
+        class Handler(http.server.SimpleHTTPRequestHandler):
+            def __init__(self, *args, **kwargs):
+                super().__init__(*args, directory=directory, **kwargs)
+
+            def log_message(self, *args):
+                pass
+
+            def do_GET(self):
+                gets[self.path] += 1
+                super().do_GET()
+
+        super().__init__(("127.0.0.1", 0), Handler)
+        self.gets = gets
+        threading.Thread(target=self.serve_forever, daemon=True).start()
+
+    def url(self, path):
+        return f"http://127.0.0.1:{self.server_address[1]}/{path}"
+
+
+class UrlModels(ControlTestCase):
+    """Models given as http:// URLs: each replica pulls into the data directory's cache
+    (issue #6); a second replica finds the model there."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.up = cls.start_up()
+        cls.files = tempfile.mkdtemp(dir=_tmp_root)
+        shutil.copy(model_path(PROBA), cls.files)
+        shutil.copytree(model_path(CLASSIFIER), os.path.join(cls.files, "classifier"))
+        r = run_to_exit([FLOTILLA_BIN, "artifact", "pack", os.path.join(cls.files, "classifier")])
+        assert r.returncode == 0, r.stderr
+        cls.server = ModelServer(cls.files)
+        cls.addClassCleanup(cls.server.server_close)
+        cls.addClassCleanup(cls.server.shutdown)
+
+    def test_a_file_url_is_pulled_once_for_two_replicas(self):
+        up, name = self.up, "remote-file"
+        s = spec(name, served("v1", self.server.url(PROBA), concurrency={"min": 32, "max": 64}))
+        up.create(s)
+        view = up.wait_serving(name, s)
+        self.assertEqual(len(ready_replicas(view)), 2)  # 32 / the xgboost default 16
+        r = up.invoke(name)
+        self.assertEqual(r.status, 200, r)
+        self.assertEqual(label_of(r.body), "proba")
+        self.assertEqual(self.server.gets["/" + PROBA], 1, self.server.gets)
+        blobs = os.listdir(os.path.join(up.data_dir, "cache", "blobs"))
+        with open(model_path(PROBA), "rb") as f:
+            self.assertIn(hashlib.sha256(f.read()).hexdigest(), blobs)
+        up.delete(name)
+
+    def test_a_manifest_url_serves_a_model_directory(self):
+        up, name = self.up, "remote-dir"
+        s = spec(name, served("v1", self.server.url("classifier/flotilla-manifest.json")))
+        up.create(s)
+        up.wait_serving(name, s)
+        r = up.invoke(name)
+        self.assertEqual(r.status, 200, r)
+        self.assertEqual(label_of(r.body), "classifier")
+        up.delete(name)
+
+    def test_a_model_url_that_cannot_be_fetched_fails_the_replica_and_says_why(self):
+        up, name = self.up, "remote-missing"
+        up.create(spec(name, served("v1", self.server.url("missing.ubj"))))
+        view = up.wait_view(name, lambda v: any(r["state"] == "failed" for r in v["replicas"]),
+                            "a failed replica", 20)
+        reasons = [r["reason"] for r in view["replicas"] if r["state"] == "failed"]
+        self.assertTrue(any("cannot fetch model" in x and "HTTP 404" in x for x in reasons),
+                        reasons)
+        up.delete(name)
+
 
 class Shutdown(ControlTestCase):
     NAMES = ("sd-slow", "sd-fast", "sd-stuck")

@@ -44,11 +44,12 @@ def digest(data):
     return hashlib.sha256(data).hexdigest()
 
 
-def pull(uri, data_dir, *flags, preexec_fn=None, timeout=60):
+def pull(uri, data_dir, *flags, preexec_fn=None, timeout=60, env=None):
     """Runs `flotilla pull`; returns (returncode, stdout, stderr)."""
     p = subprocess.run([harness.FLOTILLA_BIN, "pull", uri, "--data-dir", data_dir,
                         "--range-mib", "1", *flags],
-                       capture_output=True, text=True, timeout=timeout, preexec_fn=preexec_fn)
+                       capture_output=True, text=True, timeout=timeout, preexec_fn=preexec_fn,
+                       env=env)
     return p.returncode, p.stdout, p.stderr
 
 
@@ -62,10 +63,12 @@ def cache_files(data_dir):
 
 
 class Nginx:
-    """nginx serving `root` on a free port: / as is, /slow/ at 8 MiB/s per connection."""
+    """nginx serving `root` on a free port: / as is, /slow/ at 8 MiB/s per connection; over TLS
+    with `tls` = (certificate, key) files."""
 
-    def __init__(self, root):
+    def __init__(self, root, tls=None):
         self.dir = tempfile.mkdtemp(prefix="flotilla-nginx-")
+        self.tls = tls
         for attempt in range(5):
             self.port = free_port()
             conf = os.path.join(self.dir, "nginx.conf")
@@ -78,7 +81,8 @@ events {{ worker_connections 256; }}
 http {{
   access_log {self.dir}/access.log;
   server {{
-    listen 127.0.0.1:{self.port};
+    listen 127.0.0.1:{self.port}{" ssl" if tls else ""};
+    {f"ssl_certificate {tls[0]}; ssl_certificate_key {tls[1]};" if tls else ""}
     root {root};
     location /slow/ {{ alias {root}/; limit_rate 8m; }}
   }}
@@ -103,8 +107,8 @@ http {{
         except OSError:
             return False
 
-    def url(self, path):
-        return f"http://127.0.0.1:{self.port}/{path}"
+    def url(self, path, host="127.0.0.1"):
+        return f"{'https' if self.tls else 'http'}://{host}:{self.port}/{path}"
 
     def stop(self):
         if self.proc.poll() is None:
@@ -413,6 +417,40 @@ class StoreTest(unittest.TestCase):
         self.assertTrue(os.path.exists(small))
         self.assertEqual(os.listdir(os.path.join(d, "cache", "blobs")),
                          [digest(b"0123456789" * 1000)])
+
+
+class TlsTest(unittest.TestCase):
+    """https:// with certificate and host name verification; a test CA through SSL_CERT_FILE
+    (OpenSSL's standard variable)."""
+
+    def test_https_is_verified(self):
+        work = tempfile.mkdtemp(prefix="flotilla-tls-")
+        self.addCleanup(shutil.rmtree, work, True)
+        os.chmod(work, 0o755)
+        cert, key = os.path.join(work, "cert.pem"), os.path.join(work, "key.pem")
+        subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout",
+                        key, "-out", cert, "-days", "2", "-subj", "/CN=localhost", "-addext",
+                        "subjectAltName=DNS:localhost,IP:127.0.0.1"],
+                       check=True, capture_output=True)
+        os.chmod(key, 0o644)
+        data = os.urandom(3 * MIB)
+        with open(os.path.join(work, "m.bin"), "wb") as f:
+            f.write(data)
+        server = Nginx(work, tls=(cert, key))
+        self.addCleanup(server.stop)
+        trusted = dict(os.environ, SSL_CERT_FILE=cert)
+        for host in ("127.0.0.1", "localhost"):
+            d = tempfile.mkdtemp(dir=work)
+            code, out, err = pull(server.url("m.bin", host), d, env=trusted)
+            self.assertEqual(code, 0, err)
+            with open(out.strip(), "rb") as f:
+                self.assertEqual(f.read(), data)
+        d = tempfile.mkdtemp(dir=work)
+        code, out, err = pull(server.url("m.bin"), d,
+                              env={k: v for k, v in os.environ.items() if k != "SSL_CERT_FILE"})
+        self.assertNotEqual(code, 0)
+        self.assertIn("certificate verify failed", err)
+        self.assertEqual(cache_files(d), [])
 
 
 if __name__ == "__main__":
