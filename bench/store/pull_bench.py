@@ -59,6 +59,16 @@ http {{
     raise SystemExit("nginx did not start")
 
 
+def make_dirs():
+    """A work directory with a www/ directory in it, both readable by nginx's workers."""
+    work = tempfile.mkdtemp(prefix="flotilla-store-bench-")
+    www = os.path.join(work, "www")
+    os.makedirs(www)
+    for d in (work, www):
+        os.chmod(d, 0o755)
+    return work, www
+
+
 def timed(argv):
     start = time.monotonic()
     out = subprocess.run(argv, check=True, capture_output=True, text=True).stdout
@@ -81,11 +91,7 @@ def main():
     parser.add_argument("--connections", default="1,2,4,8,16")
     args = parser.parse_args()
 
-    work = tempfile.mkdtemp(prefix="flotilla-pull-bench-")
-    os.chmod(work, 0o755)
-    www = os.path.join(work, "www")
-    os.makedirs(www)
-    os.chmod(www, 0o755)
+    work, www = make_dirs()
     artifact = os.path.join(www, "model.bin")
     with open(artifact, "wb") as f:
         for _ in range(args.size_mib):

@@ -14,15 +14,13 @@ import http.client
 import json
 import os
 import shutil
-import socket
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from pull_bench import start_nginx  # noqa: E402
+from pull_bench import make_dirs, start_nginx  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 FLOTILLA = os.environ.get("FLOTILLA_BIN", os.path.join(ROOT, "build/release/flotilla"))
@@ -69,11 +67,7 @@ def main():
     parser.add_argument("--runs", type=int, default=3)
     args = parser.parse_args()
 
-    work = tempfile.mkdtemp(prefix="flotilla-url-cold-")
-    os.chmod(work, 0o755)
-    www = os.path.join(work, "www")
-    os.makedirs(www)
-    os.chmod(www, 0o755)
+    work, www = make_dirs()
     model = os.path.join(www, "model.json")
     train(model, args.rounds)
     os.chmod(model, 0o644)

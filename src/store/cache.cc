@@ -15,7 +15,6 @@
 #include <vector>
 
 #include <fcntl.h>
-#include <openssl/evp.h>
 #include <spdlog/spdlog.h>
 #include <sys/file.h>
 #include <sys/stat.h>
@@ -29,19 +28,6 @@ namespace flotilla::store {
 namespace {
 
 namespace fs = std::filesystem;
-
-std::string sha256_text(std::string_view text) {
-  unsigned char digest[EVP_MAX_MD_SIZE];
-  unsigned int length = 0;
-  EVP_Digest(text.data(), text.size(), digest, &length, EVP_sha256(), nullptr);
-  static constexpr char kHex[] = "0123456789abcdef";
-  std::string hex;
-  for (unsigned int i = 0; i < length; ++i) {
-    hex += kHex[digest[i] >> 4];
-    hex += kHex[digest[i] & 0xf];
-  }
-  return hex;
-}
 
 // An flock(2) held for the object's lifetime.
 class FileLock {
@@ -218,7 +204,7 @@ class Cache final : public ArtifactCache {
   }
 
   Result<std::string> pull_file(const Url& url, const PullOptions& options) {
-    const std::string key = url.sha256 ? *url.sha256 : sha256_text(url.text());
+    const std::string key = url.sha256 ? *url.sha256 : sha256_hex(url.text());
     const std::string id = "f-" + key;
     const std::string name = file_name(url);
     const std::string path = dir_ + "/artifacts/" + id + "/" + name;
@@ -259,7 +245,7 @@ class Cache final : public ArtifactCache {
     if (!manifest.is_ok()) {
       return manifest.status().with_context(url.text());
     }
-    const std::string id = "m-" + sha256_text(body);
+    const std::string id = "m-" + sha256_hex(body);
     const std::string dir = dir_ + "/artifacts/" + id;
     FLOTILLA_ASSIGN_OR_RETURN(FileLock pinned, FileLock::take(lock_path(id, "pin"), false, true));
     FLOTILLA_ASSIGN_OR_RETURN(FileLock fetching,

@@ -41,7 +41,24 @@ bool is_safe_relative(std::string_view path) {
   return true;
 }
 
+std::string hex(const unsigned char* digest, unsigned int length) {
+  static constexpr char kHex[] = "0123456789abcdef";
+  std::string text;
+  for (unsigned int i = 0; i < length; ++i) {
+    text += kHex[digest[i] >> 4];
+    text += kHex[digest[i] & 0xf];
+  }
+  return text;
+}
+
 }  // namespace
+
+std::string sha256_hex(std::string_view data) {
+  unsigned char digest[EVP_MAX_MD_SIZE];
+  unsigned int length = 0;
+  EVP_Digest(data.data(), data.size(), digest, &length, EVP_sha256(), nullptr);
+  return hex(digest, length);
+}
 
 bool is_url(std::string_view text) {
   return text.starts_with("http://") || text.starts_with("https://");
@@ -181,13 +198,7 @@ Result<std::string> sha256_file(const std::string& path) {
   EVP_DigestFinal_ex(context, digest, &length);
   EVP_MD_CTX_free(context);
   FLOTILLA_RETURN_IF_ERROR(status);
-  static constexpr char kHex[] = "0123456789abcdef";
-  std::string hex;
-  for (unsigned int i = 0; i < length; ++i) {
-    hex += kHex[digest[i] >> 4];
-    hex += kHex[digest[i] & 0xf];
-  }
-  return hex;
+  return hex(digest, length);
 }
 
 Result<Manifest> pack_directory(const std::string& dir) {
