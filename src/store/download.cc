@@ -1,6 +1,7 @@
 #include "store/download.h"
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <cerrno>
 #include <cinttypes>
