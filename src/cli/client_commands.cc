@@ -251,8 +251,12 @@ Result<std::string> deploy_body(const DeployFlags& flags) {
   if (flags.name.empty() || flags.model.empty()) {
     return invalid_argument("give -f SPEC.yaml, or --name and --model");
   }
+  const std::string model =
+      flags.model.find("://") != std::string::npos
+          ? flags.model  // a URL, as it is
+          : std::filesystem::absolute(flags.model).lexically_normal().string();
   json served = {{"name", flags.version},
-                 {"model", std::filesystem::absolute(flags.model).lexically_normal().string()},
+                 {"model", model},
                  {"runtime", flags.runtime},
                  {"concurrency", {{"min", flags.min_concurrency}, {"max", flags.max_concurrency}}},
                  {"traffic", 100}};

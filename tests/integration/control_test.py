@@ -1725,9 +1725,12 @@ class UrlModels(ControlTestCase):
 
     def test_a_manifest_url_serves_a_model_directory(self):
         up, name = self.up, "remote-dir"
-        s = spec(name, served("v1", self.server.url("classifier/flotilla-manifest.json")))
-        up.create(s)
-        up.wait_serving(name, s)
+        url = self.server.url("classifier/flotilla-manifest.json")
+        # Through the CLI: a URL in --model is sent as it is (not made a local path).
+        p = run_to_exit([FLOTILLA_BIN, "deploy", "--name", name, "--model", url, "--api",
+                         f"127.0.0.1:{up.api_port}", "--token", up.token], deadline_s=60)
+        self.assertEqual(p.returncode, 0, p.stderr)
+        self.assertEqual(up.view(name)["config"]["served_models"][0]["model"], url)
         r = up.invoke(name)
         self.assertEqual(r.status, 200, r)
         self.assertEqual(label_of(r.body), "classifier")
