@@ -5,6 +5,7 @@
 #include <atomic>
 #include <cerrno>
 #include <cinttypes>
+#include <condition_variable>
 #include <cstring>
 #include <fstream>
 #include <mutex>
@@ -16,6 +17,7 @@
 #include <unistd.h>
 
 #include "store/http_get.h"
+#include "store/sha256.h"
 
 namespace flotilla::store {
 namespace {
@@ -151,6 +153,93 @@ class RangeState {
   std::ofstream out_;
 };
 
+// Hashes the file's contiguous prefix of finished ranges while later ranges still arrive, so
+// the digest is ready about when the last range is (a pass over the whole file afterwards cost
+// 0.65 s per GiB, half of a pull on a fast link).
+class PrefixHasher {
+ public:
+  PrefixHasher(int fd, uint64_t size, uint64_t range_bytes, std::vector<bool> done)
+      : fd_(fd), size_(size), range_bytes_(range_bytes), done_(std::move(done)) {
+    thread_ = std::thread([this] { run(); });
+  }
+  ~PrefixHasher() { stop(); }
+  PrefixHasher(const PrefixHasher&) = delete;
+  PrefixHasher& operator=(const PrefixHasher&) = delete;
+
+  void finished(size_t index) {
+    {
+      std::lock_guard lock(mu_);
+      done_[index] = true;
+    }
+    wake_.notify_one();
+  }
+  // Once every range has finished: the file's digest.
+  Result<std::string> digest() {
+    stop();
+    FLOTILLA_RETURN_IF_ERROR(status_);
+    FLOTILLA_CHECK(next_ == done_.size());
+    return sha_.hex_digest();
+  }
+
+ private:
+  // Hashes what is ready; after stop(), what is already finished, then returns.
+  void stop() {
+    {
+      std::lock_guard lock(mu_);
+      stopping_ = true;
+    }
+    wake_.notify_one();
+    if (thread_.joinable()) {
+      thread_.join();
+    }
+  }
+
+  void run() {
+    std::vector<char> buffer(1 << 20);
+    for (;;) {
+      {
+        std::unique_lock lock(mu_);
+        wake_.wait(lock, [&] { return stopping_ || next_ >= done_.size() || done_[next_]; });
+        if (next_ >= done_.size() || !done_[next_]) {
+          return;
+        }
+      }
+      uint64_t offset = next_ * range_bytes_;
+      const uint64_t end = std::min(size_, offset + range_bytes_);
+      while (offset < end) {
+        const ssize_t got =
+            ::pread(fd_, buffer.data(),
+                    static_cast<size_t>(std::min<uint64_t>(buffer.size(), end - offset)),
+                    static_cast<off_t>(offset));
+        if (got < 0 && errno == EINTR) {
+          continue;
+        }
+        if (got <= 0) {
+          status_ = unavailable(std::string("cannot read back a downloaded range: ") +
+                                (got < 0 ? std::strerror(errno) : "end of file"));
+          return;
+        }
+        sha_.update(buffer.data(), static_cast<size_t>(got));
+        offset += static_cast<uint64_t>(got);
+      }
+      std::lock_guard lock(mu_);
+      ++next_;
+    }
+  }
+
+  const int fd_;
+  const uint64_t size_;
+  const uint64_t range_bytes_;
+  std::mutex mu_;
+  std::condition_variable wake_;
+  std::vector<bool> done_;  // guarded by mu_
+  size_t next_ = 0;         // the first range not hashed yet; guarded by mu_
+  bool stopping_ = false;   // guarded by mu_
+  Sha256 sha_;              // the hashing thread only, until it is joined
+  Status status_ = Status::ok();
+  std::thread thread_;
+};
+
 // Fetches [first, last] into the file; kFailedPrecondition for what a retry cannot fix.
 Status fetch_range(HttpConnection& connection, const Url& url, int fd, const std::string& path,
                    uint64_t first, uint64_t last, uint64_t total) {
@@ -223,9 +312,11 @@ Result<Downloaded> download(const Url& url, const std::string& partial,
   std::optional<uint64_t> total;
   bool ranged = false;
   uint64_t streamed = 0;
+  std::optional<Sha256> stream_sha;  // one stream: hashed as it arrives
   Status probe = Status::ok();
   for (int attempt = 1; attempt <= attempts; ++attempt) {
     streamed = 0;
+    stream_sha.emplace();
     probe = first_connection.get(
         url.target, ByteRange{0, 0},
         [&](const ResponseHead& head) -> Status {
@@ -263,6 +354,7 @@ Result<Downloaded> download(const Url& url, const std::string& partial,
             return Status::ok();  // the probe's byte: fetched again with its range
           }
           FLOTILLA_RETURN_IF_ERROR(write_at(fd, partial, data, size, streamed));
+          stream_sha->update(data, size);
           streamed += size;
           meter.add(size);
           return Status::ok();
@@ -288,8 +380,7 @@ Result<Downloaded> download(const Url& url, const std::string& partial,
     }
     meter.add(0, /*final=*/true);
     state.remove();
-    FLOTILLA_ASSIGN_OR_RETURN(std::string digest, sha256_file(partial));
-    return Downloaded{streamed, std::move(digest)};
+    return Downloaded{streamed, stream_sha->hex_digest()};
   }
 
   const uint64_t size = *total;
@@ -311,6 +402,7 @@ Result<Downloaded> download(const Url& url, const std::string& partial,
     return discard(unavailable("cannot size '" + partial + "': " + std::strerror(errno)));
   }
 
+  PrefixHasher hasher(fd, size, range_bytes, done);
   std::vector<size_t> todo;
   for (size_t i = 0; i < ranges; ++i) {
     if (!done[i]) {
@@ -346,6 +438,7 @@ Result<Downloaded> download(const Url& url, const std::string& partial,
         return;
       }
       state.finished(index);
+      hasher.finished(index);
       meter.add(last - first + 1);
     }
   };
@@ -362,9 +455,9 @@ Result<Downloaded> download(const Url& url, const std::string& partial,
     // Network trouble: keep what arrived for a resume. Anything else: start over next time.
     return error.code() == StatusCode::kUnavailable ? error : discard(error);
   }
+  FLOTILLA_ASSIGN_OR_RETURN(std::string digest, hasher.digest());
   meter.add(0, /*final=*/true);
   state.remove();
-  FLOTILLA_ASSIGN_OR_RETURN(std::string digest, sha256_file(partial));
   return Downloaded{size, std::move(digest)};
 }
 

@@ -8,9 +8,9 @@
 
 #include <fcntl.h>
 #include <nlohmann/json.hpp>
-#include <openssl/evp.h>
 #include <unistd.h>
 
+#include "store/sha256.h"
 #include "store/store.h"
 
 namespace flotilla::store {
@@ -41,23 +41,12 @@ bool is_safe_relative(std::string_view path) {
   return true;
 }
 
-std::string hex(const unsigned char* digest, unsigned int length) {
-  static constexpr char kHex[] = "0123456789abcdef";
-  std::string text;
-  for (unsigned int i = 0; i < length; ++i) {
-    text += kHex[digest[i] >> 4];
-    text += kHex[digest[i] & 0xf];
-  }
-  return text;
-}
-
 }  // namespace
 
 std::string sha256_hex(std::string_view data) {
-  unsigned char digest[EVP_MAX_MD_SIZE];
-  unsigned int length = 0;
-  EVP_Digest(data.data(), data.size(), digest, &length, EVP_sha256(), nullptr);
-  return hex(digest, length);
+  Sha256 sha;
+  sha.update(data.data(), data.size());
+  return sha.hex_digest();
 }
 
 bool is_url(std::string_view text) {
@@ -174,8 +163,7 @@ Result<std::string> sha256_file(const std::string& path) {
   if (fd < 0) {
     return unavailable("cannot read '" + path + "': " + std::strerror(errno));
   }
-  EVP_MD_CTX* context = EVP_MD_CTX_new();
-  EVP_DigestInit_ex(context, EVP_sha256(), nullptr);
+  Sha256 sha;
   std::vector<unsigned char> buffer(1 << 20);
   Status status = Status::ok();
   for (;;) {
@@ -190,15 +178,11 @@ Result<std::string> sha256_file(const std::string& path) {
     if (got == 0) {
       break;
     }
-    EVP_DigestUpdate(context, buffer.data(), static_cast<size_t>(got));
+    sha.update(buffer.data(), static_cast<size_t>(got));
   }
   ::close(fd);
-  unsigned char digest[EVP_MAX_MD_SIZE];
-  unsigned int length = 0;
-  EVP_DigestFinal_ex(context, digest, &length);
-  EVP_MD_CTX_free(context);
   FLOTILLA_RETURN_IF_ERROR(status);
-  return hex(digest, length);
+  return sha.hex_digest();
 }
 
 Result<Manifest> pack_directory(const std::string& dir) {
