@@ -259,6 +259,12 @@ class MetricsRegistry {
   void callback(const std::string& name, const std::string& help, const std::string& type,
                 std::function<double()> read);
 
+  // Stops rendering every series whose labels include all of `match` (a removed replica's,
+  // say), so /metrics does not grow with churn. The objects stay valid for whoever still holds
+  // them (their updates are no longer shown), at a few hundred bytes each; a later call for
+  // the same labels creates a fresh series.
+  void retire(const Labels& match);
+
   std::string render() const;
 
  private:
@@ -275,6 +281,10 @@ class MetricsRegistry {
 
   mutable std::mutex mutex_;
   std::map<std::string, Family> families_;  // guarded by mutex_
+  // Retired series, kept alive for references still held; guarded by mutex_.
+  std::vector<std::unique_ptr<Counter>> retired_counters_;
+  std::vector<std::unique_ptr<Gauge>> retired_gauges_;
+  std::vector<std::unique_ptr<Histogram>> retired_histograms_;
 };
 
 // Registers the standard process_* metrics (CPU seconds, resident and virtual memory, open

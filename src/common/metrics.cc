@@ -143,6 +143,53 @@ void MetricsRegistry::callback(const std::string& name, const std::string& help,
   family(name, help, type).read = std::move(read);
 }
 
+namespace {
+
+// Whether a rendered label set (`a="1",b="2"`) holds the rendered pair `fragment` (`b="2"`) as
+// one of its elements. An escaped value cannot contain an unescaped `"`, so a match inside a
+// value is impossible.
+bool has_label(std::string_view labels, std::string_view fragment) {
+  for (size_t at = labels.find(fragment); at != std::string_view::npos;
+       at = labels.find(fragment, at + 1)) {
+    const size_t end = at + fragment.size();
+    if ((at == 0 || labels[at - 1] == ',') && (end == labels.size() || labels[end] == ',')) {
+      return true;
+    }
+  }
+  return false;
+}
+
+template <typename Series>
+void move_matching(std::map<std::string, std::unique_ptr<Series>>& from,
+                   const std::vector<std::string>& fragments,
+                   std::vector<std::unique_ptr<Series>>& to) {
+  for (auto it = from.begin(); it != from.end();) {
+    const bool matches = std::all_of(fragments.begin(), fragments.end(),
+                                     [&](const auto& f) { return has_label(it->first, f); });
+    if (matches) {
+      to.push_back(std::move(it->second));
+      it = from.erase(it);
+    } else {
+      ++it;
+    }
+  }
+}
+
+}  // namespace
+
+void MetricsRegistry::retire(const Labels& match) {
+  std::vector<std::string> fragments;
+  for (const auto& pair : match) {
+    fragments.push_back(render_labels({pair}));
+  }
+  std::lock_guard lock(mutex_);
+  for (auto& [name, family] : families_) {
+    move_matching(family.counters, fragments, retired_counters_);
+    move_matching(family.gauges, fragments, retired_gauges_);
+    move_matching(family.histograms, fragments, retired_histograms_);
+  }
+}
+
 std::string MetricsRegistry::render() const {
   std::lock_guard lock(mutex_);
   std::ostringstream out;

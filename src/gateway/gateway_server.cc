@@ -100,7 +100,8 @@ std::vector<double> added_latency_buckets() {
 struct ReplicaRuntime {
   ReplicaRuntime(const std::string& endpoint_name, const std::string& version_name,
                  const ReplicaEntry& entry, MetricsRegistry& registry)
-      : endpoint(endpoint_name),
+      : registry(registry),
+        endpoint(endpoint_name),
         version(version_name),
         id(entry.id),
         host(entry.host),
@@ -121,6 +122,11 @@ struct ReplicaRuntime {
                                    {{"endpoint", endpoint_name}, {"replica", entry.id}})) {
     apply(entry);
   }
+  // Gone from the table and from every request and probe: its series leave /metrics, so the
+  // output does not grow with replica churn.
+  ~ReplicaRuntime() { registry.retire({{"endpoint", endpoint}, {"replica", id}}); }
+  ReplicaRuntime(const ReplicaRuntime&) = delete;
+  ReplicaRuntime& operator=(const ReplicaRuntime&) = delete;
 
   void apply(const ReplicaEntry& entry) {
     cap.store(entry.max_in_flight);
@@ -152,6 +158,7 @@ struct ReplicaRuntime {
     in_flight_gauge.add(-1);
   }
 
+  MetricsRegistry& registry;
   const std::string endpoint;
   const std::string version;
   const std::string id;

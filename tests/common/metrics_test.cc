@@ -60,6 +60,31 @@ TEST(MetricsRegistryTest, SameLabelsReturnSameCounter) {
   EXPECT_EQ(&a, &b);
 }
 
+TEST(MetricsRegistryTest, RetiredSeriesLeaveTheOutputButStayUsable) {
+  MetricsRegistry registry;
+  Counter& gone = registry.counter("c_total", "help", {{"endpoint", "e"}, {"replica", "r1"}});
+  Counter& coded =
+      registry.counter("c_total", "help", {{"endpoint", "e"}, {"replica", "r1"}, {"code", "200"}});
+  Counter& kept = registry.counter("c_total", "help", {{"endpoint", "e"}, {"replica", "r10"}});
+  Gauge& gauge = registry.gauge("g", "help", {{"replica", "r1"}, {"endpoint", "e"}});
+  Counter& other = registry.counter("c_total", "help", {{"endpoint", "f"}, {"replica", "r1"}});
+  registry.retire({{"endpoint", "e"}, {"replica", "r1"}});
+  gone.inc();  // still valid for a holder
+  coded.inc();
+  gauge.set(3);
+  kept.inc();
+  other.inc();
+  const std::string text = registry.render();
+  EXPECT_EQ(text.find("endpoint=\"e\",replica=\"r1\""), std::string::npos) << text;
+  EXPECT_EQ(text.find("replica=\"r1\",endpoint=\"e\""), std::string::npos) << text;
+  EXPECT_NE(text.find("c_total{endpoint=\"e\",replica=\"r10\"} 1"), std::string::npos) << text;
+  EXPECT_NE(text.find("c_total{endpoint=\"f\",replica=\"r1\"} 1"), std::string::npos) << text;
+  // The same labels again: a fresh series from zero.
+  Counter& again = registry.counter("c_total", "help", {{"endpoint", "e"}, {"replica", "r1"}});
+  EXPECT_NE(&again, &gone);
+  EXPECT_EQ(again.value(), 0u);
+}
+
 TEST(MetricsRegistryTest, CountsFromManyThreadsWithoutLoss) {
   MetricsRegistry registry;
   Counter& counter = registry.counter("z_total", "Z.");
