@@ -44,7 +44,7 @@ class ApaPolicy final : public Policy {
     const int64_t spare = recent_failures(now, fleet.failures) > 0 && needed > 0 ? 1 : 0;
     const int64_t wanted_up = ceil_replicas(needed / target) + spare;
     if (wanted_up > current) {
-      remember_up(now, needed);
+      ups_.emplace_back(now, needed);
       const int64_t limit =
           std::max(ceil_replicas(static_cast<double>(current) * options_.max_up_factor),
                    current + options_.min_up_step);
@@ -84,7 +84,6 @@ class ApaPolicy final : public Policy {
   }
 
  private:
-  void remember_up(Millis now, double needed) { ups_.emplace_back(now, needed); }
   // The largest concurrency a scale-up in the down window was for.
   double largest_up(Millis now) {
     while (!ups_.empty() && ups_.front().first <= now - options_.down_window) {
@@ -138,9 +137,6 @@ Decision VerticalPolicy::decide_target(const ReplicaSignals& signals) {
   const bool slow =
       baseline_ms_ && signals.latency_ms > *baseline_ms_ * options_.overload_latency_ratio;
   const bool overload = slow || queueing;
-  const double raised =
-      std::min(options_.max_target,
-               target_ + std::min(options_.increase_step, target_ * options_.max_change));
   const bool headroom = baseline_ms_ && !overload &&
                         signals.latency_ms <= *baseline_ms_ * options_.headroom_latency_ratio &&
                         signals.cpu_utilization < options_.cpu_headroom &&
@@ -162,7 +158,9 @@ Decision VerticalPolicy::decide_target(const ReplicaSignals& signals) {
     }
   } else if (headroom_streak_ >= options_.increase_cycles) {
     headroom_streak_ = 0;
-    const double next = raised;
+    const double next =
+        std::min(options_.max_target,
+                 target_ + std::min(options_.increase_step, target_ * options_.max_change));
     if (next > target_) {
       Decision decision{
           0, fmt::format("target {:.2f} -> {:.2f}: headroom (latency {:.1f} ms vs baseline {:.1f} "

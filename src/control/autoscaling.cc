@@ -88,8 +88,8 @@ std::string learned_for(const EndpointSpec& spec) {
 EndpointScaler::EndpointScaler(const EndpointSpec& spec, const AutoscalingOptions& options,
                                int64_t current_replicas, autoscaler::Millis now,
                                const std::optional<LearnedTarget>& saved)
-    : options_(options), spec_(spec) {
-  if (saved && saved->models == learned_for(spec)) {
+    : options_(options), spec_(spec), learned_for_(learned_for(spec)) {
+  if (saved && saved->models == learned_for_) {
     rebuild_policies(saved->target, saved->baseline_ms);  // the policy clamps it to the bounds
   } else {
     double target = 0;
@@ -108,7 +108,7 @@ EndpointScaler::EndpointScaler(const EndpointSpec& spec, const AutoscalingOption
 }
 
 LearnedTarget EndpointScaler::learned() const {
-  return LearnedTarget{learned_for(spec_), vertical_->target(), vertical_->baseline_ms()};
+  return LearnedTarget{learned_for_, vertical_->target(), vertical_->baseline_ms()};
 }
 
 void EndpointScaler::rebuild_policies(double target, std::optional<double> baseline_ms) {
@@ -138,8 +138,10 @@ void EndpointScaler::update_spec(const EndpointSpec& spec) {
   }
   // The vertical policy's learned baseline belongs to the models that ran: it is kept through
   // a change of traffic or concurrency, and learned anew when a model or the bounds change.
-  const bool same_models = learned_for(spec) == learned_for(spec_);
+  std::string identity = learned_for(spec);
+  const bool same_models = identity == learned_for_;
   spec_ = spec;
+  learned_for_ = std::move(identity);
   const ConcurrencyRange bounds = target_bounds(spec_);
   const double target = std::clamp(vertical_->target(), static_cast<double>(bounds.min),
                                    static_cast<double>(bounds.max));

@@ -90,6 +90,7 @@ class EndpointScaler {
 
   AutoscalingOptions options_;
   EndpointSpec spec_;
+  std::string learned_for_;  // learned_for(spec_): computed once per spec, read every pass
   std::unique_ptr<autoscaler::VerticalPolicy> vertical_;
   std::unique_ptr<autoscaler::Policy> horizontal_;  // reads vertical_'s target through a pointer
   autoscaler::SampleWindow window_;

@@ -12,7 +12,6 @@
 #include <system_error>
 #include <utility>
 
-#include <openssl/evp.h>
 #include <yaml-cpp/yaml.h>
 
 #include "store/store.h"
@@ -383,36 +382,12 @@ nlohmann::json range_json(const ConcurrencyRange& range) {
   return {{"min", range.min}, {"max", range.max}};
 }
 
-struct MdCtxDeleter {
-  void operator()(EVP_MD_CTX* ctx) const { EVP_MD_CTX_free(ctx); }
-};
-using MdCtx = std::unique_ptr<EVP_MD_CTX, MdCtxDeleter>;
-
 // Appends `field` with its length in front, so no two different field lists give one string.
 void append_field(std::string& out, std::string_view field) {
   out += std::to_string(field.size());
   out += ':';
   out += field;
   out += ';';
-}
-
-// The first `digits` lowercase hex digits of SHA-256(text), or "" when OpenSSL fails.
-std::string sha256_hex_prefix(std::string_view text, size_t digits) {
-  MdCtx ctx(EVP_MD_CTX_new());
-  unsigned char digest[EVP_MAX_MD_SIZE];
-  unsigned int digest_size = 0;
-  if (ctx == nullptr || EVP_DigestInit_ex(ctx.get(), EVP_sha256(), nullptr) != 1 ||
-      EVP_DigestUpdate(ctx.get(), text.data(), text.size()) != 1 ||
-      EVP_DigestFinal_ex(ctx.get(), digest, &digest_size) != 1) {
-    return "";
-  }
-  static constexpr char kHex[] = "0123456789abcdef";
-  std::string hex;
-  for (unsigned int i = 0; i < digest_size && hex.size() < digits; ++i) {
-    hex += kHex[digest[i] >> 4];
-    hex += kHex[digest[i] & 0x0F];
-  }
-  return hex.substr(0, digits);
 }
 
 int64_t runtime_default_target(const std::string& runtime) {
@@ -491,7 +466,7 @@ std::string deployment_key(std::string_view endpoint, const ServedModelSpec& ser
   append_field(canonical, cpus_text);
   append_field(canonical, std::to_string(served.resources.memory_mb));
   return std::string(endpoint) + "/" + served.name + "/" +
-         sha256_hex_prefix(canonical, kKeyHexDigits);
+         store::sha256_hex(canonical).substr(0, kKeyHexDigits);
 }
 
 ConcurrencyRange per_replica_bounds(const ServedModelSpec& served) {

@@ -336,6 +336,14 @@ def raw_request(method, path, body=b"", headers=None, keep_alive=True):
 
 # --------------------------------------------------------------------------- waiting
 
+def free_port():
+    """A port nothing listens on right now, for servers that cannot bind port 0 themselves
+    (nginx) or for a connection that must be refused."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 def wait_until(pred, deadline_s, interval_s=0.01, what="condition"):
     """Polls `pred` until it returns a truthy value (returned) or the deadline passes."""
     t_end = time.monotonic() + deadline_s

@@ -34,12 +34,6 @@ def setUpModule():
     harness.require_binary("store_test.py")
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def digest(data):
     return hashlib.sha256(data).hexdigest()
 
@@ -70,7 +64,7 @@ class Nginx:
         self.dir = tempfile.mkdtemp(prefix="flotilla-nginx-")
         self.tls = tls
         for attempt in range(5):
-            self.port = free_port()
+            self.port = harness.free_port()
             conf = os.path.join(self.dir, "nginx.conf")
             with open(conf, "w") as f:
                 f.write(f"""daemon off;
@@ -347,7 +341,7 @@ class StoreTest(unittest.TestCase):
     def test_not_found_and_unreachable(self):
         d = self.data_dir()
         self.assertFailsCleanly(pull(self.nginx.url("model/missing.bin"), d), d, "HTTP 404")
-        port = free_port()  # nothing listens there
+        port = harness.free_port()  # nothing listens there
         self.assertFailsCleanly(pull(f"http://127.0.0.1:{port}/x.bin", d), d,
                                 f"127.0.0.1:{port}", "cannot connect")
         self.assertFailsCleanly(pull("http://no-such-host.invalid/x.bin", d), d,
