@@ -10,8 +10,9 @@ PACKAGES=(
   # libraries
   libboost-dev libsimdjson-dev nlohmann-json3-dev libspdlog-dev libfmt-dev libcli11-dev
   libyaml-cpp-dev libxgboost-dev libssl-dev libsqlite3-dev libgtest-dev libgmock-dev libbenchmark-dev
+  libpcre2-dev
   # tests, fixtures and benchmarks
-  python3 python3-xgboost python3-sklearn python3-numpy python3-aiohttp python3-matplotlib
+  python3 python3-xgboost python3-sklearn python3-numpy python3-aiohttp python3-matplotlib python3-regex
   prometheus wrk curl
   # peer proxies and load generators for bench/gateway (../shared/bench/peers)
   nginx haproxy hey

@@ -1,0 +1,179 @@
+// The portable kernels, weight conversion and the dispatch between paths.
+#include "llm/kernels.h"
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+
+#include "llm/safetensors.h"
+
+namespace flotilla::llm {
+namespace {
+
+std::array<float, 256> build_fp8_table() {
+  std::array<float, 256> table{};
+  for (int code = 0; code < 256; ++code) {
+    int exponent = (code >> 3) & 0xf;
+    int mantissa = code & 0x7;
+    float magnitude = exponent == 0 ? std::ldexp(static_cast<float>(mantissa), -9)
+                                    : std::ldexp(1.0f + mantissa / 8.0f, exponent - 7);
+    if ((code & 0x7f) == 0x7f) {
+      magnitude = 0;  // NaN in e4m3; never produced by float_to_fp8_e4m3
+    }
+    table[code] = (code & 0x80) ? -magnitude : magnitude;
+  }
+  return table;
+}
+
+const std::array<float, 256> kFp8Table = build_fp8_table();
+
+// The weight at column c of row r, as fp32 before the row scale.
+inline float weight_at(const WeightMatrix& w, int r, int c) {
+  int64_t index = static_cast<int64_t>(r) * w.cols + c;
+  switch (w.format) {
+    case WeightFormat::kF32: {
+      float value;
+      std::memcpy(&value, w.data + index * 4, 4);
+      return value;
+    }
+    case WeightFormat::kBF16: {
+      uint16_t bits;
+      std::memcpy(&bits, w.data + index * 2, 2);
+      return bf16_to_float(bits);
+    }
+    case WeightFormat::kInt8:
+      return static_cast<float>(static_cast<int8_t>(w.data[index]));
+    case WeightFormat::kFp8:
+      return kFp8Table[static_cast<uint8_t>(w.data[index])];
+  }
+  return 0;
+}
+
+void portable_matmul(const float* x, int m, const WeightMatrix& w, int row_begin, int row_end,
+                     float* y, int ldy, bool accumulate) {
+  std::vector<float> row(w.cols);
+  for (int r = row_begin; r < row_end; ++r) {
+    for (int c = 0; c < w.cols; ++c) {
+      row[c] = weight_at(w, r, c);
+    }
+    float scale = w.scales.empty() ? 1.0f : w.scales[r];
+    float bias = w.bias.empty() ? 0.0f : w.bias[r];
+    for (int i = 0; i < m; ++i) {
+      const float* xi = x + static_cast<int64_t>(i) * w.cols;
+      float sum = 0;
+      for (int c = 0; c < w.cols; ++c) {
+        sum += xi[c] * row[c];
+      }
+      float& out = y[static_cast<int64_t>(i) * ldy + r];
+      out = (accumulate ? out : 0.0f) + sum * scale + bias;
+    }
+  }
+}
+
+float portable_dot(const float* a, const float* b, int n) {
+  float sum = 0;
+  for (int i = 0; i < n; ++i) {
+    sum += a[i] * b[i];
+  }
+  return sum;
+}
+
+void portable_axpy(float alpha, const float* x, float* y, int n) {
+  for (int i = 0; i < n; ++i) {
+    y[i] += alpha * x[i];
+  }
+}
+
+const Kernels kPortable{"portable", portable_matmul, portable_dot, portable_axpy};
+
+}  // namespace
+
+int64_t WeightMatrix::bytes() const {
+  int64_t element = format == WeightFormat::kF32 ? 4 : format == WeightFormat::kBF16 ? 2 : 1;
+  return static_cast<int64_t>(rows) * cols * element;
+}
+
+const float* fp8_e4m3_table() { return kFp8Table.data(); }
+
+uint8_t float_to_fp8_e4m3(float value) {
+  // Codes 0x00..0x7e are the non-negative values in increasing order.
+  float magnitude = std::min(std::fabs(value), 448.0f);
+  const float* begin = kFp8Table.data();
+  const float* upper = std::lower_bound(begin, begin + 0x7f, magnitude);
+  int code = static_cast<int>(upper - begin);
+  if (code == 0x7f) {
+    code = 0x7e;
+  } else if (code > 0) {
+    float above = kFp8Table[code] - magnitude;
+    float below = magnitude - kFp8Table[code - 1];
+    if (below < above || (below == above && (code - 1) % 2 == 0)) {
+      code -= 1;
+    }
+  }
+  return static_cast<uint8_t>(code | (std::signbit(value) && code != 0 ? 0x80 : 0));
+}
+
+WeightMatrix make_weight_matrix(WeightFormat format, int rows, int cols, const float* values) {
+  WeightMatrix w;
+  w.format = format;
+  w.rows = rows;
+  w.cols = cols;
+  int64_t n = static_cast<int64_t>(rows) * cols;
+  switch (format) {
+    case WeightFormat::kF32:
+      w.owned.resize(n * 4);
+      std::memcpy(w.owned.data(), values, n * 4);
+      break;
+    case WeightFormat::kBF16:
+      w.owned.resize(n * 2);
+      for (int64_t i = 0; i < n; ++i) {
+        uint16_t bits = float_to_bf16(values[i]);
+        std::memcpy(w.owned.data() + i * 2, &bits, 2);
+      }
+      break;
+    case WeightFormat::kInt8:
+    case WeightFormat::kFp8: {
+      w.owned.resize(n);
+      w.scales.resize(rows);
+      float range = format == WeightFormat::kInt8 ? 127.0f : 448.0f;
+      for (int r = 0; r < rows; ++r) {
+        const float* row = values + static_cast<int64_t>(r) * cols;
+        float amax = 0;
+        for (int c = 0; c < cols; ++c) {
+          amax = std::max(amax, std::fabs(row[c]));
+        }
+        float scale = amax > 0 ? amax / range : 1.0f;
+        w.scales[r] = scale;
+        for (int c = 0; c < cols; ++c) {
+          float scaled = row[c] / scale;
+          uint8_t code = format == WeightFormat::kInt8
+                             ? static_cast<uint8_t>(static_cast<int8_t>(std::lrint(
+                                   std::clamp(scaled, -127.0f, 127.0f))))
+                             : float_to_fp8_e4m3(scaled);
+          w.owned[static_cast<int64_t>(r) * cols + c] = static_cast<std::byte>(code);
+        }
+      }
+      break;
+    }
+  }
+  w.data = w.owned.data();
+  return w;
+}
+
+const Kernels& portable_kernels() { return kPortable; }
+
+const Kernels& kernels() {
+  static const Kernels& chosen = [&]() -> const Kernels& {
+    const char* forced = std::getenv("FLOTILLA_LLM_KERNELS");
+    if (forced != nullptr && std::string_view(forced) == "portable") {
+      return kPortable;
+    }
+    const Kernels* avx2 = avx2_kernels();
+    return avx2 != nullptr ? *avx2 : kPortable;
+  }();
+  return chosen;
+}
+
+}  // namespace flotilla::llm

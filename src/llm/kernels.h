@@ -1,0 +1,54 @@
+// Compute kernels of the forward pass, with runtime CPU dispatch: an AVX2+FMA+F16C path and a
+// portable one that any x86-64 or other target runs. Matrices are weights in the Hugging Face
+// layout, [output features][input features], so y = x · Wᵀ is a dot product per output row,
+// and a weight row is read once for every activation row of the step.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string_view>
+#include <vector>
+
+#include "llm/llm.h"
+
+namespace flotilla::llm {
+
+// A weight matrix in one of the formats; `data` points into `owned` or into a mapped file.
+struct WeightMatrix {
+  WeightFormat format = WeightFormat::kF32;
+  int rows = 0;  // output features
+  int cols = 0;  // input features
+  const std::byte* data = nullptr;
+  std::vector<std::byte> owned;
+  std::vector<float> scales;  // one per row for kInt8 and kFp8: weight = code value x scale
+  std::vector<float> bias;    // empty, or one per row
+
+  int64_t bytes() const;
+};
+
+struct Kernels {
+  std::string_view name;  // "avx2" or "portable"
+  // y[i][r] (+)= x[i] · W[r] (+ bias[r]) for rows r in [row_begin, row_end), i < m. Row i of x
+  // starts at x + i * w.cols, of y at y + i * ldy. With accumulate, adds to y (residuals).
+  void (*matmul)(const float* x, int m, const WeightMatrix& w, int row_begin, int row_end,
+                 float* y, int ldy, bool accumulate);
+  float (*dot)(const float* a, const float* b, int n);
+  // y += alpha * x
+  void (*axpy)(float alpha, const float* x, float* y, int n);
+};
+
+// The best path this CPU runs; FLOTILLA_LLM_KERNELS=portable forces the portable one.
+const Kernels& kernels();
+const Kernels& portable_kernels();
+// nullptr when the CPU (or the build) has no AVX2, FMA and F16C.
+const Kernels* avx2_kernels();
+
+// Builds `format` weights from fp32 values (row-major rows x cols). kInt8 and kFp8 get one
+// scale per row: int8 to ±127, fp8 e4m3 to ±448.
+WeightMatrix make_weight_matrix(WeightFormat format, int rows, int cols, const float* values);
+
+// The exact fp32 value of every e4m3 code (0x7f and 0xff, the NaNs, decode as 0).
+const float* fp8_e4m3_table();
+uint8_t float_to_fp8_e4m3(float value);  // nearest, ties to even, saturating at ±448
+
+}  // namespace flotilla::llm

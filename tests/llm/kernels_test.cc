@@ -1,0 +1,116 @@
+// The AVX2 kernels against the portable ones for every weight format and awkward shapes (tails
+// of rows and columns, one activation row), and the fp8 e4m3 codec against its definition.
+#include <cmath>
+#include <random>
+
+#include <gtest/gtest.h>
+
+#include "llm/kernels.h"
+#include "llm/thread_pool.h"
+
+namespace flotilla::llm {
+namespace {
+
+std::vector<float> random_values(size_t n, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> normal;
+  std::vector<float> out(n);
+  for (float& v : out) {
+    v = normal(rng);
+  }
+  return out;
+}
+
+TEST(KernelsTest, Avx2MatchesPortableForEveryFormatAndShape) {
+  const Kernels* avx2 = avx2_kernels();
+  if (avx2 == nullptr) {
+    GTEST_SKIP() << "this CPU has no AVX2/FMA/F16C";
+  }
+  for (WeightFormat format :
+       {WeightFormat::kF32, WeightFormat::kBF16, WeightFormat::kInt8, WeightFormat::kFp8}) {
+    for (auto [rows, cols, m] : {std::tuple{7, 19, 1}, std::tuple{12, 64, 5}, std::tuple{5, 8, 9},
+                                 std::tuple{33, 136, 37}}) {
+      std::vector<float> values = random_values(static_cast<size_t>(rows) * cols, rows + cols);
+      WeightMatrix w = make_weight_matrix(format, rows, cols, values.data());
+      w.bias = random_values(rows, 3);
+      std::vector<float> x = random_values(static_cast<size_t>(m) * cols, 5);
+      std::vector<float> expected(static_cast<size_t>(m) * rows, 1.0f), actual = expected;
+      portable_kernels().matmul(x.data(), m, w, 0, rows, expected.data(), rows, true);
+      avx2->matmul(x.data(), m, w, 0, rows, actual.data(), rows, true);
+      for (size_t i = 0; i < expected.size(); ++i) {
+        ASSERT_NEAR(actual[i], expected[i], 1e-4f * (1 + std::fabs(expected[i])))
+            << weight_format_name(format) << " " << rows << "x" << cols << " m=" << m << " i=" << i;
+      }
+    }
+  }
+  std::vector<float> a = random_values(67, 1), b = random_values(67, 2);
+  EXPECT_NEAR(avx2->dot(a.data(), b.data(), 67), portable_kernels().dot(a.data(), b.data(), 67),
+              1e-4);
+}
+
+TEST(KernelsTest, QuantizedWeightsReconstructWithinTheirStep) {
+  std::vector<float> values = random_values(4 * 256, 9);
+  for (WeightFormat format : {WeightFormat::kInt8, WeightFormat::kFp8}) {
+    WeightMatrix w = make_weight_matrix(format, 4, 256, values.data());
+    // Row r's dot product with a one-hot vector at column c is the reconstructed weight.
+    for (int c : {0, 17, 255}) {
+      std::vector<float> one_hot(256, 0.0f);
+      one_hot[c] = 1;
+      std::vector<float> y(4);
+      portable_kernels().matmul(one_hot.data(), 1, w, 0, 4, y.data(), 4, false);
+      for (int r = 0; r < 4; ++r) {
+        float original = values[r * 256 + c];
+        // int8: half a step of amax/127; e4m3: 3 mantissa bits, half an ulp is 1/16 relative.
+        float bound = format == WeightFormat::kInt8 ? w.scales[r] / 2 + 1e-6f
+                                                    : std::fabs(original) / 16 + w.scales[r] / 512;
+        EXPECT_NEAR(y[r], original, bound) << weight_format_name(format) << " r=" << r;
+      }
+    }
+  }
+}
+
+TEST(KernelsTest, Fp8E4m3CodecFollowsTheFormat) {
+  const float* table = fp8_e4m3_table();
+  EXPECT_EQ(table[0x00], 0.0f);
+  EXPECT_EQ(table[0x01], std::ldexp(1.0f, -9));  // smallest subnormal
+  EXPECT_EQ(table[0x08], std::ldexp(1.0f, -6));  // smallest normal
+  EXPECT_EQ(table[0x7e], 448.0f);                // largest finite
+  EXPECT_EQ(table[0xfe], -448.0f);
+  EXPECT_EQ(float_to_fp8_e4m3(1000.0f), 0x7e);  // saturates
+  EXPECT_EQ(float_to_fp8_e4m3(-1.0f), 0xb8);
+  for (int code = 0; code < 0x7f; ++code) {
+    EXPECT_EQ(float_to_fp8_e4m3(table[code]), code);
+    EXPECT_EQ(float_to_fp8_e4m3(-table[code]), code == 0 ? 0 : code | 0x80);
+  }
+  // Halfway between 1.0 (0x38) and 1.125 (0x39) goes to the even code.
+  EXPECT_EQ(float_to_fp8_e4m3(1.0625f), 0x38);
+}
+
+TEST(ThreadPoolTest, RunsEveryIndexOnceAndSplitsRangesInAlignedParts) {
+  for (int threads : {1, 2, 3}) {
+    ThreadPool pool(threads);
+    for (int round = 0; round < 200; ++round) {
+      std::vector<std::atomic<int>> hits(threads);
+      pool.run([&](int index, int count) {
+        EXPECT_EQ(count, threads);
+        hits[index].fetch_add(1);
+      });
+      for (auto& h : hits) {
+        ASSERT_EQ(h.load(), 1);
+      }
+    }
+    std::vector<std::atomic<int>> covered(100);
+    pool.parallel_for(100, 3, [&](int begin, int end) {
+      EXPECT_TRUE(begin % 3 == 0);
+      for (int i = begin; i < end; ++i) {
+        covered[i].fetch_add(1);
+      }
+    });
+    for (auto& c : covered) {
+      EXPECT_EQ(c.load(), 1);
+    }
+  }
+}
+
+}  // namespace
+}  // namespace flotilla::llm
