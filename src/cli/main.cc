@@ -41,12 +41,47 @@ struct ReplicaFlags {
   std::string log_level = "info";
   std::string cache_dir = ".flotilla/cache";
   bool standby = false;
+  runtime::LlmRuntimeOptions llm;
 };
+
+// The llm runtime's settings (docs/llm.md).
+void add_llm_options(CLI::App& cmd, runtime::LlmRuntimeOptions& llm) {
+  cmd.add_option("--dtype", llm.dtype,
+                 "llm: weight format, auto (bfloat16 for 16-bit checkpoints), float32 or bfloat16")
+      ->check(CLI::IsMember({"auto", "float32", "bfloat16"}))
+      ->capture_default_str();
+  cmd.add_option("--quantize", llm.quantize,
+                 "llm: weight-only quantization with one scale per output channel of the MLP "
+                 "and LM head: none, int8 or fp8 (e4m3)")
+      ->check(CLI::IsMember({"none", "int8", "fp8"}))
+      ->capture_default_str();
+  cmd.add_flag("--quantize-attention", llm.quantize_attention,
+               "llm: quantize the attention projections too (default: they keep --dtype)");
+  cmd.add_flag("--skip-tokenizer", llm.skip_tokenizer,
+               "llm: serve a model directory without tokenizer files; token-id prompts only");
+  cmd.add_option("--llm-threads", llm.threads, "llm: compute threads (0: every core)")
+      ->check(CLI::Range(0, 1024))
+      ->capture_default_str();
+  cmd.add_option("--max-sequences", llm.engine.max_sequences,
+                 "llm: sequences in the running batch at once")
+      ->check(CLI::Range(1, 4096))
+      ->capture_default_str();
+  cmd.add_option("--max-tokens-per-step", llm.engine.max_tokens_per_step,
+                 "llm: prompt and decode tokens of one forward step")
+      ->check(CLI::Range(1, 1 << 20))
+      ->capture_default_str();
+  cmd.add_option("--kv-cache-tokens", llm.engine.kv_cache_tokens,
+                 "llm: KV cache size in tokens (0: max-sequences full contexts, at most 64K)")
+      ->check(CLI::Range(0, 1 << 26))
+      ->capture_default_str();
+  cmd.add_flag("--no-overlap", [&llm](int64_t) { llm.engine.overlap_postprocessing = false; },
+               "llm: do the output work of a step on the engine thread (for comparison)");
+}
 
 void add_replica_command(CLI::App& app, ReplicaFlags& flags) {
   CLI::App* cmd = app.add_subcommand("replica",
                                      "Serve one model over the Open Inference "
-                                     "Protocol v2, MLflow /invocations and /metrics.");
+                                     "Protocol v2, MLflow /invocations, OpenAI /v1 (language models) and /metrics.");
   cmd->add_option("--model", flags.model,
                   "Model file or MLflow model directory, or an http(s) URL of either (a "
                   "directory: .../flotilla-manifest.json) pulled into --cache-dir (required)");
@@ -54,9 +89,10 @@ void add_replica_command(CLI::App& app, ReplicaFlags& flags) {
       ->capture_default_str();
   cmd->add_option("--name", flags.name, "Model name (default: the file's stem or directory name)");
   cmd->add_option("--runtime", flags.runtime,
-                  "auto, xgboost or synthetic (auto never picks synthetic)")
-      ->check(CLI::IsMember({"auto", "xgboost", "synthetic"}))
+                  "auto, xgboost, llm or synthetic (auto never picks synthetic)")
+      ->check(CLI::IsMember({"auto", "xgboost", "llm", "synthetic"}))
       ->capture_default_str();
+  add_llm_options(*cmd, flags.llm);
   cmd->add_option("--host", flags.host, "Address to listen on")->capture_default_str();
   cmd->add_option("--port", flags.port, "Port to listen on; 0 picks a free one (printed on stdout)")
       ->capture_default_str();
@@ -194,6 +230,7 @@ int run_replica(const ReplicaFlags& flags) {
                              ? runtime::default_model_name(model_name_source(flags.model, *model))
                              : flags.name;
   runtime_options.predict_threads = flags.predict_threads;
+  runtime_options.llm = flags.llm;
   auto runtime = runtime::load_runtime(*kind, *model, runtime_options);
   if (!runtime.is_ok()) {
     std::cerr << "flotilla replica: cannot load model: " << runtime.status().message() << "\n";

@@ -14,10 +14,9 @@
 #include <vector>
 
 #include "common/common.h"
-// #include "llm/tokenizer.h"  (restored once the tokenizer lands)
+#include "llm/tokenizer.h"
 
 namespace flotilla::llm {
-class Tokenizer;
 
 // ---------------------------------------------------------------------------------------------
 // Model configuration (config.json)
@@ -138,10 +137,10 @@ struct GenerationRequest {
 };
 
 struct EngineOptions {
-  int kv_cache_tokens = 0;          // 0: enough for max_sequences full contexts, at most 64K
-  int kv_block_tokens = 16;         // tokens per KV cache block
-  int max_sequences = 64;           // sequences in the running batch at once
-  int max_tokens_per_step = 512;    // prefill chunks and decode tokens of one forward step
+  int kv_cache_tokens = 0;             // 0: enough for max_sequences full contexts, at most 64K
+  int kv_block_tokens = 16;            // tokens per KV cache block
+  int max_sequences = 64;              // sequences in the running batch at once
+  int max_tokens_per_step = 512;       // prefill chunks and decode tokens of one forward step
   bool overlap_postprocessing = true;  // output work of step N runs during step N+1
 };
 

@@ -17,7 +17,9 @@ namespace {
 
 namespace fs = std::filesystem;
 
-bool is_16_bit(const TensorView& view) { return view.dtype != TensorDtype::kF32; }
+bool is_16_bit(const TensorView& view) {
+  return view.dtype != TensorDtype::kF32;
+}
 
 std::vector<float> to_floats(const TensorView& view) {
   std::vector<float> out(view.elements());
@@ -171,7 +173,9 @@ Result<std::shared_ptr<const Model>> load_model_files(const std::string& dir,
   model->files = std::move(files).value();
   const SafetensorsSet& f = model->files;
 
-  auto fail = [&](const Status& status) { return status.with_context("loading " + dir); };
+  auto fail = [&](const Status& status) {
+    return status.with_context("loading " + dir);
+  };
   Result<const TensorView*> embedding =
       f.get("model.embed_tokens.weight", {c.vocab_size, c.hidden_size});
   if (!embedding.is_ok()) {
@@ -195,8 +199,12 @@ Result<std::shared_ptr<const Model>> load_model_files(const std::string& dir,
     std::string p = "model.layers." + std::to_string(i) + ".";
     LayerWeights layer;
     auto matrix = [&](const std::vector<std::pair<std::string, int>>& parts, int cols,
-                      WeightFormat format) { return load_matrix(f, parts, cols, format); };
-    auto vector = [&](const std::string& name, int size) { return load_vector(f, name, size); };
+                      WeightFormat format) {
+      return load_matrix(f, parts, cols, format);
+    };
+    auto vector = [&](const std::string& name, int size) {
+      return load_vector(f, name, size);
+    };
     Result<std::vector<float>> input_norm = vector(p + "input_layernorm.weight", c.hidden_size);
     Result<std::vector<float>> post_norm =
         vector(p + "post_attention_layernorm.weight", c.hidden_size);
@@ -204,8 +212,8 @@ Result<std::shared_ptr<const Model>> load_model_files(const std::string& dir,
                                        {p + "self_attn.k_proj.weight", kv_rows},
                                        {p + "self_attn.v_proj.weight", kv_rows}},
                                       c.hidden_size, attention);
-    Result<WeightMatrix> o = matrix({{p + "self_attn.o_proj.weight", c.hidden_size}}, q_rows,
-                                    attention);
+    Result<WeightMatrix> o =
+        matrix({{p + "self_attn.o_proj.weight", c.hidden_size}}, q_rows, attention);
     Result<WeightMatrix> gate_up = matrix({{p + "mlp.gate_proj.weight", c.intermediate_size},
                                            {p + "mlp.up_proj.weight", c.intermediate_size}},
                                           c.hidden_size, mlp);
@@ -224,9 +232,9 @@ Result<std::shared_ptr<const Model>> load_model_files(const std::string& dir,
     layer.gate_up = std::move(gate_up).value();
     layer.down = std::move(down).value();
     if (c.qkv_bias) {
-      for (const auto& [name, size] : {std::pair{"q_proj.bias", q_rows},
-                                       std::pair{"k_proj.bias", kv_rows},
-                                       std::pair{"v_proj.bias", kv_rows}}) {
+      for (const auto& [name, size] :
+           {std::pair{"q_proj.bias", q_rows}, std::pair{"k_proj.bias", kv_rows},
+            std::pair{"v_proj.bias", kv_rows}}) {
         Result<std::vector<float>> bias = vector(p + "self_attn." + name, size);
         if (!bias.is_ok()) {
           return fail(bias.status());
@@ -261,7 +269,9 @@ Result<std::shared_ptr<const Model>> load_model(const std::string& dir,
   return load_model_files(dir, options);
 }
 
-const ModelConfig& model_config(const Model& model) { return model.config; }
+const ModelConfig& model_config(const Model& model) {
+  return model.config;
+}
 
 int64_t model_weight_bytes(const Model& model) {
   int64_t bytes = model.lm_head.bytes();
@@ -293,8 +303,8 @@ KvCache::KvCache(const ModelConfig& config, int blocks, int block_tokens)
       total_blocks_(blocks),
       kv_heads_(config.num_kv_heads),
       head_dim_(config.head_dim) {
-  size_t floats = static_cast<size_t>(config.num_layers) * blocks * kv_heads_ * block_tokens_ *
-                  head_dim_;
+  size_t floats =
+      static_cast<size_t>(config.num_layers) * blocks * kv_heads_ * block_tokens_ * head_dim_;
   keys_.resize(floats);
   values_.resize(floats);
   free_.reserve(blocks);
@@ -336,8 +346,7 @@ float* KvCache::value(int layer, int block, int kv_head) {
 ForwardPass::ForwardPass(std::shared_ptr<const Model> model, int threads)
     : model_(std::move(model)),
       kernels_(kernels()),
-      pool_(threads > 0 ? threads : default_threads()),
-      scores_(pool_.size()) {}
+      pool_(threads > 0 ? threads : default_threads()) {}
 
 void ForwardPass::attention(std::span<const StepSequence> step, int layer, KvCache& cache) {
   const ModelConfig& c = model_->config;
@@ -355,11 +364,10 @@ void ForwardPass::attention(std::span<const StepSequence> step, int layer, KvCac
     }
   }
   const int items = static_cast<int>(rows.size()) * c.num_heads;
-  pool_.run([&](int index, int count) {
-    std::vector<float>& scores = scores_[index];
+  pool_.parallel_for(items, 1, [&](int begin, int end) {
+    // Scratch for one item's scores; chunks on one thread run one after another.
+    thread_local std::vector<float> scores;
     scores.resize(c.max_position);
-    int begin = static_cast<int>(static_cast<int64_t>(items) * index / count);
-    int end = static_cast<int>(static_cast<int64_t>(items) * (index + 1) / count);
     for (int item = begin; item < end; ++item) {
       int row = item / c.num_heads, head = item % c.num_heads, kv_head = head / group;
       const StepSequence& seq = step[rows[row].first];
@@ -388,8 +396,7 @@ void ForwardPass::attention(std::span<const StepSequence> step, int layer, KvCac
   });
 }
 
-std::span<const float> ForwardPass::forward(std::span<const StepSequence> step,
-                                            KvCache& cache) {
+std::span<const float> ForwardPass::forward(std::span<const StepSequence> step, KvCache& cache) {
   const Model& m = *model_;
   const ModelConfig& c = m.config;
   const int hidden = c.hidden_size, hd = c.head_dim;

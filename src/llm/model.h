@@ -26,7 +26,7 @@ class Model {
  public:
   ModelConfig config;
   LoadOptions options;
-  SafetensorsSet files;              // keeps the mapped weights alive
+  SafetensorsSet files;  // keeps the mapped weights alive
   const TensorView* embedding = nullptr;
   std::vector<LayerWeights> layers;
   std::vector<float> final_norm;
@@ -95,7 +95,6 @@ class ForwardPass {
   ThreadPool pool_;
   // Activations of the step, resized as steps grow.
   std::vector<float> x_, normed_, qkv_, attn_, mlp_, logits_in_, logits_;
-  std::vector<std::vector<float>> scores_;  // per thread
 };
 
 Result<std::shared_ptr<const Model>> load_model_files(const std::string& dir,

@@ -1,11 +1,14 @@
-// Wire formats of the inference protocols: Open Inference Protocol v2 (KServe, Triton) and
-// MLflow's scoring server. Pure functions: no I/O, no shared state; every function may be
+// Wire formats of the inference protocols: Open Inference Protocol v2 (KServe, Triton),
+// MLflow's scoring server, and OpenAI completions. Pure functions: no I/O, no shared state; every function may be
 // called from any thread. Decoders never throw: bad input becomes an kInvalidArgument Status
 // whose message names the offending field. See docs/replica.md and ../shared/PROTOCOLS.md.
 #pragma once
 
+#include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "common/common.h"
 
@@ -42,6 +45,79 @@ Result<InferRequest> decode_mlflow_csv(std::string_view body);
 void encode_mlflow_predictions(const Tensor& output, std::string& out);
 // {"error_code": "BAD_REQUEST", "message": "..."} and the like.
 std::string encode_mlflow_error(StatusCode code, std::string_view message);
+
+// ---- OpenAI completions and chat completions (PROTOCOLS.md §3) ------------------------------
+
+struct ChatTurn {
+  std::string role;  // system, user, assistant
+  std::string content;
+};
+
+// One /v1/completions or /v1/chat/completions request, decoded and range-checked. Fields this
+// server cannot honour (n > 1, echo, penalties, logit_bias, tools, several prompts) are refused
+// with a message naming them rather than ignored.
+struct CompletionRequest {
+  bool chat = false;
+  std::string model;  // empty when omitted
+  std::optional<std::string> prompt_text;  // completions: a string prompt
+  std::vector<int32_t> prompt_tokens;      // completions: a token-id prompt
+  std::vector<ChatTurn> messages;          // chat
+  std::optional<int> max_tokens;           // unset: the default of the route
+  std::optional<double> temperature;       // unset: 1.0
+  double top_p = 1.0;
+  int top_k = 0;  // vLLM extension; 0 or -1: off
+  std::optional<uint64_t> seed;
+  std::vector<std::string> stop;
+  std::vector<int32_t> stop_token_ids;  // vLLM extension
+  bool ignore_eos = false;              // vLLM extension, for benchmarks
+  bool stream = false;
+  bool include_usage = false;     // stream_options.include_usage
+  bool return_token_ids = false;  // each choice also carries the generated token ids
+  int logprobs = 0;               // top logprobs per token (completions: logprobs; chat: top_logprobs)
+  bool want_logprobs = false;     // chat: logprobs true
+};
+
+// `body` may be grown by the JSON parser's padding; its contents are unchanged.
+Result<CompletionRequest> decode_completion_request(std::string& body, bool chat);
+
+struct TokenChoice {
+  std::string token;  // its text (may be a partial UTF-8 sequence: bytes are escaped as JSON)
+  float logprob = 0;
+};
+
+struct LogprobEntry {
+  TokenChoice chosen;
+  std::vector<TokenChoice> top;
+};
+
+// What a response or a stream chunk carries; one choice (index 0).
+struct CompletionOutput {
+  bool chat = false;
+  std::string id;  // "cmpl-..." / "chatcmpl-..."
+  std::string model;
+  int64_t created = 0;  // unix seconds
+  std::string text;     // the text, or a stream chunk's delta
+  std::vector<int32_t> token_ids;  // written when return_token_ids
+  bool return_token_ids = false;
+  std::vector<LogprobEntry> logprobs;  // written when want_logprobs
+  bool want_logprobs = false;
+  std::string_view finish_reason;  // "" → null
+  int prompt_tokens = 0;
+  int completion_tokens = 0;
+};
+
+std::string encode_completion_response(const CompletionOutput& output);
+// One SSE event "data: {...}\n\n" with a chunk; `first` makes a chat chunk carry the role.
+std::string encode_completion_chunk(const CompletionOutput& output, bool first);
+// The usage chunk of stream_options.include_usage: "choices": [] and usage filled.
+std::string encode_usage_chunk(const CompletionOutput& output);
+inline constexpr std::string_view kSseDone = "data: [DONE]\n\n";
+// {"object":"list","data":[{"id":name,"object":"model","created":..,"owned_by":"flotilla",
+// "max_model_len":context}]}
+std::string encode_openai_models(std::string_view name, int64_t created, int max_model_len);
+// {"error":{"message":...,"type":...,"param":null,"code":status}}; type follows the status
+// (invalid_request_error, not_found_error, ...).
+std::string encode_openai_error(int status, std::string_view message);
 
 // ---- helpers shared by encoders ----------------------------------------------------------------
 

@@ -7,6 +7,7 @@
 
 #include "protocol/protocol.h"
 #include "replica/batcher.h"
+#include "replica/openai_handler.h"
 
 namespace flotilla::replica {
 namespace {
@@ -26,16 +27,26 @@ enum class Route {
   kHealth,
   kVersion,
   kMetrics,
+  kCompletions,
+  kChatCompletions,
+  kModels,
   kUnknown,
   kCount,
 };
 
 constexpr std::array<const char*, static_cast<size_t>(Route::kCount)> kRouteNames = {
     "live",        "ready", "server_metadata", "model_metadata", "model_ready", "infer",
-    "invocations", "ping",  "health",          "version",        "metrics",     "unknown"};
+    "invocations", "ping",  "health",          "version",        "metrics",     "completions",
+    "chat_completions", "models", "unknown"};
 
 bool is_post_route(Route route) {
-  return route == Route::kInfer || route == Route::kInvocations;
+  return route == Route::kInfer || route == Route::kInvocations || route == Route::kCompletions ||
+         route == Route::kChatCompletions;
+}
+
+bool is_openai_route(Route route) {
+  return route == Route::kCompletions || route == Route::kChatCompletions ||
+         route == Route::kModels;
 }
 
 // The status codes this server answers with; others are counted through the registry's map.
@@ -94,6 +105,12 @@ RouteMatch match_route(std::string_view path) {
     return {Route::kVersion, {}};
   if (path == "/metrics")
     return {Route::kMetrics, {}};
+  if (path == "/v1/completions")
+    return {Route::kCompletions, {}};
+  if (path == "/v1/chat/completions")
+    return {Route::kChatCompletions, {}};
+  if (path == "/v1/models")
+    return {Route::kModels, {}};
   return {};
 }
 
@@ -143,6 +160,7 @@ class ReplicaImpl final : public Replica {
   std::array<RouteMetrics, static_cast<size_t>(Route::kCount)> route_metrics_;
   Gauge& in_flight_;
   Histogram& batch_rows_;
+  std::unique_ptr<OpenAiHandler> openai_;  // for a language model
   // Declared last so it is destroyed first: a runtime still holding requests (a drain that
   // timed out) answers them while the server's event loops still exist.
   std::unique_ptr<runtime::Runtime> runtime_;
@@ -179,6 +197,9 @@ ReplicaImpl::ReplicaImpl(std::unique_ptr<runtime::Runtime> runtime, const Replic
   protocol::append_json_string(metadata.name, ready_json_);
   not_ready_json_ = ready_json_ + ",\"ready\":false}";
   ready_json_ += ",\"ready\":true}";
+  if (runtime::Generator* generator = runtime_->generator()) {
+    openai_ = std::make_unique<OpenAiHandler>(*generator, metadata.name, registry);
+  }
 }
 
 Status ReplicaImpl::start() {
@@ -238,6 +259,14 @@ void ReplicaImpl::handle(http::Request&& request, http::Responder&& responder) {
                          protocol::encode_oip_error("unknown route '" + std::string(path) + "'")));
     return;
   }
+  if (is_openai_route(route) && openai_ == nullptr) {
+    finish(route, start, responder,
+           json_response(404, protocol::encode_openai_error(
+                                  404, "model '" + runtime_->metadata().name +
+                                           "' is not a language model; it serves /v2 and "
+                                           "/invocations")));
+    return;
+  }
   const bool wants_post = is_post_route(route);
   if ((wants_post && request.method != Method::kPost) ||
       (!wants_post && request.method != Method::kGet)) {
@@ -264,6 +293,18 @@ void ReplicaImpl::handle(http::Request&& request, http::Responder&& responder) {
     case Route::kInvocations:
       handle_invocations(std::move(request),
                          std::make_shared<http::Responder>(std::move(responder)), start);
+      return;
+    case Route::kCompletions:
+    case Route::kChatCompletions:
+      openai_->completions(std::move(request),
+                           std::make_shared<http::Responder>(std::move(responder)),
+                           route == Route::kChatCompletions, [this, route, start](int status) {
+                             count(route, status, start);
+                             in_flight_.add(-1);
+                           });
+      return;
+    case Route::kModels:
+      finish(route, start, responder, json_response(200, openai_->models_json()));
       return;
     case Route::kLive:
       finish(route, start, responder, json_response(200, "{\"live\":true}"));

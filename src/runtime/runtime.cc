@@ -16,8 +16,10 @@ Result<RuntimeKind> parse_runtime_kind(std::string_view name) {
     return RuntimeKind::kXgboost;
   if (name == "synthetic")
     return RuntimeKind::kSynthetic;
+  if (name == "llm")
+    return RuntimeKind::kLlm;
   return invalid_argument("unknown runtime '" + std::string(name) +
-                          "' (use auto, xgboost or synthetic)");
+                          "' (use auto, xgboost, llm or synthetic)");
 }
 
 Result<RuntimeKind> detect_runtime(const std::string& model_path) {
@@ -26,10 +28,14 @@ Result<RuntimeKind> detect_runtime(const std::string& model_path) {
     return not_found("model path '" + model_path + "' does not exist");
   }
   if (fs::is_directory(model_path, ec)) {
+    if (llm::is_llm_directory(model_path)) {
+      return RuntimeKind::kLlm;
+    }
     const fs::path mlmodel = fs::path(model_path) / "MLmodel";
     if (!fs::exists(mlmodel, ec)) {
       return invalid_argument("cannot tell the runtime of directory '" + model_path +
-                              "': it has no MLmodel file");
+                              "': it has neither an MLmodel file nor a config.json of a "
+                              "supported language model");
     }
     try {
       YAML::Node root = YAML::LoadFile(mlmodel.string());
@@ -56,7 +62,9 @@ Result<RuntimeKind> detect_runtime(const std::string& model_path) {
 }
 
 Status warm_up(RuntimeKind kind) {
-  return kind == RuntimeKind::kSynthetic ? Status::ok() : warm_up_xgboost();
+  // The llm runtime has no one-time start-up cost worth paying ahead: its model is mapped.
+  return kind == RuntimeKind::kSynthetic || kind == RuntimeKind::kLlm ? Status::ok()
+                                                                       : warm_up_xgboost();
 }
 
 Result<std::unique_ptr<Runtime>> load_runtime(RuntimeKind kind, const std::string& model_path,
@@ -73,6 +81,8 @@ Result<std::unique_ptr<Runtime>> load_runtime(RuntimeKind kind, const std::strin
       return load_xgboost_runtime(model_path, options);
     case RuntimeKind::kSynthetic:
       return load_synthetic_runtime(model_path, options);
+    case RuntimeKind::kLlm:
+      return load_llm_runtime(model_path, options);
     case RuntimeKind::kAuto:
       break;
   }

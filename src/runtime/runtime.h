@@ -10,16 +10,53 @@
 #include <vector>
 
 #include "common/common.h"
+#include "llm/llm.h"
 
 namespace flotilla::runtime {
 
-enum class RuntimeKind { kAuto, kXgboost, kSynthetic };
+enum class RuntimeKind { kAuto, kXgboost, kSynthetic, kLlm };
 
 Result<RuntimeKind> parse_runtime_kind(std::string_view name);
+
+// Settings of the llm runtime (docs/llm.md).
+struct LlmRuntimeOptions {
+  std::string dtype = "auto";     // auto, float32 or bfloat16: the weights' format
+  std::string quantize = "none";  // none, int8 or fp8: weight-only, one scale per channel
+  bool quantize_attention = false;
+  bool skip_tokenizer = false;  // serve token-id prompts only; no tokenizer files needed
+  int threads = 0;              // compute threads; 0: every core
+  llm::EngineOptions engine;
+};
 
 struct RuntimeOptions {
   std::string name;         // the model's name in metadata and responses
   int predict_threads = 1;  // threads one predict call may use (XGBoost's nthread)
+  LlmRuntimeOptions llm;
+};
+
+// One text generation, as the OpenAI routes ask for it: exactly one of a text prompt, token ids
+// or chat messages.
+struct GenerateRequest {
+  std::optional<std::string> prompt_text;
+  std::vector<int32_t> prompt_tokens;
+  std::vector<llm::ChatMessage> chat;
+  std::optional<int> max_tokens;  // unset: 16 for a prompt, the rest of the context for a chat
+  llm::SamplingParams sampling;   // max_tokens there is ignored
+};
+
+// What a language model serves instead of tensors.
+class Generator {
+ public:
+  virtual ~Generator() = default;
+  virtual int context_length() const = 0;
+  // Prepares the prompt (chat template, tokenization) and starts generating; events arrive on
+  // the engine's output thread, the last with finish set. kInvalidArgument for a bad request
+  // (the caller answers 400), with nothing started.
+  virtual Result<uint64_t> generate(GenerateRequest&& request, llm::EventCallback on_event) = 0;
+  virtual void cancel(uint64_t id) = 0;
+  // A token's text for logprobs ("token_id:N" without a tokenizer).
+  virtual std::string token_text(int32_t id) const = 0;
+  virtual llm::EngineStats stats() const = 0;
 };
 
 // Rows of features, row-major float32: what a tabular model reads. Rows of several requests
@@ -47,10 +84,13 @@ class Runtime {
   // Runs the model and calls `done` exactly once, possibly inline on the calling thread,
   // possibly later on a thread the runtime owns. May block the caller for the compute time.
   virtual void run(ModelInput&& input, RunCallback done) = 0;
+  // The text-generation interface of a language model; null for tensor models.
+  virtual Generator* generator() { return nullptr; }
 };
 
 // The runtime `auto` picks for an artifact: an MLflow directory with an xgboost flavor or an
-// XGBoost model file (.json, .ubj, .xgb, .bst, .model). Never kSynthetic.
+// XGBoost model file (.json, .ubj, .xgb, .bst, .model): xgboost; a directory whose config.json
+// names a Llama-family architecture: llm. Never kSynthetic.
 Result<RuntimeKind> detect_runtime(const std::string& model_path);
 
 // Loads the model at `model_path`. Errors name the file and the problem (kNotFound for a

@@ -10,5 +10,7 @@ Result<std::unique_ptr<Runtime>> load_xgboost_runtime(const std::string& path,
 Status warm_up_xgboost();
 Result<std::unique_ptr<Runtime>> load_synthetic_runtime(const std::string& path,
                                                         const RuntimeOptions& options);
+Result<std::unique_ptr<Runtime>> load_llm_runtime(const std::string& path,
+                                                  const RuntimeOptions& options);
 
 }  // namespace flotilla::runtime

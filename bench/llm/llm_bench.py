@@ -1,0 +1,150 @@
+#!/usr/bin/python3
+"""Throughput and latency of the llm runtime on issue 7's benchmark shape (hidden 512, 8 layers,
+8 heads, 4 KV heads, intermediate 1408, vocab 32000, context 512: ~50M parameters, random bf16
+weights from tests/fixtures/make_llm.py --bench).
+
+Workload: requests of 50 prompt tokens (random ids) generating exactly 50 tokens
+(ignore_eos), streamed over /v1/completions, from 1, 4, 8, 16 and 32 closed-loop clients.
+Per configuration: completed requests/s, output tokens/s, p50/p99 latency and p50 time to first
+token. Configurations: fp32, bf16, int8, fp8 weights; batching off (one sequence at a time);
+overlap of output work off. The replica gets --llm-threads (default 2); the load generator is
+this Python process (asyncio + aiohttp) on the same machine.
+
+llama.cpp is not packaged in Debian 12, so its figures are the ones issue 7 quotes for this
+shape and workload on this kind of machine; the ratio column divides by them.
+
+    /usr/bin/python3 bench/llm/llm_bench.py [--seconds 20] [--clients 1,4,8,16,32]
+        [--configs fp32,bf16,int8,fp8,bf16-nobatch,bf16-nooverlap] [--threads 2]
+"""
+import argparse
+import asyncio
+import json
+import os
+import random
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+import aiohttp
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+FLOTILLA = os.environ.get("FLOTILLA_BIN", os.path.join(ROOT, "build/release/flotilla"))
+PROMPT_TOKENS = 50
+OUTPUT_TOKENS = 50
+
+CONFIGS = {
+    "fp32": ["--dtype", "float32"],
+    "bf16": ["--dtype", "bfloat16"],
+    "int8": ["--dtype", "bfloat16", "--quantize", "int8", "--quantize-attention"],
+    "fp8": ["--dtype", "bfloat16", "--quantize", "fp8", "--quantize-attention"],
+    "int8-mlp": ["--dtype", "bfloat16", "--quantize", "int8"],
+    "bf16-nobatch": ["--dtype", "bfloat16", "--max-sequences", "1"],
+    "bf16-nooverlap": ["--dtype", "bfloat16", "--no-overlap"],
+}
+
+# llama.cpp server, 16 slots, continuous batching, flash attention, 2 threads (issue 7).
+LLAMA_CPP_REQ_S = {
+    "Q8_0": {1: 4.5, 4: 8.0, 8: 10.0, 16: 14.0},
+    "F16": {1: 4.0, 16: 14.0},
+}
+PEER_FOR = {"int8": "Q8_0", "fp8": "Q8_0", "int8-mlp": "Q8_0", "fp32": "F16", "bf16": "F16"}
+
+
+def make_model(directory):
+    subprocess.run(["/usr/bin/python3", os.path.join(ROOT, "tests/fixtures/make_llm.py"),
+                    directory, "--bench"], check=True)
+    return os.path.join(directory, "bench-50m")
+
+
+def start_replica(model, extra, threads):
+    argv = [FLOTILLA, "replica", "--model", model, "--name", "bench", "--skip-tokenizer",
+            "--llm-threads", str(threads), "--workers", "1", "--log-level", "warn"] + extra
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True)
+    line = proc.stdout.readline()
+    if not line:
+        raise SystemExit(f"replica exited: {' '.join(argv)}")
+    return proc, json.loads(line)["port"]
+
+
+async def one_request(session, url, rng):
+    prompt = [rng.randrange(3, 32000) for _ in range(PROMPT_TOKENS)]
+    body = {"model": "bench", "prompt": prompt, "max_tokens": OUTPUT_TOKENS, "temperature": 0,
+            "ignore_eos": True, "stream": True}
+    start = time.monotonic()
+    first = None
+    async with session.post(url, json=body) as response:
+        if response.status != 200:
+            raise RuntimeError(f"status {response.status}: {await response.text()}")
+        async for line in response.content:
+            if first is None and line.startswith(b"data: {"):
+                first = time.monotonic()
+    return time.monotonic() - start, first - start
+
+
+async def load(port, clients, seconds):
+    url = f"http://127.0.0.1:{port}/v1/completions"
+    latencies, ttfts = [], []
+    deadline = time.monotonic() + seconds
+    connector = aiohttp.TCPConnector(limit=clients)
+    async with aiohttp.ClientSession(connector=connector) as session:
+        async def client(index):
+            rng = random.Random(index)
+            while time.monotonic() < deadline:
+                latency, ttft = await one_request(session, url, rng)
+                latencies.append(latency)
+                ttfts.append(ttft)
+        begin = time.monotonic()
+        await asyncio.gather(*(client(i) for i in range(clients)))
+        elapsed = time.monotonic() - begin
+    latencies.sort()
+    return {
+        "clients": clients,
+        "requests": len(latencies),
+        "req_s": len(latencies) / elapsed,
+        "tok_s": len(latencies) * OUTPUT_TOKENS / elapsed,
+        "p50_ms": 1000 * latencies[len(latencies) // 2],
+        "p99_ms": 1000 * latencies[min(len(latencies) - 1, int(len(latencies) * 0.99))],
+        "ttft_p50_ms": 1000 * statistics.median(ttfts),
+    }
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--seconds", type=float, default=20)
+    parser.add_argument("--clients", default="1,4,8,16,32")
+    parser.add_argument("--configs", default="fp32,bf16,int8,fp8,bf16-nobatch,bf16-nooverlap")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--json", help="also write every row to this file")
+    args = parser.parse_args()
+    clients = [int(c) for c in args.clients.split(",")]
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        model = make_model(tmp)
+        print(f"{'config':<15} {'clients':>7} {'req/s':>7} {'tok/s':>7} {'p50 ms':>8} "
+              f"{'p99 ms':>8} {'ttft ms':>8} {'vs llama.cpp':>13}")
+        for name in args.configs.split(","):
+            proc, port = start_replica(model, CONFIGS[name], args.threads)
+            try:
+                asyncio.run(load(port, 1, 2))  # warm-up: page in the weights
+                for c in clients:
+                    row = asyncio.run(load(port, c, args.seconds))
+                    row["config"] = name
+                    peer = LLAMA_CPP_REQ_S.get(PEER_FOR.get(name, ""), {}).get(c)
+                    row["vs_llama_cpp"] = row["req_s"] / peer if peer else None
+                    rows.append(row)
+                    ratio = f"{row['vs_llama_cpp']:.2f}x" if peer else "-"
+                    print(f"{name:<15} {c:>7} {row['req_s']:>7.1f} {row['tok_s']:>7.0f} "
+                          f"{row['p50_ms']:>8.0f} {row['p99_ms']:>8.0f} "
+                          f"{row['ttft_p50_ms']:>8.0f} {ratio:>13}", flush=True)
+            finally:
+                proc.terminate()
+                proc.wait(30)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(rows, f, indent=1)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,494 @@
+// The engine: iteration-level continuous batching over a paged KV cache.
+//
+// One engine thread owns the running batch, the KV cache and the forward pass. Each step it
+// takes new requests and cancellations, gives every running sequence its next tokens (one for a
+// decoding sequence, a chunk of the prompt for a prefilling one) within max_tokens_per_step,
+// admits waiting sequences while blocks and budget last, runs one forward pass, samples, and
+// hands the sampled tokens to the output thread. The output thread detokenizes, checks stop
+// strings and calls back while the engine thread runs the next step. When the cache runs out of
+// blocks, the youngest running sequence is preempted: its blocks are freed and it is recomputed
+// later from its tokens.
+#include <algorithm>
+#include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <mutex>
+#include <thread>
+#include <unordered_set>
+
+#include "llm/model.h"
+#include "llm/output.h"
+#include "llm/sampler.h"
+
+namespace flotilla::llm {
+namespace {
+
+using SteadyClock = std::chrono::steady_clock;
+
+struct Sequence {
+  uint64_t id = 0;
+  std::vector<int32_t> tokens;  // prompt, then generated
+  int prompt_length = 0;
+  int computed = 0;  // tokens whose keys and values are in the cache
+  std::vector<int> blocks;
+  SamplingParams sampling;
+  std::mt19937_64 rng;
+  std::shared_ptr<RequestOutput> output;
+
+  int generated() const { return static_cast<int>(tokens.size()) - prompt_length; }
+};
+
+// Work for the output thread: a token of a request, or its end.
+struct OutputItem {
+  std::shared_ptr<RequestOutput> output;
+  int32_t token = -1;  // -1: no token, the request ended with `finish`
+  std::optional<TokenLogprob> logprob;
+  FinishReason finish = FinishReason::kNone;
+};
+
+class EngineImpl final : public Engine {
+ public:
+  EngineImpl(std::shared_ptr<const Model> model, std::shared_ptr<const Tokenizer> tokenizer,
+             const EngineOptions& options, int kv_blocks)
+      : model_(std::move(model)),
+        tokenizer_(std::move(tokenizer)),
+        options_(options),
+        cache_(model_->config, kv_blocks, options.kv_block_tokens),
+        pass_(model_, model_->options.threads) {
+    stats_.kv_blocks_total = kv_blocks;
+    output_thread_ = std::thread([this] { output_loop(); });
+    engine_thread_ = std::thread([this] { engine_loop(); });
+  }
+
+  ~EngineImpl() override {
+    {
+      std::lock_guard lock(mutex_);
+      stopping_ = true;
+    }
+    wake_.notify_all();
+    engine_thread_.join();
+    {
+      std::lock_guard lock(output_mutex_);
+      output_stopping_ = true;
+    }
+    output_wake_.notify_all();
+    output_thread_.join();
+  }
+
+  Result<uint64_t> submit(GenerationRequest&& request) override {
+    const ModelConfig& c = model_->config;
+    if (request.prompt.empty()) {
+      return invalid_argument("the prompt is empty");
+    }
+    for (int32_t token : request.prompt) {
+      if (token < 0 || token >= c.vocab_size) {
+        return invalid_argument("token id " + std::to_string(token) +
+                                " is outside the vocabulary (size " + std::to_string(c.vocab_size) +
+                                ")");
+      }
+    }
+    FLOTILLA_RETURN_IF_ERROR(validate(request.sampling));
+    int64_t length = static_cast<int64_t>(request.prompt.size()) + request.sampling.max_tokens;
+    if (length > c.max_position) {
+      return invalid_argument(
+          "the prompt (" + std::to_string(request.prompt.size()) + " tokens) plus max_tokens (" +
+          std::to_string(request.sampling.max_tokens) + ") is longer than the model's context of " +
+          std::to_string(c.max_position) + " tokens");
+    }
+    if (blocks_for(static_cast<int>(length)) > cache_.total_blocks()) {
+      return invalid_argument("the prompt plus max_tokens needs more KV cache (" +
+                              std::to_string(length) + " tokens) than this engine has (" +
+                              std::to_string(cache_.total_blocks() * cache_.block_tokens()) + ")");
+    }
+    if (!request.sampling.stop.empty() && tokenizer_ == nullptr) {
+      return invalid_argument("stop strings need a tokenizer; this model is served without one");
+    }
+    auto sequence = std::make_unique<Sequence>();
+    sequence->prompt_length = static_cast<int>(request.prompt.size());
+    sequence->tokens = std::move(request.prompt);
+    sequence->tokens.reserve(length);
+    sequence->sampling = std::move(request.sampling);
+    sequence->rng.seed(sequence->sampling.seed.value_or(std::random_device{}()));
+    std::lock_guard lock(mutex_);
+    sequence->id = ++last_id_;
+    sequence->output = std::make_shared<RequestOutput>(
+        sequence->id, tokenizer_.get(), /*skip_special_tokens=*/true, sequence->sampling.stop,
+        std::move(request.on_event), sequence->prompt_length, SteadyClock::now());
+    uint64_t id = sequence->id;
+    incoming_.push_back(std::move(sequence));
+    ++stats_.waiting;
+    wake_.notify_one();
+    return id;
+  }
+
+  void cancel(uint64_t id) override {
+    {
+      std::lock_guard lock(mutex_);
+      cancels_.push_back(id);
+    }
+    wake_.notify_one();
+  }
+
+  EngineStats stats() const override {
+    std::lock_guard lock(mutex_);
+    return stats_;
+  }
+
+  const ModelConfig& config() const override { return model_->config; }
+
+ private:
+  int blocks_for(int tokens) const {
+    return (tokens + cache_.block_tokens() - 1) / cache_.block_tokens();
+  }
+
+  // Gives `sequence` blocks for its first `tokens` positions; false when the cache is short.
+  bool reserve(Sequence& sequence, int tokens) {
+    int needed = blocks_for(tokens) - static_cast<int>(sequence.blocks.size());
+    if (needed > cache_.free_blocks()) {
+      return false;
+    }
+    for (int i = 0; i < needed; ++i) {
+      sequence.blocks.push_back(cache_.allocate());
+    }
+    return true;
+  }
+
+  void release(Sequence& sequence) {
+    for (int block : sequence.blocks) {
+      cache_.release(block);
+    }
+    sequence.blocks.clear();
+    sequence.computed = 0;
+  }
+
+  // Output of this pass of the loop; handed over by publish() once the bookkeeping is done, so
+  // that a caller who sees a request's final event also sees its blocks freed in stats().
+  void emit(OutputItem&& item) { ready_output_.push_back(std::move(item)); }
+
+  void publish() {
+    {
+      std::lock_guard lock(mutex_);
+      stats_.running = static_cast<int>(running_.size());
+      stats_.waiting = static_cast<int>(waiting_.size() + incoming_.size());
+      stats_.kv_blocks_used = cache_.total_blocks() - cache_.free_blocks();
+      stats_.preemptions = preemptions_;
+    }
+    if (ready_output_.empty()) {
+      return;
+    }
+    if (!options_.overlap_postprocessing) {
+      for (const OutputItem& item : ready_output_) {
+        process(item);
+      }
+      ready_output_.clear();
+      return;
+    }
+    {
+      std::lock_guard lock(output_mutex_);
+      for (OutputItem& item : ready_output_) {
+        output_queue_.push_back(std::move(item));
+      }
+    }
+    ready_output_.clear();
+    output_wake_.notify_one();
+  }
+
+  // Ends and drops the sequences named in `ids` wherever they are.
+  void apply_cancellations(const std::vector<uint64_t>& ids, FinishReason reason) {
+    if (ids.empty()) {
+      return;
+    }
+    std::unordered_set<uint64_t> wanted(ids.begin(), ids.end());
+    for (auto* list : {&running_, &waiting_}) {
+      std::erase_if(*list, [&](std::unique_ptr<Sequence>& sequence) {
+        if (!wanted.count(sequence->id)) {
+          return false;
+        }
+        release(*sequence);
+        emit({sequence->output, -1, std::nullopt, reason});
+        return true;
+      });
+    }
+  }
+
+  // Takes new requests and cancellations; blocks while there is nothing to do. False: stop.
+  bool collect() {
+    std::vector<uint64_t> cancels, stops;
+    {
+      std::unique_lock lock(mutex_);
+      wake_.wait(lock, [&] {
+        return stopping_ || !incoming_.empty() || !cancels_.empty() || !running_.empty() ||
+               !waiting_.empty();
+      });
+      if (stopping_) {
+        return false;
+      }
+      for (auto& sequence : incoming_) {
+        waiting_.push_back(std::move(sequence));
+      }
+      incoming_.clear();
+      cancels.swap(cancels_);
+    }
+    {
+      std::lock_guard lock(stop_mutex_);
+      stops.swap(stopped_by_output_);
+    }
+    apply_cancellations(cancels, FinishReason::kCancelled);
+    // Already finished by a stop string: the output side sent the final event.
+    std::unordered_set<uint64_t> stopped(stops.begin(), stops.end());
+    for (auto* list : {&running_, &waiting_}) {
+      std::erase_if(*list, [&](std::unique_ptr<Sequence>& sequence) {
+        if (!stopped.count(sequence->id)) {
+          return false;
+        }
+        release(*sequence);
+        return true;
+      });
+    }
+    return true;
+  }
+
+  // Frees the youngest running sequence's blocks and puts it first in line again.
+  void preempt_youngest() {
+    std::unique_ptr<Sequence> victim = std::move(running_.back());
+    running_.pop_back();
+    release(*victim);
+    waiting_.push_front(std::move(victim));
+    ++preemptions_;
+  }
+
+  struct Planned {
+    Sequence* sequence;
+    int tokens;
+  };
+
+  // This step's work: every running sequence's next tokens, then waiting sequences admitted
+  // while the token budget, the batch size and the cache allow.
+  std::vector<Planned> plan() {
+    std::vector<Planned> planned;
+    int budget = options_.max_tokens_per_step;
+    for (size_t i = 0; i < running_.size() && budget > 0;) {
+      Sequence& sequence = *running_[i];
+      int tokens = std::min(budget, static_cast<int>(sequence.tokens.size()) - sequence.computed);
+      if (!reserve(sequence, sequence.computed + tokens)) {
+        if (i + 1 == running_.size()) {  // it is the youngest itself: it waits
+          preempt_youngest();
+          break;
+        }
+        preempt_youngest();
+        continue;  // try again with the freed blocks
+      }
+      planned.push_back({&sequence, tokens});
+      budget -= tokens;
+      ++i;
+    }
+    while (!waiting_.empty() && budget > 0 &&
+           static_cast<int>(running_.size()) < options_.max_sequences) {
+      Sequence& sequence = *waiting_.front();
+      // Admitted only when the whole known sequence fits now, so that admission alone never
+      // forces a preemption.
+      if (blocks_for(static_cast<int>(sequence.tokens.size()) + 1) > cache_.free_blocks()) {
+        break;
+      }
+      int tokens = std::min(budget, static_cast<int>(sequence.tokens.size()));
+      reserve(sequence, tokens);
+      planned.push_back({&sequence, tokens});
+      budget -= tokens;
+      running_.push_back(std::move(waiting_.front()));
+      waiting_.pop_front();
+    }
+    return planned;
+  }
+
+  void step() {
+    std::vector<Planned> planned = plan();
+    if (planned.empty()) {
+      return;
+    }
+    std::vector<StepSequence> batch;
+    batch.reserve(planned.size());
+    int64_t prompt_tokens = 0;
+    for (const Planned& p : planned) {
+      Sequence& s = *p.sequence;
+      bool reaches_end = s.computed + p.tokens == static_cast<int>(s.tokens.size());
+      batch.push_back({&s.blocks, s.computed,
+                       std::span<const int32_t>(s.tokens).subspan(s.computed, p.tokens),
+                       reaches_end ? p.tokens - 1 : p.tokens});
+      prompt_tokens += std::max(0, std::min(s.prompt_length, s.computed + p.tokens) - s.computed);
+    }
+    std::span<const float> logits = pass_.forward(batch, cache_);
+    const int vocab = model_->config.vocab_size;
+    int row = 0;
+    int64_t generated = 0;
+    std::vector<uint64_t> finished;
+    for (const Planned& p : planned) {
+      Sequence& s = *p.sequence;
+      s.computed += p.tokens;
+      if (s.computed < static_cast<int>(s.tokens.size())) {
+        continue;  // a prompt chunk: no token yet
+      }
+      TokenLogprob logprob;
+      int32_t token = sampler_.sample(logits.subspan(static_cast<size_t>(row++) * vocab, vocab),
+                                      s.sampling, s.rng, &logprob);
+      s.tokens.push_back(token);
+      ++generated;
+      FinishReason finish = FinishReason::kNone;
+      const auto& eos = model_->config.eos_token_ids;
+      const auto& stop_ids = s.sampling.stop_token_ids;
+      if ((!s.sampling.ignore_eos && std::find(eos.begin(), eos.end(), token) != eos.end()) ||
+          std::find(stop_ids.begin(), stop_ids.end(), token) != stop_ids.end()) {
+        finish = FinishReason::kStop;
+      } else if (s.generated() >= s.sampling.max_tokens) {
+        finish = FinishReason::kLength;
+      }
+      emit(
+          {s.output, token,
+           s.sampling.logprobs > 0 ? std::optional<TokenLogprob>(std::move(logprob)) : std::nullopt,
+           finish});
+      if (finish != FinishReason::kNone) {
+        finished.push_back(s.id);
+      }
+    }
+    std::unordered_set<uint64_t> done(finished.begin(), finished.end());
+    std::erase_if(running_, [&](std::unique_ptr<Sequence>& sequence) {
+      if (!done.count(sequence->id)) {
+        return false;
+      }
+      release(*sequence);
+      return true;
+    });
+    std::lock_guard lock(mutex_);
+    stats_.prompt_tokens += prompt_tokens;
+    stats_.generated_tokens += generated;
+    ++stats_.steps;
+  }
+
+  void engine_loop() {
+    while (collect()) {
+      step();
+      publish();
+    }
+    // Stopping: whatever is left ends as cancelled.
+    std::vector<uint64_t> all;
+    for (auto* list : {&running_, &waiting_}) {
+      for (auto& sequence : *list) {
+        all.push_back(sequence->id);
+      }
+    }
+    {
+      std::lock_guard lock(mutex_);
+      for (auto& sequence : incoming_) {
+        waiting_.push_back(std::move(sequence));
+        all.push_back(waiting_.back()->id);
+      }
+      incoming_.clear();
+    }
+    apply_cancellations(all, FinishReason::kCancelled);
+    publish();
+  }
+
+  void process(const OutputItem& item) {
+    if (item.token < 0) {
+      item.output->on_end(item.finish);
+      return;
+    }
+    if (item.output->on_token(item.token, item.logprob ? &*item.logprob : nullptr, item.finish)) {
+      // A stop string ended it: the engine stops generating at its next step.
+      {
+        std::lock_guard lock(stop_mutex_);
+        stopped_by_output_.push_back(item.output->id());
+      }
+      wake_.notify_one();
+    }
+  }
+
+  void output_loop() {
+    std::deque<OutputItem> items;
+    while (true) {
+      {
+        std::unique_lock lock(output_mutex_);
+        output_wake_.wait(lock, [&] { return output_stopping_ || !output_queue_.empty(); });
+        if (output_queue_.empty()) {
+          return;  // stopping, and everything delivered
+        }
+        items.swap(output_queue_);
+      }
+      for (const OutputItem& item : items) {
+        process(item);
+      }
+      items.clear();
+    }
+  }
+
+  std::shared_ptr<const Model> model_;
+  std::shared_ptr<const Tokenizer> tokenizer_;
+  const EngineOptions options_;
+
+  // Engine thread only.
+  KvCache cache_;
+  ForwardPass pass_;
+  Sampler sampler_;
+  std::deque<std::unique_ptr<Sequence>> running_;  // oldest first
+  std::deque<std::unique_ptr<Sequence>> waiting_;
+  int64_t preemptions_ = 0;
+  std::vector<OutputItem> ready_output_;
+
+  mutable std::mutex mutex_;  // guards what follows, shared with callers
+  std::condition_variable wake_;
+  std::vector<std::unique_ptr<Sequence>> incoming_;
+  std::vector<uint64_t> cancels_;
+  uint64_t last_id_ = 0;
+  bool stopping_ = false;
+  EngineStats stats_;
+
+  std::mutex stop_mutex_;
+  std::vector<uint64_t> stopped_by_output_;
+
+  std::mutex output_mutex_;
+  std::condition_variable output_wake_;
+  std::deque<OutputItem> output_queue_;
+  bool output_stopping_ = false;
+
+  std::thread output_thread_;
+  std::thread engine_thread_;
+};
+
+}  // namespace
+
+std::string_view finish_reason_name(FinishReason reason) {
+  switch (reason) {
+    case FinishReason::kNone:
+      return "";
+    case FinishReason::kLength:
+      return "length";
+    case FinishReason::kStop:
+      return "stop";
+    case FinishReason::kCancelled:
+      return "cancelled";
+    case FinishReason::kError:
+      return "error";
+  }
+  return "";
+}
+
+Result<std::unique_ptr<Engine>> create_engine(std::shared_ptr<const Model> model,
+                                              std::shared_ptr<const Tokenizer> tokenizer,
+                                              const EngineOptions& options) {
+  if (model == nullptr) {
+    return invalid_argument("no model");
+  }
+  const ModelConfig& c = model->config;
+  if (options.kv_block_tokens < 1 || options.max_sequences < 1 || options.max_tokens_per_step < 1 ||
+      options.kv_cache_tokens < 0) {
+    return invalid_argument(
+        "kv_block_tokens, max_sequences and max_tokens_per_step must be positive");
+  }
+  int64_t tokens = options.kv_cache_tokens > 0
+                       ? options.kv_cache_tokens
+                       : std::min<int64_t>(int64_t{options.max_sequences} * c.max_position, 65536);
+  int blocks = static_cast<int>((tokens + options.kv_block_tokens - 1) / options.kv_block_tokens);
+  return std::unique_ptr<Engine>(
+      std::make_unique<EngineImpl>(std::move(model), std::move(tokenizer), options, blocks));
+}
+
+}  // namespace flotilla::llm

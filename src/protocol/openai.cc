@@ -1,0 +1,552 @@
+// OpenAI-compatible completions and chat completions (PROTOCOLS.md §3), as vLLM serves them.
+#include <cmath>
+
+#include "protocol/json_util.h"
+#include "protocol/protocol.h"
+
+namespace flotilla::protocol {
+namespace {
+
+using simdjson::dom::element;
+using simdjson::dom::element_type;
+using detail::append_int;
+using detail::append_number;
+
+// Bounds what a request may make us hold: stop strings are searched in every output.
+constexpr size_t kMaxStopStrings = 16;
+constexpr size_t kMaxStopLength = 256;
+constexpr size_t kMaxPromptTokens = 1 << 20;
+
+Status field_error(std::string_view field, std::string_view what) {
+  return invalid_argument("'" + std::string(field) + "' " + std::string(what));
+}
+
+Result<double> number(element value, std::string_view field) {
+  double out;
+  if (value.is<int64_t>()) {
+    return static_cast<double>(value.get_int64().value_unsafe());
+  }
+  if (value.is<uint64_t>()) {
+    return static_cast<double>(value.get_uint64().value_unsafe());
+  }
+  if (value.get_double().get(out)) {
+    return field_error(field, "must be a number");
+  }
+  return out;
+}
+
+Result<int64_t> integer(element value, std::string_view field) {
+  int64_t out;
+  if (value.get_int64().get(out)) {
+    return field_error(field, "must be an integer");
+  }
+  return out;
+}
+
+Result<bool> boolean(element value, std::string_view field) {
+  bool out;
+  if (value.get_bool().get(out)) {
+    return field_error(field, "must be true or false");
+  }
+  return out;
+}
+
+Result<std::vector<int32_t>> token_list(simdjson::dom::array array, std::string_view field) {
+  std::vector<int32_t> tokens;
+  for (element item : array) {
+    int64_t id;
+    if (item.get_int64().get(id) || id < 0 || id > INT32_MAX) {
+      return field_error(field, "must hold non-negative token ids");
+    }
+    if (tokens.size() >= kMaxPromptTokens) {
+      return field_error(field, "has too many tokens");
+    }
+    tokens.push_back(static_cast<int32_t>(id));
+  }
+  return tokens;
+}
+
+// prompt: str | [str] | [int] | [[int]], one prompt only.
+Status decode_prompt(element value, CompletionRequest& request) {
+  std::string_view text;
+  if (!value.get_string().get(text)) {
+    request.prompt_text = std::string(text);
+    return Status::ok();
+  }
+  simdjson::dom::array array;
+  if (value.get_array().get(array)) {
+    return field_error("prompt", "must be a string, a list of token ids, or a list of one of them");
+  }
+  if (array.size() == 0) {
+    return field_error("prompt", "is empty");
+  }
+  element first = array.at(0).value_unsafe();
+  if (first.is<int64_t>()) {
+    FLOTILLA_ASSIGN_OR_RETURN(request.prompt_tokens, token_list(array, "prompt"));
+    return Status::ok();
+  }
+  if (array.size() > 1) {
+    return field_error("prompt", "holds several prompts; send one prompt per request");
+  }
+  if (!first.get_string().get(text)) {
+    request.prompt_text = std::string(text);
+    return Status::ok();
+  }
+  simdjson::dom::array inner;
+  if (first.get_array().get(inner) || inner.size() == 0) {
+    return field_error("prompt", "must be a string, a list of token ids, or a list of one of them");
+  }
+  FLOTILLA_ASSIGN_OR_RETURN(request.prompt_tokens, token_list(inner, "prompt"));
+  return Status::ok();
+}
+
+// content: str | [{"type": "text", "text": str}, ...]
+Result<std::string> message_content(element value, size_t index) {
+  const std::string where = "messages[" + std::to_string(index) + "].content";
+  std::string_view text;
+  if (!value.get_string().get(text)) {
+    return std::string(text);
+  }
+  simdjson::dom::array parts;
+  if (value.get_array().get(parts)) {
+    return field_error(where, "must be a string or a list of text parts");
+  }
+  std::string out;
+  for (element part : parts) {
+    std::string_view type, part_text;
+    if (part["type"].get_string().get(type) || type != "text" ||
+        part["text"].get_string().get(part_text)) {
+      return field_error(where, "parts must be {\"type\": \"text\", \"text\": ...}");
+    }
+    out += part_text;
+  }
+  return out;
+}
+
+Status decode_messages(element value, CompletionRequest& request) {
+  simdjson::dom::array array;
+  if (value.get_array().get(array) || array.size() == 0) {
+    return field_error("messages", "must be a non-empty list");
+  }
+  size_t index = 0;
+  for (element item : array) {
+    std::string_view role;
+    element content;
+    if (item["role"].get_string().get(role)) {
+      return field_error("messages[" + std::to_string(index) + "].role", "must be a string");
+    }
+    if (role != "system" && role != "user" && role != "assistant" && role != "developer") {
+      return field_error("messages[" + std::to_string(index) + "].role",
+                         "must be system, user or assistant");
+    }
+    if (item["content"].get(content)) {
+      return field_error("messages[" + std::to_string(index) + "].content", "is required");
+    }
+    FLOTILLA_ASSIGN_OR_RETURN(std::string text, message_content(content, index));
+    request.messages.push_back({role == "developer" ? "system" : std::string(role), text});
+    ++index;
+  }
+  return Status::ok();
+}
+
+Status decode_stop(element value, CompletionRequest& request) {
+  if (value.is_null()) {
+    return Status::ok();
+  }
+  std::string_view text;
+  if (!value.get_string().get(text)) {
+    request.stop.emplace_back(text);
+  } else {
+    simdjson::dom::array array;
+    if (value.get_array().get(array)) {
+      return field_error("stop", "must be a string or a list of strings");
+    }
+    for (element item : array) {
+      if (item.get_string().get(text)) {
+        return field_error("stop", "must be a string or a list of strings");
+      }
+      request.stop.emplace_back(text);
+    }
+  }
+  if (request.stop.size() > kMaxStopStrings) {
+    return field_error("stop", "holds more than 16 strings");
+  }
+  for (const std::string& stop : request.stop) {
+    if (stop.empty() || stop.size() > kMaxStopLength) {
+      return field_error("stop", "strings must hold 1 to 256 bytes");
+    }
+  }
+  return Status::ok();
+}
+
+// Fields a client may send with their neutral value; anything else is refused by name.
+Status refuse_unsupported(std::string_view key, element value) {
+  if (key == "n" || key == "best_of") {
+    int64_t n;
+    if (value.is_null() || (!value.get_int64().get(n) && n == 1)) {
+      return Status::ok();
+    }
+    return field_error(key, "must be 1: one choice per request is supported");
+  }
+  if (key == "presence_penalty" || key == "frequency_penalty" || key == "repetition_penalty") {
+    const double neutral = key == "repetition_penalty" ? 1 : 0;
+    Result<double> penalty = number(value, key);
+    if (value.is_null() || (penalty.is_ok() && penalty.value() == neutral)) {
+      return Status::ok();
+    }
+    return field_error(key, neutral == 1 ? "is not supported (only 1)" : "is not supported (only 0)");
+  }
+  if (key == "echo") {
+    bool echo;
+    if (value.is_null() || (!value.get_bool().get(echo) && !echo)) {
+      return Status::ok();
+    }
+    return field_error(key, "is not supported");
+  }
+  if (key == "logit_bias" || key == "tools" || key == "functions" || key == "suffix") {
+    simdjson::dom::object object;
+    simdjson::dom::array array;
+    if (value.is_null() || (!value.get_object().get(object) && object.size() == 0) ||
+        (!value.get_array().get(array) && array.size() == 0)) {
+      return Status::ok();
+    }
+    return field_error(key, "is not supported");
+  }
+  if (key == "response_format") {
+    std::string_view type;
+    if (value.is_null() || (!value["type"].get_string().get(type) && type == "text")) {
+      return Status::ok();
+    }
+    return field_error(key, "is not supported (only {\"type\": \"text\"})");
+  }
+  return Status::ok();  // unknown fields are tolerated, as vLLM does
+}
+
+Status decode_field(std::string_view key, element value, CompletionRequest& request) {
+  if (key == "model") {
+    std::string_view model;
+    if (value.get_string().get(model)) {
+      return field_error(key, "must be a string");
+    }
+    request.model = std::string(model);
+  } else if (key == "prompt" && !request.chat) {
+    FLOTILLA_RETURN_IF_ERROR(decode_prompt(value, request));
+  } else if (key == "messages" && request.chat) {
+    FLOTILLA_RETURN_IF_ERROR(decode_messages(value, request));
+  } else if (key == "max_tokens" || key == "max_completion_tokens") {
+    if (!value.is_null()) {
+      FLOTILLA_ASSIGN_OR_RETURN(int64_t max_tokens, integer(value, key));
+      if (max_tokens < 1 || max_tokens > (1 << 24)) {
+        return field_error(key, "must be a positive integer");
+      }
+      request.max_tokens = static_cast<int>(max_tokens);
+    }
+  } else if (key == "temperature") {
+    if (!value.is_null()) {
+      FLOTILLA_ASSIGN_OR_RETURN(double t, number(value, key));
+      if (!(t >= 0 && t <= 2)) {
+        return field_error(key, "must be in [0, 2]");
+      }
+      request.temperature = t;
+    }
+  } else if (key == "top_p") {
+    if (!value.is_null()) {
+      FLOTILLA_ASSIGN_OR_RETURN(request.top_p, number(value, key));
+      if (!(request.top_p > 0 && request.top_p <= 1)) {
+        return field_error(key, "must be in (0, 1]");
+      }
+    }
+  } else if (key == "top_k") {
+    if (!value.is_null()) {
+      FLOTILLA_ASSIGN_OR_RETURN(int64_t top_k, integer(value, key));
+      if (top_k < -1 || top_k > (1 << 24)) {
+        return field_error(key, "must be -1 (off) or a non-negative integer");
+      }
+      request.top_k = top_k < 0 ? 0 : static_cast<int>(top_k);
+    }
+  } else if (key == "seed") {
+    if (!value.is_null()) {
+      FLOTILLA_ASSIGN_OR_RETURN(int64_t seed, integer(value, key));
+      request.seed = static_cast<uint64_t>(seed);
+    }
+  } else if (key == "stop") {
+    FLOTILLA_RETURN_IF_ERROR(decode_stop(value, request));
+  } else if (key == "stop_token_ids") {
+    simdjson::dom::array array;
+    if (!value.is_null()) {
+      if (value.get_array().get(array)) {
+        return field_error(key, "must be a list of token ids");
+      }
+      FLOTILLA_ASSIGN_OR_RETURN(request.stop_token_ids, token_list(array, key));
+    }
+  } else if (key == "ignore_eos") {
+    FLOTILLA_ASSIGN_OR_RETURN(request.ignore_eos, boolean(value, key));
+  } else if (key == "stream") {
+    if (!value.is_null()) {
+      FLOTILLA_ASSIGN_OR_RETURN(request.stream, boolean(value, key));
+    }
+  } else if (key == "stream_options") {
+    if (!value.is_null()) {
+      bool include = false;
+      element include_value;
+      if (!value["include_usage"].get(include_value)) {
+        FLOTILLA_ASSIGN_OR_RETURN(include, boolean(include_value, "stream_options.include_usage"));
+      }
+      request.include_usage = include;
+    }
+  } else if (key == "return_token_ids") {
+    FLOTILLA_ASSIGN_OR_RETURN(request.return_token_ids, boolean(value, key));
+  } else if (key == "logprobs") {
+    if (value.is_null()) {
+      return Status::ok();
+    }
+    if (request.chat) {
+      FLOTILLA_ASSIGN_OR_RETURN(request.want_logprobs, boolean(value, key));
+    } else {
+      FLOTILLA_ASSIGN_OR_RETURN(int64_t logprobs, integer(value, key));
+      if (logprobs < 0 || logprobs > 20) {
+        return field_error(key, "must be in [0, 20]");
+      }
+      request.want_logprobs = true;
+      request.logprobs = static_cast<int>(logprobs);
+    }
+  } else if (key == "top_logprobs" && request.chat) {
+    if (!value.is_null()) {
+      FLOTILLA_ASSIGN_OR_RETURN(int64_t top, integer(value, key));
+      if (top < 0 || top > 20) {
+        return field_error(key, "must be in [0, 20]");
+      }
+      request.logprobs = static_cast<int>(top);
+    }
+  } else {
+    return refuse_unsupported(key, value);
+  }
+  return Status::ok();
+}
+
+std::string_view error_type(int status) {
+  switch (status) {
+    case 400:
+      return "invalid_request_error";
+    case 401:
+      return "authentication_error";
+    case 403:
+      return "permission_error";
+    case 404:
+      return "not_found_error";
+    case 429:
+      return "rate_limit_error";
+    case 503:
+      return "unavailable_error";
+    default:
+      return status >= 500 ? "server_error" : "invalid_request_error";
+  }
+}
+
+void append_head(const CompletionOutput& output, std::string_view object, std::string& out) {
+  out += "{\"id\":";
+  append_json_string(output.id, out);
+  out += ",\"object\":\"";
+  out += object;
+  out += "\",\"created\":";
+  append_int(output.created, out);
+  out += ",\"model\":";
+  append_json_string(output.model, out);
+}
+
+void append_usage(const CompletionOutput& output, std::string& out) {
+  out += "\"usage\":{\"prompt_tokens\":";
+  append_int(output.prompt_tokens, out);
+  out += ",\"completion_tokens\":";
+  append_int(output.completion_tokens, out);
+  out += ",\"total_tokens\":";
+  append_int(output.prompt_tokens + output.completion_tokens, out);
+  out += '}';
+}
+
+void append_logprob_value(float logprob, std::string& out) {
+  // -inf has no JSON form; vLLM clamps to a large negative number.
+  append_number(std::isfinite(logprob) ? logprob : -9999.0, out);
+}
+
+// Completions: {"tokens", "token_logprobs", "top_logprobs", "text_offset"}; chat:
+// {"content": [{"token", "logprob", "bytes", "top_logprobs": [...]}]}.
+void append_logprobs(const CompletionOutput& output, std::string& out) {
+  if (!output.want_logprobs) {
+    out += "null";
+    return;
+  }
+  if (output.chat) {
+    auto append_choice = [&](const TokenChoice& choice) {
+      out += "{\"token\":";
+      append_json_string(choice.token, out);
+      out += ",\"logprob\":";
+      append_logprob_value(choice.logprob, out);
+      out += ",\"bytes\":[";
+      for (size_t i = 0; i < choice.token.size(); ++i) {
+        out += i ? "," : "";
+        append_int(static_cast<unsigned char>(choice.token[i]), out);
+      }
+      out += ']';
+    };
+    out += "{\"content\":[";
+    for (size_t i = 0; i < output.logprobs.size(); ++i) {
+      out += i ? "," : "";
+      append_choice(output.logprobs[i].chosen);
+      out += ",\"top_logprobs\":[";
+      for (size_t k = 0; k < output.logprobs[i].top.size(); ++k) {
+        out += k ? "," : "";
+        append_choice(output.logprobs[i].top[k]);
+        out += '}';
+      }
+      out += "]}";
+    }
+    out += "]}";
+    return;
+  }
+  out += "{\"tokens\":[";
+  for (size_t i = 0; i < output.logprobs.size(); ++i) {
+    out += i ? "," : "";
+    append_json_string(output.logprobs[i].chosen.token, out);
+  }
+  out += "],\"token_logprobs\":[";
+  for (size_t i = 0; i < output.logprobs.size(); ++i) {
+    out += i ? "," : "";
+    append_logprob_value(output.logprobs[i].chosen.logprob, out);
+  }
+  out += "],\"top_logprobs\":[";
+  for (size_t i = 0; i < output.logprobs.size(); ++i) {
+    out += i ? ",{" : "{";
+    for (size_t k = 0; k < output.logprobs[i].top.size(); ++k) {
+      out += k ? "," : "";
+      append_json_string(output.logprobs[i].top[k].token, out);
+      out += ':';
+      append_logprob_value(output.logprobs[i].top[k].logprob, out);
+    }
+    out += '}';
+  }
+  out += "],\"text_offset\":[";
+  size_t offset = 0;
+  for (size_t i = 0; i < output.logprobs.size(); ++i) {
+    out += i ? "," : "";
+    append_int(static_cast<int64_t>(offset), out);
+    offset += output.logprobs[i].chosen.token.size();
+  }
+  out += "]}";
+}
+
+void append_finish_and_ids(const CompletionOutput& output, std::string& out) {
+  out += ",\"finish_reason\":";
+  if (output.finish_reason.empty()) {
+    out += "null";
+  } else {
+    append_json_string(output.finish_reason, out);
+  }
+  if (output.return_token_ids) {
+    out += ",\"token_ids\":[";
+    for (size_t i = 0; i < output.token_ids.size(); ++i) {
+      out += i ? "," : "";
+      append_int(output.token_ids[i], out);
+    }
+    out += ']';
+  }
+}
+
+}  // namespace
+
+Result<CompletionRequest> decode_completion_request(std::string& body, bool chat) {
+  FLOTILLA_ASSIGN_OR_RETURN(element root, detail::parse_json(body));
+  simdjson::dom::object object;
+  if (root.get_object().get(object)) {
+    return invalid_argument("the request body must be a JSON object");
+  }
+  CompletionRequest request;
+  request.chat = chat;
+  for (auto field : object) {
+    FLOTILLA_RETURN_IF_ERROR(decode_field(field.key, field.value, request));
+  }
+  if (chat && request.messages.empty()) {
+    return field_error("messages", "is required");
+  }
+  if (!chat && !request.prompt_text && request.prompt_tokens.empty()) {
+    return field_error("prompt", "is required");
+  }
+  if (request.include_usage && !request.stream) {
+    return field_error("stream_options", "is only allowed with stream: true");
+  }
+  return request;
+}
+
+std::string encode_completion_response(const CompletionOutput& output) {
+  std::string out;
+  out.reserve(256 + output.text.size() + output.token_ids.size() * 7);
+  append_head(output, output.chat ? "chat.completion" : "text_completion", out);
+  out += ",\"choices\":[{\"index\":0,";
+  if (output.chat) {
+    out += "\"message\":{\"role\":\"assistant\",\"content\":";
+    append_json_string(output.text, out);
+    out += '}';
+  } else {
+    out += "\"text\":";
+    append_json_string(output.text, out);
+  }
+  out += ",\"logprobs\":";
+  append_logprobs(output, out);
+  append_finish_and_ids(output, out);
+  out += "}],";
+  append_usage(output, out);
+  out += '}';
+  return out;
+}
+
+std::string encode_completion_chunk(const CompletionOutput& output, bool first) {
+  std::string out = "data: ";
+  append_head(output, output.chat ? "chat.completion.chunk" : "text_completion", out);
+  out += ",\"choices\":[{\"index\":0,";
+  if (output.chat) {
+    out += first ? "\"delta\":{\"role\":\"assistant\",\"content\":" : "\"delta\":{\"content\":";
+    append_json_string(output.text, out);
+    out += '}';
+  } else {
+    out += "\"text\":";
+    append_json_string(output.text, out);
+  }
+  out += ",\"logprobs\":";
+  append_logprobs(output, out);
+  append_finish_and_ids(output, out);
+  out += "}]}\n\n";
+  return out;
+}
+
+std::string encode_usage_chunk(const CompletionOutput& output) {
+  std::string out = "data: ";
+  append_head(output, output.chat ? "chat.completion.chunk" : "text_completion", out);
+  out += ",\"choices\":[],";
+  append_usage(output, out);
+  out += "}\n\n";
+  return out;
+}
+
+std::string encode_openai_models(std::string_view name, int64_t created, int max_model_len) {
+  std::string out = "{\"object\":\"list\",\"data\":[{\"id\":";
+  append_json_string(name, out);
+  out += ",\"object\":\"model\",\"created\":";
+  append_int(created, out);
+  out += ",\"owned_by\":\"flotilla\",\"max_model_len\":";
+  append_int(max_model_len, out);
+  out += "}]}";
+  return out;
+}
+
+std::string encode_openai_error(int status, std::string_view message) {
+  std::string out = "{\"error\":{\"message\":";
+  append_json_string(message, out);
+  out += ",\"type\":\"";
+  out += error_type(status);
+  out += "\",\"param\":null,\"code\":";
+  append_int(status, out);
+  out += "}}";
+  return out;
+}
+
+}  // namespace flotilla::protocol

@@ -1,0 +1,239 @@
+#include "replica/openai_handler.h"
+
+#include <chrono>
+#include <cstdio>
+#include <mutex>
+#include <random>
+
+#include "protocol/protocol.h"
+
+namespace flotilla::replica {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// nginx's code for "the client closed the request before the answer": counted, never sent.
+constexpr int kClientClosed = 499;
+
+std::string response_id(bool chat) {
+  thread_local std::mt19937_64 rng(std::random_device{}());
+  char hex[17];
+  std::snprintf(hex, sizeof(hex), "%016llx", static_cast<unsigned long long>(rng()));
+  return (chat ? "chatcmpl-" : "cmpl-") + std::string(hex);
+}
+
+std::string_view finish_reason(llm::FinishReason reason) {
+  return reason == llm::FinishReason::kLength ? "length" : "stop";
+}
+
+http::Response json_response(int status, std::string body) {
+  http::Response response;
+  response.status = status;
+  response.body = std::move(body);
+  return response;
+}
+
+runtime::GenerateRequest to_generate_request(protocol::CompletionRequest&& decoded) {
+  runtime::GenerateRequest request;
+  request.prompt_text = std::move(decoded.prompt_text);
+  request.prompt_tokens = std::move(decoded.prompt_tokens);
+  for (protocol::ChatTurn& turn : decoded.messages) {
+    request.chat.push_back({std::move(turn.role), std::move(turn.content)});
+  }
+  request.max_tokens = decoded.max_tokens;
+  llm::SamplingParams& s = request.sampling;
+  s.temperature = decoded.temperature.value_or(1.0);
+  s.top_p = decoded.top_p;
+  s.top_k = decoded.top_k;
+  s.seed = decoded.seed;
+  s.stop = std::move(decoded.stop);
+  s.stop_token_ids = std::move(decoded.stop_token_ids);
+  s.ignore_eos = decoded.ignore_eos;
+  s.logprobs = decoded.want_logprobs ? std::max(decoded.logprobs, 1) : 0;
+  return request;
+}
+
+// One request's answer in progress. Events come in order from the engine's output thread.
+struct Generation {
+  std::shared_ptr<http::Responder> responder;
+  std::function<void(int)> done;
+  bool stream = false;
+  bool include_usage = false;
+  int top_logprobs = 0;
+  protocol::CompletionOutput output;  // the whole answer, or the current chunk when streaming
+  bool started = false;               // the stream's head has been sent
+  bool had_token = false;
+  Clock::time_point last_token;
+};
+
+}  // namespace
+
+OpenAiHandler::OpenAiHandler(runtime::Generator& generator, std::string model_name,
+                             MetricsRegistry& registry)
+    : generator_(generator),
+      model_name_(std::move(model_name)),
+      created_(std::chrono::duration_cast<std::chrono::seconds>(
+                   std::chrono::system_clock::now().time_since_epoch())
+                   .count()),
+      time_to_first_token_(registry.histogram(
+          "flotilla_llm_time_to_first_token_seconds",
+          "From a generation request's arrival to its first generated token.",
+          exponential_buckets(1e-3, 2, 16))),
+      inter_token_latency_(registry.histogram("flotilla_llm_inter_token_latency_seconds",
+                                              "Between consecutive tokens of one generation.",
+                                              exponential_buckets(1e-4, 2, 16))) {
+  auto stat = [&generator](auto field) {
+    return [&generator, field] { return static_cast<double>(generator.stats().*field); };
+  };
+  using Stats = llm::EngineStats;
+  registry.callback("flotilla_llm_running_sequences", "Sequences in the running batch.", "gauge",
+                    stat(&Stats::running));
+  registry.callback("flotilla_llm_waiting_sequences",
+                    "Sequences waiting for a place in the batch or for KV cache.", "gauge",
+                    stat(&Stats::waiting));
+  registry.callback("flotilla_llm_kv_blocks_used", "KV cache blocks held by sequences.", "gauge",
+                    stat(&Stats::kv_blocks_used));
+  registry.callback(
+      "flotilla_llm_kv_blocks_free", "KV cache blocks free.", "gauge", [&generator] {
+        llm::EngineStats stats = generator.stats();
+        return static_cast<double>(stats.kv_blocks_total - stats.kv_blocks_used);
+      });
+  registry.callback("flotilla_llm_prompt_tokens_total", "Prompt tokens processed.", "counter",
+                    stat(&Stats::prompt_tokens));
+  registry.callback("flotilla_llm_generated_tokens_total", "Tokens generated.", "counter",
+                    stat(&Stats::generated_tokens));
+  registry.callback("flotilla_llm_preemptions_total",
+                    "Sequences whose KV cache was taken back to make room (recomputed later).",
+                    "counter", stat(&Stats::preemptions));
+}
+
+std::string OpenAiHandler::models_json() const {
+  return protocol::encode_openai_models(model_name_, created_, generator_.context_length());
+}
+
+void OpenAiHandler::completions(http::Request&& request,
+                                std::shared_ptr<http::Responder> responder, bool chat,
+                                std::function<void(int)> done) {
+  auto fail = [&](const Status& status) {
+    int code = http_status_for(status.code());
+    responder->send(json_response(code, protocol::encode_openai_error(code, status.message())));
+    done(code);
+  };
+  Result<protocol::CompletionRequest> decoded =
+      protocol::decode_completion_request(request.body, chat);
+  if (!decoded.is_ok()) {
+    fail(decoded.status());
+    return;
+  }
+  if (!decoded->model.empty() && decoded->model != model_name_) {
+    fail(not_found("model '" + decoded->model + "' does not exist; this server serves '" +
+                   model_name_ + "'"));
+    return;
+  }
+  auto generation = std::make_shared<Generation>();
+  generation->responder = responder;
+  generation->done = std::move(done);
+  generation->stream = decoded->stream;
+  generation->include_usage = decoded->include_usage;
+  generation->top_logprobs = decoded->logprobs;
+  protocol::CompletionOutput& out = generation->output;
+  out.chat = chat;
+  out.id = response_id(chat);
+  out.model = model_name_;
+  out.created = std::chrono::duration_cast<std::chrono::seconds>(
+                    std::chrono::system_clock::now().time_since_epoch())
+                    .count();
+  out.return_token_ids = decoded->return_token_ids;
+  out.want_logprobs = decoded->want_logprobs;
+
+  auto on_event = [this, generation](llm::GenerationEvent&& event) {
+    Generation& g = *generation;
+    protocol::CompletionOutput& out = g.output;
+    if (!event.tokens.empty()) {
+      auto now = Clock::now();
+      if (g.had_token) {
+        inter_token_latency_.observe(std::chrono::duration<double>(now - g.last_token).count());
+      } else {
+        time_to_first_token_.observe(event.time_to_first_token_s);
+      }
+      g.had_token = true;
+      g.last_token = now;
+    }
+    out.prompt_tokens = event.prompt_tokens;
+    out.completion_tokens = event.completion_tokens;
+    if (event.finish == llm::FinishReason::kCancelled) {
+      // The client went away (or the server stops): there is no one to answer.
+      if (g.started) {
+        g.responder->finish();
+      } else {
+        g.responder->send(json_response(
+            503, protocol::encode_openai_error(503, "the generation was cancelled")));
+      }
+      g.done(kClientClosed);
+      return;
+    }
+    if (event.finish == llm::FinishReason::kError) {
+      std::string error = protocol::encode_openai_error(500, event.error);
+      if (g.started) {
+        g.responder->write("data: " + error + "\n\n" + std::string(protocol::kSseDone));
+        g.responder->finish();
+      } else {
+        g.responder->send(json_response(500, std::move(error)));
+      }
+      g.done(500);
+      return;
+    }
+    if (g.stream) {
+      out.text.clear();
+      out.token_ids.clear();
+      out.logprobs.clear();
+    }
+    out.text += event.text;
+    out.token_ids.insert(out.token_ids.end(), event.tokens.begin(), event.tokens.end());
+    for (const llm::TokenLogprob& lp : event.logprobs) {
+      protocol::LogprobEntry entry{{generator_.token_text(lp.token), lp.logprob}, {}};
+      for (int i = 0; i < g.top_logprobs && i < static_cast<int>(lp.top.size()); ++i) {
+        entry.top.push_back({generator_.token_text(lp.top[i].first), lp.top[i].second});
+      }
+      out.logprobs.push_back(std::move(entry));
+    }
+    bool final = event.finish != llm::FinishReason::kNone;
+    out.finish_reason = final ? finish_reason(event.finish) : "";
+    if (!g.stream) {
+      if (final) {
+        g.responder->send(json_response(200, protocol::encode_completion_response(out)));
+        g.done(200);
+      }
+      return;
+    }
+    if (!g.started) {
+      g.responder->start_stream(200, "text/event-stream", {{"Cache-Control", "no-cache"}});
+    }
+    // A token whose text is held back (an incomplete character, a possible stop string) makes
+    // no chunk unless the client wants token ids.
+    if (!out.text.empty() || final || (out.return_token_ids && !out.token_ids.empty()) ||
+        !g.started) {
+      g.responder->write(protocol::encode_completion_chunk(out, !g.started));
+    }
+    g.started = true;
+    if (final) {
+      if (g.include_usage) {
+        g.responder->write(protocol::encode_usage_chunk(out));
+      }
+      g.responder->write(std::string(protocol::kSseDone));
+      g.responder->finish();
+      g.done(200);
+    }
+  };
+  Result<uint64_t> id =
+      generator_.generate(to_generate_request(std::move(decoded).value()), std::move(on_event));
+  if (!id.is_ok()) {
+    int code = http_status_for(id.status().code());
+    responder->send(json_response(code, protocol::encode_openai_error(code, id.status().message())));
+    generation->done(code);  // `done` itself was moved into the generation
+    return;
+  }
+  responder->on_client_gone([this, id = *id] { generator_.cancel(id); });
+}
+
+}  // namespace flotilla::replica

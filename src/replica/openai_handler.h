@@ -1,0 +1,35 @@
+// The OpenAI routes of a replica serving a language model: /v1/completions and
+// /v1/chat/completions (whole or streamed as Server-Sent Events) and /v1/models, plus the
+// runtime's gauges in /metrics.
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "common/common.h"
+#include "http/http.h"
+#include "runtime/runtime.h"
+
+namespace flotilla::replica {
+
+class OpenAiHandler {
+ public:
+  // `generator` and `registry` must outlive the handler (and every request it started).
+  OpenAiHandler(runtime::Generator& generator, std::string model_name, MetricsRegistry& registry);
+
+  // Answers one completion request; `done(status)` runs once when the answer has been handed to
+  // the socket (for a stream, after its last event), on any thread.
+  void completions(http::Request&& request, std::shared_ptr<http::Responder> responder,
+                   bool chat, std::function<void(int status)> done);
+  std::string models_json() const;
+
+ private:
+  runtime::Generator& generator_;
+  const std::string model_name_;
+  const int64_t created_;
+  Histogram& time_to_first_token_;
+  Histogram& inter_token_latency_;
+};
+
+}  // namespace flotilla::replica

@@ -1,0 +1,147 @@
+// The `llm` runtime: a Hugging Face Llama-family directory served by Flotilla's engine
+// (src/llm). It answers the OpenAI routes through Generator; the tensor routes get a clear
+// error.
+#include <filesystem>
+
+#include "runtime/runtime_internal.h"
+
+namespace flotilla::runtime {
+namespace {
+
+// vLLM's default for /v1/completions, as in OpenAI's legacy API.
+constexpr int kDefaultCompletionTokens = 16;
+
+Result<std::optional<llm::WeightFormat>> parse_dtype(const std::string& name) {
+  if (name == "auto") {
+    return std::optional<llm::WeightFormat>();
+  }
+  if (name == "float32" || name == "fp32") {
+    return std::optional(llm::WeightFormat::kF32);
+  }
+  if (name == "bfloat16" || name == "bf16") {
+    return std::optional(llm::WeightFormat::kBF16);
+  }
+  return invalid_argument("dtype '" + name + "' is not supported (auto, float32, bfloat16)");
+}
+
+Result<std::optional<llm::WeightFormat>> parse_quantize(const std::string& name) {
+  if (name == "none" || name.empty()) {
+    return std::optional<llm::WeightFormat>();
+  }
+  if (name == "int8") {
+    return std::optional(llm::WeightFormat::kInt8);
+  }
+  if (name == "fp8") {
+    return std::optional(llm::WeightFormat::kFp8);
+  }
+  return invalid_argument("quantize '" + name + "' is not supported (none, int8, fp8)");
+}
+
+class LlmRuntime final : public Runtime, public Generator {
+ public:
+  LlmRuntime(std::string name, std::shared_ptr<const llm::Tokenizer> tokenizer,
+             std::unique_ptr<llm::Engine> engine)
+      : tokenizer_(std::move(tokenizer)), engine_(std::move(engine)) {
+    metadata_.name = std::move(name);
+    metadata_.platform = "flotilla_llm";
+    metadata_.versions = {"1"};
+  }
+
+  const ModelMetadata& metadata() const override { return metadata_; }
+  bool can_batch() const override { return false; }
+  Result<ModelInput> prepare(const InferRequest&) const override {
+    return Status(StatusCode::kUnimplemented,
+                  "model '" + metadata_.name +
+                      "' is a language model: use /v1/completions or /v1/chat/completions");
+  }
+  void run(ModelInput&&, RunCallback done) override {
+    done(Status(StatusCode::kUnimplemented, "a language model runs no tensor requests"));
+  }
+  Generator* generator() override { return this; }
+
+  int context_length() const override { return engine_->config().max_position; }
+
+  Result<uint64_t> generate(GenerateRequest&& request, llm::EventCallback on_event) override {
+    std::vector<int32_t> prompt;
+    bool chat = !request.chat.empty();
+    if (chat || request.prompt_text) {
+      if (tokenizer_ == nullptr) {
+        return invalid_argument(
+            "this model is served without a tokenizer (--skip-tokenizer): send the prompt as "
+            "a list of token ids to /v1/completions");
+      }
+      if (chat) {
+        FLOTILLA_ASSIGN_OR_RETURN(std::string text,
+                                  tokenizer_->apply_chat_template(request.chat, true));
+        prompt = tokenizer_->encode(text, /*add_special_tokens=*/false);
+      } else {
+        prompt = tokenizer_->encode(*request.prompt_text, /*add_special_tokens=*/true);
+      }
+    } else {
+      prompt = std::move(request.prompt_tokens);
+    }
+    llm::SamplingParams& sampling = request.sampling;
+    int room = context_length() - static_cast<int>(prompt.size());
+    if (room < 1) {
+      return invalid_argument("the prompt has " + std::to_string(prompt.size()) +
+                              " tokens; the model's context is " +
+                              std::to_string(context_length()));
+    }
+    sampling.max_tokens =
+        request.max_tokens.value_or(chat ? room : std::min(room, kDefaultCompletionTokens));
+    if (tokenizer_ != nullptr && !sampling.ignore_eos) {
+      // The chat family's end-of-turn tokens (<|eot_id|>, <|im_end|>) end a reply too.
+      for (int32_t id : tokenizer_->eos_ids()) {
+        sampling.stop_token_ids.push_back(id);
+      }
+    }
+    return engine_->submit({std::move(prompt), std::move(sampling), std::move(on_event)});
+  }
+
+  void cancel(uint64_t id) override { engine_->cancel(id); }
+
+  std::string token_text(int32_t id) const override {
+    if (tokenizer_ == nullptr) {
+      return "token_id:" + std::to_string(id);
+    }
+    return tokenizer_->decode(std::span<const int32_t>(&id, 1), false);
+  }
+
+  llm::EngineStats stats() const override { return engine_->stats(); }
+
+ private:
+  ModelMetadata metadata_;
+  std::shared_ptr<const llm::Tokenizer> tokenizer_;
+  std::unique_ptr<llm::Engine> engine_;
+};
+
+}  // namespace
+
+Result<std::unique_ptr<Runtime>> load_llm_runtime(const std::string& path,
+                                                  const RuntimeOptions& options) {
+  const LlmRuntimeOptions& o = options.llm;
+  llm::LoadOptions load;
+  FLOTILLA_ASSIGN_OR_RETURN(load.dtype, parse_dtype(o.dtype));
+  FLOTILLA_ASSIGN_OR_RETURN(load.quantize, parse_quantize(o.quantize));
+  load.quantize_attention = o.quantize_attention;
+  load.threads = o.threads;
+  FLOTILLA_ASSIGN_OR_RETURN(std::shared_ptr<const llm::Model> model, llm::load_model(path, load));
+  std::shared_ptr<const llm::Tokenizer> tokenizer;
+  if (!o.skip_tokenizer) {
+    Result<std::unique_ptr<llm::Tokenizer>> loaded = llm::Tokenizer::load(path);
+    if (!loaded.is_ok()) {
+      if (loaded.status().code() == StatusCode::kNotFound) {
+        return loaded.status().with_context(
+            "loading the tokenizer (serve token ids only with --skip-tokenizer)");
+      }
+      return loaded.status().with_context("loading the tokenizer");
+    }
+    tokenizer = std::move(loaded).value();
+  }
+  FLOTILLA_ASSIGN_OR_RETURN(std::unique_ptr<llm::Engine> engine,
+                            llm::create_engine(model, tokenizer, o.engine));
+  return std::unique_ptr<Runtime>(
+      std::make_unique<LlmRuntime>(options.name, std::move(tokenizer), std::move(engine)));
+}
+
+}  // namespace flotilla::runtime
