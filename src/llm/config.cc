@@ -2,8 +2,9 @@
 // and Qwen2ForCausalLM as transformers writes them.
 #include <filesystem>
 #include <fstream>
-#include <nlohmann/json.hpp>
 #include <sstream>
+
+#include <nlohmann/json.hpp>
 
 #include "llm/llm.h"
 
@@ -19,8 +20,7 @@ Result<int> positive_int(const Json& config, const char* field) {
   auto it = config.find(field);
   if (it == config.end() || !it->is_number_integer() || it->get<int64_t>() <= 0 ||
       it->get<int64_t>() > (1 << 30)) {
-    return invalid_argument(std::string("config.json: '") + field +
-                            "' must be a positive integer");
+    return invalid_argument(std::string("config.json: '") + field + "' must be a positive integer");
   }
   return it->get<int>();
 }
@@ -77,8 +77,7 @@ Result<RopeScaling> parse_rope_scaling(const Json& config) {
     FLOTILLA_ASSIGN_OR_RETURN(scaling.original_max_position,
                               positive_int(*it, "original_max_position_embeddings"));
     if (scaling.high_freq_factor <= scaling.low_freq_factor) {
-      return invalid_argument(
-          "config.json: rope_scaling needs high_freq_factor > low_freq_factor");
+      return invalid_argument("config.json: rope_scaling needs high_freq_factor > low_freq_factor");
     }
   } else {
     return invalid_argument("config.json: rope_scaling type '" + type +

@@ -95,7 +95,9 @@ int64_t WeightMatrix::bytes() const {
   return static_cast<int64_t>(rows) * cols * element;
 }
 
-const float* fp8_e4m3_table() { return kFp8Table.data(); }
+const float* fp8_e4m3_table() {
+  return kFp8Table.data();
+}
 
 uint8_t float_to_fp8_e4m3(float value) {
   // Codes 0x00..0x7e are the non-negative values in increasing order.
@@ -149,8 +151,8 @@ WeightMatrix make_weight_matrix(WeightFormat format, int rows, int cols, const f
         for (int c = 0; c < cols; ++c) {
           float scaled = row[c] / scale;
           uint8_t code = format == WeightFormat::kInt8
-                             ? static_cast<uint8_t>(static_cast<int8_t>(std::lrint(
-                                   std::clamp(scaled, -127.0f, 127.0f))))
+                             ? static_cast<uint8_t>(static_cast<int8_t>(
+                                   std::lrint(std::clamp(scaled, -127.0f, 127.0f))))
                              : float_to_fp8_e4m3(scaled);
           w.owned[static_cast<int64_t>(r) * cols + c] = static_cast<std::byte>(code);
         }
@@ -162,7 +164,9 @@ WeightMatrix make_weight_matrix(WeightFormat format, int rows, int cols, const f
   return w;
 }
 
-const Kernels& portable_kernels() { return kPortable; }
+const Kernels& portable_kernels() {
+  return kPortable;
+}
 
 const Kernels& kernels() {
   static const Kernels& chosen = [&]() -> const Kernels& {

@@ -30,8 +30,8 @@ struct Kernels {
   std::string_view name;  // "avx2" or "portable"
   // y[i][r] (+)= x[i] · W[r] (+ bias[r]) for rows r in [row_begin, row_end), i < m. Row i of x
   // starts at x + i * w.cols, of y at y + i * ldy. With accumulate, adds to y (residuals).
-  void (*matmul)(const float* x, int m, const WeightMatrix& w, int row_begin, int row_end,
-                 float* y, int ldy, bool accumulate);
+  void (*matmul)(const float* x, int m, const WeightMatrix& w, int row_begin, int row_end, float* y,
+                 int ldy, bool accumulate);
   float (*dot)(const float* a, const float* b, int n);
   // y += alpha * x
   void (*axpy)(float alpha, const float* x, float* y, int n);

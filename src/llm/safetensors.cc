@@ -1,17 +1,17 @@
 #include "llm/safetensors.h"
 
-#include <fcntl.h>
-#include <sys/mman.h>
-#include <sys/stat.h>
-#include <unistd.h>
-
 #include <bit>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
-#include <nlohmann/json.hpp>
 #include <set>
 #include <sstream>
+
+#include <fcntl.h>
+#include <nlohmann/json.hpp>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 namespace flotilla::llm {
 namespace {
@@ -36,7 +36,9 @@ Result<TensorDtype> parse_dtype(const std::string& name) {
   return invalid_argument("dtype " + name + " is not supported (F32, F16, BF16 are)");
 }
 
-int64_t dtype_bytes(TensorDtype dtype) { return dtype == TensorDtype::kF32 ? 4 : 2; }
+int64_t dtype_bytes(TensorDtype dtype) {
+  return dtype == TensorDtype::kF32 ? 4 : 2;
+}
 
 std::string shape_string(const std::vector<int64_t>& shape) {
   std::string out = "[";
@@ -58,7 +60,9 @@ Result<std::string> read_text(const fs::path& path) {
 
 }  // namespace
 
-float bf16_to_float(uint16_t bits) { return std::bit_cast<float>(uint32_t{bits} << 16); }
+float bf16_to_float(uint16_t bits) {
+  return std::bit_cast<float>(uint32_t{bits} << 16);
+}
 
 uint16_t float_to_bf16(float value) {
   uint32_t bits = std::bit_cast<uint32_t>(value);
@@ -121,7 +125,9 @@ Result<std::unique_ptr<MappedFile>> MappedFile::open(const std::string& path) {
       new MappedFile(static_cast<const std::byte*>(data), static_cast<size_t>(info.st_size)));
 }
 
-MappedFile::~MappedFile() { ::munmap(const_cast<std::byte*>(data_), size_); }
+MappedFile::~MappedFile() {
+  ::munmap(const_cast<std::byte*>(data_), size_);
+}
 
 Status SafetensorsSet::add_file(const std::string& path) {
   FLOTILLA_ASSIGN_OR_RETURN(std::shared_ptr<const MappedFile> file, MappedFile::open(path));
@@ -149,9 +155,8 @@ Status SafetensorsSet::add_file(const std::string& path) {
       return invalid_argument(path + ": tensor '" + name + "': " + why);
     };
     if (!entry.is_object() || !entry.contains("dtype") || !entry["dtype"].is_string() ||
-        !entry.contains("shape") || !entry["shape"].is_array() ||
-        !entry.contains("data_offsets") || !entry["data_offsets"].is_array() ||
-        entry["data_offsets"].size() != 2) {
+        !entry.contains("shape") || !entry["shape"].is_array() || !entry.contains("data_offsets") ||
+        !entry["data_offsets"].is_array() || entry["data_offsets"].size() != 2) {
       return fail("needs dtype, shape and data_offsets");
     }
     TensorView view;
