@@ -3,7 +3,7 @@
 //
 // Threading: the handler runs on the worker thread that owns the connection. It may answer at
 // once or later from any thread through the Responder. A connection reads its next request
-// only after the previous response is written.
+// only after the previous response is written (a streamed one: finished).
 #pragma once
 
 #include <chrono>
@@ -32,6 +32,10 @@ struct ServerOptions {
   std::chrono::milliseconds header_timeout{10'000};
   std::chrono::milliseconds body_timeout{30'000};
   std::chrono::milliseconds idle_timeout{60'000};
+  // A streamed response (Responder::start_stream) may hold at most this many bytes written
+  // by the handler and not yet taken by the kernel; past it the client is reading too slowly,
+  // and its connection is closed as if it had left. A stalled write also ends at body_timeout.
+  size_t max_stream_buffer_bytes = 8 * 1024 * 1024;
   // Copy every request header into Request::headers (a proxy forwards them); off by default so
   // servers that do not need them pay nothing.
   bool capture_headers = false;
@@ -70,8 +74,10 @@ namespace detail {
 class Exchange;
 }
 
-// Answers one request. Move-only; send() may be called from any thread, exactly once. A
-// Responder destroyed without sending answers 500, so a request is never left hanging.
+// Answers one request, either whole with send() or in pieces with start_stream(), write() and
+// finish() (Server-Sent Events, say). Move-only; every call but on_client_gone() may come from
+// any thread. A Responder destroyed without sending answers 500, so a request is never left
+// hanging; one destroyed mid-stream closes the connection, the body being incomplete.
 class Responder {
  public:
   explicit Responder(std::shared_ptr<detail::Exchange> exchange);
@@ -82,11 +88,29 @@ class Responder {
   Responder& operator=(const Responder&) = delete;
   ~Responder();
 
+  // Sends the whole response; call exactly once, and not after start_stream(). Never blocks.
   void send(Response&& response);
 
+  // Starts a streamed response instead of send(): the status line and headers, with
+  // Transfer-Encoding: chunked (to an HTTP/1.0 client the body is sent as is and the
+  // connection closes at the end). `headers` go out as given (Cache-Control: no-cache, ...).
+  // Call at most once; never blocks.
+  void start_stream(int status, std::string content_type, Headers headers = {});
+  // Queues one piece of the body after start_stream(); pieces go out in the order of the calls,
+  // from whichever threads. Never blocks. Dropped without taking a lock once the client has
+  // gone (see on_client_gone) or the server has stopped; an empty piece is ignored. Past
+  // ServerOptions::max_stream_buffer_bytes of unsent data (a single piece larger than that
+  // included) the connection is closed and the client treated as gone.
+  void write(std::string chunk);
+  // Ends the stream (the terminating zero-length chunk) once the queued pieces are out; the
+  // connection then serves its next request. Call once, after start_stream(); never blocks.
+  void finish();
+
   // Runs `on_gone` on the connection's worker thread if the client closes its connection before
-  // the response is sent (a proxy cancels the upstream request). Call at most once, from the
-  // handler's thread, before send(). Costs no system call while the client stays.
+  // the response is sent or, for a stream, before it is finished (also when the stream is cut
+  // for a write error or a client reading too slowly), so the producer can stop. Call at most
+  // once, from the handler's thread, before send() or finish(). Costs no system call while the
+  // client stays.
   void on_client_gone(std::function<void()> on_gone);
 
  private:
@@ -137,8 +161,9 @@ class Server {
   // true when every in-flight request finished, false when the drain timed out.
   virtual bool run() = 0;
   // Starts a graceful drain (thread-safe, idempotent): stop accepting, close idle keep-alive
-  // connections, let in-flight requests finish (their responses carry Connection: close), then
-  // make run() return. After `timeout`, connections still open are closed.
+  // connections, let in-flight requests finish (their responses carry Connection: close; a
+  // stream whose head is already out closes after its finish()), then make run() return. After
+  // `timeout`, connections still open are closed and later Responder calls are dropped.
   virtual void drain(std::chrono::milliseconds timeout) = 0;
   // Drains on SIGTERM or SIGINT.
   virtual void drain_on_signals(std::chrono::milliseconds timeout) = 0;

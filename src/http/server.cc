@@ -4,10 +4,14 @@
 // Connection life cycle (all on the owning worker's thread):
 //   wait_for_request (idle timeout) → read_header (header timeout) → read_body (body timeout)
 //   → handler → ... the Responder posts the response back → write → wait_for_request or close.
-// Drain: acceptors close, sessions waiting idle close, the others close after their response;
-// when the last session is gone, every loop stops and run() returns.
+// A streamed response (Responder::start_stream) replaces "write" with: head → chunks as the
+// producer queues them → terminating chunk → wait_for_request, or close when it is cut.
+// Drain: acceptors close, sessions waiting idle close, the others close after their response
+// (a stream: after finish()); when the last session is gone, every loop stops and run() returns.
 #include <array>
 #include <atomic>
+#include <charconv>
+#include <mutex>
 #include <optional>
 #include <thread>
 #include <unordered_set>
@@ -70,6 +74,25 @@ Response error_response(const ServerOptions& options, int status, std::string_vi
 }
 
 }  // namespace
+
+namespace detail {
+
+// The head of a streamed response, as the handler gave it.
+struct StreamHead {
+  int status = 200;
+  std::string content_type;
+  Headers headers;
+};
+
+// What a session takes from its stream's Exchange in one flush; the bytes go separately.
+struct StreamUpdate {
+  std::optional<StreamHead> head;  // in the first flush only
+  bool end = false;                // no more pieces: end once the queued ones are out
+  bool complete = false;           // the end is finish(), not a Responder dropped mid-stream
+  bool overflowed = false;         // over max_stream_buffer_bytes: cut the connection
+};
+
+}  // namespace detail
 
 class ServerImpl final : public Server {
  public:
@@ -147,8 +170,16 @@ class Session : public std::enable_shared_from_this<Session> {
   // client left. async_wait costs no system call (the descriptor is already in epoll); only a
   // readiness event is followed by a recv, whose bytes (a pipelined request) are kept.
   void watch_for_disconnect(std::function<void()> on_gone) {
+    if (client_gone_) {
+      // Only a stream gets here: it was cut before the handler asked (a slow reader, a write
+      // error). Tell the producer now, but not from inside its own call.
+      asio::post(socket_.get_executor(), std::move(on_gone));
+      return;
+    }
     on_gone_ = std::move(on_gone);
-    arm_disconnect_watch();
+    if (!watching_) {  // a stream arms the watch itself, whether or not the handler asks
+      arm_disconnect_watch();
+    }
   }
   bool server_stopped() const { return server_.stopped(); }
   const ServerOptions& options() const { return server_.options(); }
@@ -162,28 +193,12 @@ class Session : public std::enable_shared_from_this<Session> {
     // the connection closes after the last of them.
     keep_alive_ = keep_alive_ && (!server_.draining() || buffer_.size() > 0);
     body_ = std::move(response.body);
-    head_.clear();
-    head_.append(request_version_ == 10 ? "HTTP/1.0 " : "HTTP/1.1 ");
-    head_.append(std::to_string(response.status));
-    head_.push_back(' ');
-    const auto reason = bhttp::obsolete_reason(static_cast<bhttp::status>(response.status));
-    head_.append(reason.data(), reason.size());
-    if (!response.content_type.empty()) {
-      append_header("Content-Type", response.content_type);
-    }
-    for (const auto& [name, value] : response.headers) {
-      append_header(name, value);
-    }
+    begin_head(response.status, response.content_type, response.headers);
     if (head_request_) {
       body_.clear();  // a HEAD response has no body
     }
     append_header("Content-Length", std::to_string(body_.size()));
-    if (!keep_alive_) {
-      append_header("Connection", "close");
-    } else if (request_version_ == 10) {
-      append_header("Connection", "keep-alive");
-    }
-    head_.append("\r\n\r\n");
+    end_head();
     // Most responses fit in the socket buffer: one non-blocking sendmsg and no asio operation
     // or timer. What does not fit is written asynchronously under the body timeout, so a
     // client that stops reading cannot hold the connection.
@@ -205,6 +220,32 @@ class Session : public std::enable_shared_from_this<Session> {
     asio::async_write(socket_, rest, [self = shared_from_this()](beast::error_code ec, size_t) {
       self->on_write(ec);
     });
+  }
+
+  // Starts head_ with the status line, Content-Type and the handler's headers.
+  void begin_head(int status, std::string_view content_type, const Headers& headers) {
+    head_.clear();
+    head_.append(request_version_ == 10 ? "HTTP/1.0 " : "HTTP/1.1 ");
+    head_.append(std::to_string(status));
+    head_.push_back(' ');
+    const auto reason = bhttp::obsolete_reason(static_cast<bhttp::status>(status));
+    head_.append(reason.data(), reason.size());
+    if (!content_type.empty()) {
+      append_header("Content-Type", content_type);
+    }
+    for (const auto& [name, value] : headers) {
+      append_header(name, value);
+    }
+  }
+
+  // Ends head_ with the connection's fate.
+  void end_head() {
+    if (!keep_alive_) {
+      append_header("Connection", "close");
+    } else if (request_version_ == 10) {
+      append_header("Connection", "keep-alive");
+    }
+    head_.append("\r\n\r\n");
   }
 
   // Appends "\r\nName: value"; a header whose text could split the head is left out.
@@ -340,6 +381,10 @@ class Session : public std::enable_shared_from_this<Session> {
       return;
     }
     watching_ = false;
+    if (streaming_) {
+      abandon_stream("the client closed the connection", false);
+      return;
+    }
     keep_alive_ = false;
     client_gone_ = true;
     if (auto on_gone = std::move(on_gone_)) {
@@ -399,7 +444,8 @@ class Session : public std::enable_shared_from_this<Session> {
         request.headers.emplace_back(std::string(field.name_string()), std::string(field.value()));
       }
     }
-    auto exchange = std::make_shared<detail::Exchange>(shared_from_this());
+    auto exchange = std::make_shared<detail::Exchange>(shared_from_this(), request_version_ >= 11,
+                                                       !head_request_);
     try {
       server_.handler()(std::move(request), Responder(std::move(exchange)));
     } catch (const std::exception& e) {
@@ -448,6 +494,25 @@ class Session : public std::enable_shared_from_this<Session> {
                             });
   }
 
+  // ---- Streamed responses: all on this session's worker thread ----------------------------
+
+  // Takes what the producer queued since the last flush and writes it. Posted by the Exchange
+  // at most once per batch of calls, so chunks queued together go out in one sendmsg.
+  void flush_stream(const std::shared_ptr<detail::Exchange>& exchange);
+  // Writes the head into stream_out_ and watches for the client leaving.
+  void begin_stream(const detail::StreamHead& head,
+                    const std::shared_ptr<detail::Exchange>& exchange);
+  // Sends stream_out_ now as far as the socket buffer takes it, the rest asynchronously (one
+  // write in flight; pieces queued meanwhile wait in stream_next_); ends the stream when asked
+  // and nothing is left to send.
+  void pump_stream(std::shared_ptr<detail::Exchange> exchange);
+  // Everything is written: back to keep-alive reading after finish(), else close.
+  void end_stream();
+  // The client is gone or must be (a write failed, it reads too slowly): drop the producer's
+  // later pieces, close (with RST when `reset`: no point delivering what the kernel holds) and
+  // run on_gone.
+  void abandon_stream(std::string_view why, bool reset);
+
   void finish() {
     if (finished_) {
       return;
@@ -469,6 +534,18 @@ class Session : public std::enable_shared_from_this<Session> {
   std::optional<bhttp::response<bhttp::empty_body>> continue_;
   std::string head_;  // the response head being written, reused across responses
   std::string body_;
+  // A streamed response: its exchange, while the stream runs (weak: the Exchange owns this
+  // session, and a stream cut by a stopped server must not leak both). Three buffers that swap
+  // rather than copy: stream_out_ is being sent (stable while an async_write is in flight),
+  // stream_next_ queues behind it, stream_in_ receives each flush from the producer.
+  std::weak_ptr<detail::Exchange> stream_;
+  std::string stream_out_;
+  std::string stream_next_;
+  std::string stream_in_;
+  bool streaming_ = false;
+  bool stream_writing_ = false;
+  bool stream_ending_ = false;
+  bool stream_complete_ = false;
   std::unique_ptr<std::array<char, 4096>> linger_buffer_;
   size_t lingered_bytes_ = 0;
   std::function<void()> on_gone_;
@@ -485,12 +562,25 @@ class Session : public std::enable_shared_from_this<Session> {
 
 namespace detail {
 
-class Exchange {
+// One request's answer, shared by its Responder and the tasks it posts to the session.
+//
+// Thread-safety: the Responder's calls come from any thread. A whole response is handed to the
+// session's loop as it is, without a lock, and pays for no stream state: start_stream()
+// allocates it. A stream's queued bytes and flags are guarded by Stream::mutex, taken briefly
+// by the producer's calls and by the session's flush: chunks written from several threads must
+// go out in call order, which posting each chunk would not keep (asio queues a post from the
+// loop's own thread behind the running handler, one from another thread at once), and one
+// flush per loop pass then carries every chunk queued meanwhile. Stream::gone is also an
+// atomic so that dropping a write costs no lock.
+class Exchange : public std::enable_shared_from_this<Exchange> {
  public:
-  explicit Exchange(std::shared_ptr<Session> session) : session_(std::move(session)) {}
+  // `chunked`: the client speaks HTTP/1.1; `body_allowed`: not a HEAD request.
+  Exchange(std::shared_ptr<Session> session, bool chunked, bool body_allowed)
+      : session_(std::move(session)), chunked_(chunked), body_allowed_(body_allowed) {}
+
   void send(Response&& response) {
     if (sent_.exchange(true)) {
-      FLOTILLA_BUG("a response was sent twice");
+      FLOTILLA_BUG("a response was sent twice, or sent after start_stream()");
       return;
     }
     auto executor = session_->executor();
@@ -502,9 +592,18 @@ class Exchange {
   }
   void on_client_gone(std::function<void()> on_gone) {
     FLOTILLA_DCHECK(current_loop != nullptr);
-    if (session_ && !sent_.load()) {
-      session_->watch_for_disconnect(std::move(on_gone));
+    if (!session_) {
+      return;  // sent
     }
+    if (Stream* stream = started_stream()) {
+      std::lock_guard lock(stream->mutex);
+      if (stream->finished) {
+        return;  // too late: the connection may already serve its next request
+      }
+    } else if (sent_.load()) {
+      return;
+    }
+    session_->watch_for_disconnect(std::move(on_gone));
   }
   bool sent() const { return sent_.load(); }
   bool server_stopped() const { return session_ && session_->server_stopped(); }
@@ -513,28 +612,353 @@ class Exchange {
     return session_ ? session_->options() : kDefaults;
   }
 
+  // ---- Producer side (any thread) ----
+
+  void start_stream(int status, std::string content_type, Headers headers) {
+    if (sent_.exchange(true)) {
+      FLOTILLA_BUG("start_stream() after the response was sent or started");
+      return;
+    }
+    auto stream = std::make_unique<Stream>();
+    stream->max_queued_bytes = session_->options().max_stream_buffer_bytes;
+    stream->head.emplace(StreamHead{status, std::move(content_type), std::move(headers)});
+    stream->flush_posted = true;  // the flush posted below; nothing can be queued before it
+    stream_ = std::move(stream);
+    // Publishes stream_ to producers on other threads, and to the session through the post.
+    streaming_.store(true, std::memory_order_release);
+    post_flush();
+  }
+
+  void write(std::string chunk) {
+    if (chunk.empty() || !body_allowed_) {
+      return;  // an empty chunk would end the body; a HEAD response has none
+    }
+    Stream* stream = started_stream();
+    if (stream == nullptr) {
+      FLOTILLA_BUG("write() before start_stream()");
+      return;
+    }
+    // The usual drop (the client left, the server stopped) takes no lock.
+    if (stream->gone.load(std::memory_order_relaxed) || session_->server_stopped()) {
+      return;
+    }
+    // "<size in hex>\r\n" before the chunk, "\r\n" after it.
+    std::array<char, 24> size_line;
+    size_t size_line_length = 0;
+    if (chunked_) {
+      const auto result = std::to_chars(size_line.data(), size_line.data() + 16, chunk.size(), 16);
+      result.ptr[0] = '\r';
+      result.ptr[1] = '\n';
+      size_line_length = static_cast<size_t>(result.ptr + 2 - size_line.data());
+    }
+    const size_t framed = chunk.size() + (chunked_ ? size_line_length + 2 : 0);
+    bool post = false;
+    {
+      std::lock_guard lock(stream->mutex);
+      if (stream->gone.load(std::memory_order_relaxed)) {
+        return;
+      }
+      if (stream->finished) {
+        FLOTILLA_BUG("write() after finish()");
+        return;
+      }
+      if (stream->queued_bytes.load() + framed > stream->max_queued_bytes) {
+        // The session cuts the connection and runs on_gone; until then every write drops.
+        stream->gone.store(true);
+        stream->overflowed = true;
+        stream->pending = std::string();
+      } else {
+        stream->queued_bytes.fetch_add(framed);
+        if (!chunked_ && stream->pending.empty()) {
+          stream->pending = std::move(chunk);
+        } else {
+          stream->pending.append(size_line.data(), size_line_length);
+          stream->pending.append(chunk);
+          if (chunked_) {
+            stream->pending.append("\r\n");
+          }
+        }
+      }
+      post = !std::exchange(stream->flush_posted, true);
+    }
+    if (post) {
+      post_flush();
+    }
+  }
+
+  void finish() {
+    if (started_stream() == nullptr) {
+      FLOTILLA_BUG("finish() before start_stream()");
+      return;
+    }
+    end(/*complete=*/true);
+  }
+
+  // From ~Responder: ends a stream left unfinished (the connection closes); no-op otherwise.
+  void drop() {
+    if (started_stream() != nullptr) {
+      end(/*complete=*/false);
+    }
+  }
+
+  // ---- Session side (the connection's worker thread, after start_stream()) ----
+
+  // Moves the queued bytes into `bytes` (empty; its capacity is handed back for reuse) and
+  // returns what else happened since the last flush.
+  StreamUpdate take_update(std::string& bytes) {
+    StreamUpdate update;
+    std::lock_guard lock(stream_->mutex);
+    stream_->flush_posted = false;
+    update.head = std::move(stream_->head);
+    stream_->head.reset();
+    bytes.swap(stream_->pending);
+    update.end = stream_->finished;
+    update.complete = stream_->complete;
+    update.overflowed = stream_->overflowed;
+    return update;
+  }
+  // The connection is gone: later writes drop, queued ones are freed.
+  void mark_gone() {
+    std::lock_guard lock(stream_->mutex);
+    stream_->gone.store(true);
+    stream_->pending = std::string();
+  }
+  void add_queued(size_t bytes) { stream_->queued_bytes.fetch_add(bytes); }
+  // `bytes` left the server (into the kernel's socket buffer).
+  void release(size_t bytes) { stream_->queued_bytes.fetch_sub(bytes); }
+
  private:
-  std::shared_ptr<Session> session_;
-  std::atomic<bool> sent_{false};
+  struct Stream {
+    std::atomic<bool> gone{false};        // writes are dropped from now on
+    std::atomic<size_t> queued_bytes{0};  // written, not yet in the kernel
+    size_t max_queued_bytes = 0;
+    std::mutex mutex;  // guards what follows
+    std::optional<StreamHead> head;
+    std::string pending;  // framed chunks not yet taken by the session
+    bool flush_posted = false;
+    bool finished = false;  // finish() or drop()
+    bool complete = false;  // finish()
+    bool overflowed = false;
+  };
+
+  // The stream, once start_stream() has published it; null before (or for a whole response).
+  Stream* started_stream() const {
+    return streaming_.load(std::memory_order_acquire) ? stream_.get() : nullptr;
+  }
+
+  void end(bool complete) {
+    {
+      std::lock_guard lock(stream_->mutex);
+      if (stream_->finished) {
+        if (complete) {
+          FLOTILLA_BUG("finish() called twice");
+        }
+        return;
+      }
+      stream_->finished = true;
+      if (stream_->gone.load(std::memory_order_relaxed)) {
+        return;  // the session has closed, or will at the flush already posted
+      }
+      stream_->complete = complete;
+      if (complete && chunked_ && body_allowed_) {
+        static constexpr std::string_view kLastChunk = "0\r\n\r\n";
+        stream_->pending.append(kLastChunk);
+        stream_->queued_bytes.fetch_add(kLastChunk.size());
+      }
+      if (std::exchange(stream_->flush_posted, true)) {
+        return;
+      }
+    }
+    post_flush();
+  }
+
+  void post_flush() {
+    asio::post(session_->executor(),
+               [self = shared_from_this()] { self->session_->flush_stream(self); });
+  }
+
+  std::shared_ptr<Session> session_;    // moved out by send(); kept by a stream
+  std::atomic<bool> sent_{false};       // send() or start_stream() was called
+  std::atomic<bool> streaming_{false};  // stream_ is set
+  const bool chunked_;
+  const bool body_allowed_;
+  std::unique_ptr<Stream> stream_;  // set once, by start_stream()
 };
 
 }  // namespace detail
 
+void Session::flush_stream(const std::shared_ptr<detail::Exchange>& exchange) {
+  if (finished_) {
+    // The connection closed under the stream (a timeout, the client left): drop what comes.
+    exchange->mark_gone();
+    return;
+  }
+  FLOTILLA_DCHECK(stream_in_.empty());
+  detail::StreamUpdate update = exchange->take_update(stream_in_);
+  if (update.head) {
+    begin_stream(*update.head, exchange);
+  }
+  if (client_gone_) {
+    // The client left while the handler worked, before the stream started.
+    abandon_stream("the client closed the connection", false);
+    return;
+  }
+  if (update.overflowed) {
+    abandon_stream("the client reads too slowly: over " +
+                       std::to_string(server_.options().max_stream_buffer_bytes) +
+                       " bytes of the response are queued",
+                   true);
+    return;
+  }
+  std::string& target = stream_writing_ ? stream_next_ : stream_out_;
+  if (target.empty()) {
+    target.swap(stream_in_);
+  } else {
+    target.append(stream_in_);
+    stream_in_.clear();
+  }
+  if (update.end) {
+    stream_ending_ = true;
+    stream_complete_ = update.complete;
+  }
+  pump_stream(exchange);
+}
+
+void Session::begin_stream(const detail::StreamHead& head,
+                           const std::shared_ptr<detail::Exchange>& exchange) {
+  FLOTILLA_DCHECK(!streaming_ && stream_out_.empty());
+  streaming_ = true;
+  stream_ = exchange;
+  deadline_ = TimePoint::max();
+  const bool chunked = request_version_ >= 11;
+  // Without chunks, only the close can end the body. A draining server closes after this
+  // stream unless the client has already pipelined more requests (as write() does).
+  keep_alive_ = keep_alive_ && chunked && (!server_.draining() || buffer_.size() > 0);
+  begin_head(head.status, head.content_type, head.headers);
+  if (chunked) {
+    append_header("Transfer-Encoding", "chunked");
+  }
+  end_head();
+  stream_out_.append(head_);
+  exchange->add_queued(head_.size());
+  if (!watching_ && !client_gone_) {
+    arm_disconnect_watch();
+  }
+}
+
+void Session::pump_stream(std::shared_ptr<detail::Exchange> exchange) {
+  if (stream_writing_ || finished_) {
+    return;
+  }
+  if (!stream_out_.empty()) {
+    const ssize_t sent = send_head_and_body(socket_.native_handle(), stream_out_, {});
+    if (sent < 0) {
+      abandon_stream(
+          beast::error_code(static_cast<int>(-sent), boost::system::system_category()).message(),
+          false);
+      return;
+    }
+    exchange->release(static_cast<size_t>(sent));
+    if (static_cast<size_t>(sent) < stream_out_.size()) {
+      // The socket buffer is full: the rest goes asynchronously, under the body timeout, so a
+      // client that stops reading cannot hold the connection.
+      stream_writing_ = true;
+      deadline_ = std::chrono::steady_clock::now() + server_.options().body_timeout;
+      asio::async_write(socket_, asio::buffer(stream_out_.data() + sent, stream_out_.size() - sent),
+                        [self = shared_from_this(), exchange = std::move(exchange)](
+                            beast::error_code ec, size_t bytes) mutable {
+                          self->stream_writing_ = false;
+                          self->deadline_ = TimePoint::max();
+                          if (self->finished_) {
+                            return;  // cut meanwhile (the client left)
+                          }
+                          if (ec) {
+                            self->abandon_stream(ec.message(), false);
+                            return;
+                          }
+                          exchange->release(bytes);
+                          self->stream_out_.clear();
+                          self->stream_out_.swap(self->stream_next_);
+                          self->pump_stream(std::move(exchange));
+                        });
+      return;
+    }
+    stream_out_.clear();
+  }
+  if (stream_ending_) {
+    end_stream();
+  }
+}
+
+void Session::end_stream() {
+  streaming_ = false;
+  stream_ending_ = false;
+  stream_.reset();
+  stop_disconnect_watch();  // no write is in flight, so its cancel() stops only the watch
+  if (!stream_complete_) {
+    spdlog::debug("a streamed response was dropped before finish(): closing the connection");
+    keep_alive_ = false;
+  }
+  on_write(beast::error_code());
+}
+
+void Session::abandon_stream(std::string_view why, bool reset) {
+  spdlog::debug("streamed response cut: {}", why);
+  if (auto exchange = stream_.lock()) {
+    exchange->mark_gone();
+  }
+  stream_.reset();
+  stream_in_.clear();  // stream_out_ may still be an in-flight write's buffer: left as it is
+  streaming_ = false;
+  stream_ending_ = false;
+  client_gone_ = true;
+  keep_alive_ = false;
+  watching_ = false;
+  ++watch_generation_;
+  if (reset) {
+    beast::error_code ignored;
+    socket_.set_option(asio::socket_base::linger(true, 0), ignored);
+  }
+  auto on_gone = std::move(on_gone_);
+  on_gone_ = nullptr;
+  finish();
+  if (on_gone) {
+    on_gone();
+  }
+}
+
 Responder::Responder(std::shared_ptr<detail::Exchange> exchange) : exchange_(std::move(exchange)) {}
 Responder::Responder(Responder&&) noexcept = default;
 Responder::~Responder() {
-  if (exchange_ && !exchange_->sent()) {
-    // After a drain timed out, work still held somewhere is dropped on purpose.
-    if (!exchange_->server_stopped()) {
-      FLOTILLA_BUG("a request was dropped without a response");
-    }
-    exchange_->send(
-        error_response(exchange_->options(), 500, "internal error: the request was not answered"));
+  if (!exchange_) {
+    return;
   }
+  if (exchange_->sent()) {
+    exchange_->drop();
+    return;
+  }
+  // After a drain timed out, work still held somewhere is dropped on purpose.
+  if (!exchange_->server_stopped()) {
+    FLOTILLA_BUG("a request was dropped without a response");
+  }
+  exchange_->send(
+      error_response(exchange_->options(), 500, "internal error: the request was not answered"));
 }
 void Responder::send(Response&& response) {
   FLOTILLA_CHECK(exchange_ != nullptr);
   exchange_->send(std::move(response));
+}
+void Responder::start_stream(int status, std::string content_type, Headers headers) {
+  FLOTILLA_CHECK(exchange_ != nullptr);
+  exchange_->start_stream(status, std::move(content_type), std::move(headers));
+}
+void Responder::write(std::string chunk) {
+  FLOTILLA_CHECK(exchange_ != nullptr);
+  exchange_->write(std::move(chunk));
+}
+void Responder::finish() {
+  FLOTILLA_CHECK(exchange_ != nullptr);
+  exchange_->finish();
 }
 void Responder::on_client_gone(std::function<void()> on_gone) {
   FLOTILLA_CHECK(exchange_ != nullptr);

@@ -86,7 +86,14 @@ void portable_axpy(float alpha, const float* x, float* y, int n) {
   }
 }
 
-const Kernels kPortable{"portable", portable_matmul, portable_dot, portable_axpy};
+void portable_silu_mul(float* gate, const float* up, int n) {
+  for (int i = 0; i < n; ++i) {
+    gate[i] = gate[i] / (1.0f + std::exp(-gate[i])) * up[i];
+  }
+}
+
+const Kernels kPortable{"portable", portable_matmul, portable_dot, portable_axpy,
+                        portable_silu_mul};
 
 }  // namespace
 

@@ -35,6 +35,8 @@ struct Kernels {
   float (*dot)(const float* a, const float* b, int n);
   // y += alpha * x
   void (*axpy)(float alpha, const float* x, float* y, int n);
+  // SwiGLU's activation: gate[i] = silu(gate[i]) * up[i], silu(g) = g / (1 + e^-g).
+  void (*silu_mul)(float* gate, const float* up, int n);
 };
 
 // The best path this CPU runs; FLOTILLA_LLM_KERNELS=portable forces the portable one.

@@ -2,6 +2,7 @@
 // reports all three. Decoding speed is bound by reading weights, so each weight vector is loaded
 // and widened to fp32 once and used for up to kTileX activation rows; a 3 x 4 tile of
 // accumulators fills 12 of the 16 ymm registers.
+#include <cmath>
 #include <cstring>
 #include <vector>
 
@@ -239,7 +240,41 @@ void avx2_axpy(float alpha, const float* x, float* y, int n) {
   }
 }
 
-const Kernels kAvx2{"avx2", avx2_matmul, avx2_dot, avx2_axpy};
+// e^x for x in [-87, 88] (clamped), to ~2 ulp: x = n ln2 + f with |f| <= ln2/2, e^f by its
+// degree-6 Taylor polynomial, 2^n put into the exponent bits (Cephes' expf scheme).
+inline __m256 exp256(__m256 x) {
+  x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.0f)), _mm256_set1_ps(88.0f));
+  __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                             _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m256 f = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+  f = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), f);
+  __m256 p = _mm256_set1_ps(1.0f / 720);
+  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.0f / 120));
+  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.0f / 24));
+  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.0f / 6));
+  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(0.5f));
+  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.0f));
+  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.0f));
+  __m256i exponent =
+      _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+  return _mm256_mul_ps(p, _mm256_castsi256_ps(exponent));
+}
+
+void avx2_silu_mul(float* gate, const float* up, int n) {
+  const __m256 one = _mm256_set1_ps(1.0f);
+  int i = 0;
+  for (; i + 8 <= n; i += 8) {
+    __m256 g = _mm256_loadu_ps(gate + i);
+    __m256 e = exp256(_mm256_sub_ps(_mm256_setzero_ps(), g));
+    __m256 silu = _mm256_div_ps(g, _mm256_add_ps(one, e));
+    _mm256_storeu_ps(gate + i, _mm256_mul_ps(silu, _mm256_loadu_ps(up + i)));
+  }
+  for (; i < n; ++i) {
+    gate[i] = gate[i] / (1.0f + std::exp(-gate[i])) * up[i];
+  }
+}
+
+const Kernels kAvx2{"avx2", avx2_matmul, avx2_dot, avx2_axpy, avx2_silu_mul};
 
 }  // namespace
 

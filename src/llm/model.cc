@@ -375,8 +375,8 @@ void ForwardPass::attention(std::span<const StepSequence> step, int layer, KvCac
       const float* q = qkv_.data() + static_cast<int64_t>(row) * qkv_width + head * hd;
       float max_score = -INFINITY;
       for (int p = 0; p <= position; ++p) {
-        const float* k = cache.key(layer, (*seq.blocks)[p / block_tokens], kv_head) +
-                         (p % block_tokens) * hd;
+        const float* k =
+            cache.key(layer, (*seq.blocks)[p / block_tokens], kv_head) + (p % block_tokens) * hd;
         scores[p] = kernels_.dot(q, k, hd) * scale;
         max_score = std::max(max_score, scores[p]);
       }
@@ -388,8 +388,8 @@ void ForwardPass::attention(std::span<const StepSequence> step, int layer, KvCac
       float* out = attn_.data() + static_cast<int64_t>(row) * q_width + head * hd;
       std::fill(out, out + hd, 0.0f);
       for (int p = 0; p <= position; ++p) {
-        const float* v = cache.value(layer, (*seq.blocks)[p / block_tokens], kv_head) +
-                         (p % block_tokens) * hd;
+        const float* v =
+            cache.value(layer, (*seq.blocks)[p / block_tokens], kv_head) + (p % block_tokens) * hd;
         kernels_.axpy(scores[p] / sum, v, out, hd);
       }
     }
@@ -469,15 +469,14 @@ std::span<const float> ForwardPass::forward(std::span<const StepSequence> step, 
     }
     const int inter = c.intermediate_size;
     matmul(normed_.data(), layer.gate_up, mlp_.data(), 2 * inter, false);
-    // SwiGLU in place: the first half of each row becomes silu(gate) * up.
-    for (int r = 0; r < rows; ++r) {
-      float* gate = mlp_.data() + static_cast<int64_t>(r) * 2 * inter;
-      const float* up = gate + inter;
-      for (int i = 0; i < inter; ++i) {
-        gate[i] = gate[i] / (1.0f + std::exp(-gate[i])) * up[i];
+    // SwiGLU in place, then rows compacted: gate_up wrote [rows][2 * inter], down reads
+    // [rows][inter]. In order it is safe: row r's new place overlaps only rows already moved.
+    pool_.parallel_for(rows, 1, [&](int begin, int end) {
+      for (int r = begin; r < end; ++r) {
+        float* gate = mlp_.data() + static_cast<int64_t>(r) * 2 * inter;
+        kernels_.silu_mul(gate, gate + inter, inter);
       }
-    }
-    // down reads rows of stride 2 * inter: compact them first so the kernel sees [rows][inter].
+    });
     for (int r = 1; r < rows; ++r) {
       std::memmove(mlp_.data() + static_cast<int64_t>(r) * inter,
                    mlp_.data() + static_cast<int64_t>(r) * 2 * inter, inter * 4);

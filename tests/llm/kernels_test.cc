@@ -43,6 +43,16 @@ TEST(KernelsTest, Avx2MatchesPortableForEveryFormatAndShape) {
       }
     }
   }
+  std::vector<float> gate = random_values(203, 4), up = random_values(203, 6);
+  for (float& g : gate) {
+    g *= 30;  // far into both tails of the exponential
+  }
+  std::vector<float> expected = gate, actual = gate;
+  portable_kernels().silu_mul(expected.data(), up.data(), 203);
+  avx2->silu_mul(actual.data(), up.data(), 203);
+  for (size_t i = 0; i < expected.size(); ++i) {
+    ASSERT_NEAR(actual[i], expected[i], 1e-5f * (1 + std::fabs(expected[i]))) << gate[i];
+  }
   std::vector<float> a = random_values(67, 1), b = random_values(67, 2);
   EXPECT_NEAR(avx2->dot(a.data(), b.data(), 67), portable_kernels().dot(a.data(), b.data(), 67),
               1e-4);
