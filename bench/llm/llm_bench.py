@@ -4,9 +4,11 @@
 weights from tests/fixtures/make_llm.py --bench).
 
 Workload: requests of 50 prompt tokens (random ids) generating exactly 50 tokens
-(ignore_eos), streamed over /v1/completions, from 1, 4, 8, 16 and 32 closed-loop clients.
-Per configuration: completed requests/s, output tokens/s, p50/p99 latency and p50 time to first
-token. Configurations: fp32, bf16, int8, fp8 weights; batching off (one sequence at a time);
+(ignore_eos) over /v1/completions, from 1, 4, 8, 16 and 32 closed-loop clients. Per
+configuration: completed requests/s, output tokens/s, p50/p99 latency and p50 time to first
+token. The load generator shares the machine's two cores with the server, so only client 0
+streams (its requests give the time to first token); the others take whole responses, which
+costs the client far less CPU than parsing 50 events per request. Configurations: fp32, bf16, int8, fp8 weights; batching off (one sequence at a time);
 overlap of output work off. The replica gets --llm-threads (default 2); the load generator is
 this Python process (asyncio + aiohttp) on the same machine.
 
@@ -52,6 +54,49 @@ LLAMA_CPP_REQ_S = {
 PEER_FOR = {"int8": "Q8_0", "fp8": "Q8_0", "int8-mlp": "Q8_0", "fp32": "F16", "bf16": "F16"}
 
 
+def read_bandwidth_worker(_):
+    import numpy as np
+    a = np.ones(50_000_000, dtype=np.float32)  # 200 MB, far past the caches
+    a.sum()
+    start = time.monotonic()
+    for _ in range(5):
+        a.sum()
+    return 5 * a.nbytes / (time.monotonic() - start)
+
+
+def read_bandwidth(processes):
+    """Bytes/s that `processes` concurrent readers stream from memory in all (numpy sums)."""
+    import multiprocessing
+    with multiprocessing.Pool(processes) as pool:
+        return sum(pool.map(read_bandwidth_worker, range(processes)))
+
+
+def decode_bytes(config, config_name):
+    """Weight bytes one decode step reads in a configuration (what bounds batch-1 decoding)."""
+    h, inter, vocab = config["hidden_size"], config["intermediate_size"], config["vocab_size"]
+    kv = config["num_key_value_heads"] * h // config["num_attention_heads"]
+    attention = h * (h + 2 * kv) + h * h
+    mlp = 3 * h * inter
+    layers = config["num_hidden_layers"]
+    wide = 4 if config_name == "fp32" else 2
+    narrow = 1 if config_name.startswith(("int8", "fp8")) else wide
+    attention_bytes = narrow if "attention" in " ".join(CONFIGS[config_name]) else wide
+    return layers * (attention * attention_bytes + mlp * narrow) + vocab * h * narrow
+
+
+def inter_token_totals(port):
+    """(sum, count) of the replica's inter-token latency histogram."""
+    import urllib.request
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics").read().decode()
+    values = {}
+    for line in text.splitlines():
+        if line.startswith("flotilla_llm_inter_token_latency_seconds_"):
+            name, value = line.split()
+            values[name] = float(value)
+    return (values["flotilla_llm_inter_token_latency_seconds_sum"],
+            values["flotilla_llm_inter_token_latency_seconds_count"])
+
+
 def make_model(directory):
     subprocess.run(["/usr/bin/python3", os.path.join(ROOT, "tests/fixtures/make_llm.py"),
                     directory, "--bench"], check=True)
@@ -68,15 +113,20 @@ def start_replica(model, extra, threads):
     return proc, json.loads(line)["port"]
 
 
-async def one_request(session, url, rng):
+async def one_request(session, url, rng, stream):
+    """(latency, time to first token or None) of one request."""
     prompt = [rng.randrange(3, 32000) for _ in range(PROMPT_TOKENS)]
     body = {"model": "bench", "prompt": prompt, "max_tokens": OUTPUT_TOKENS, "temperature": 0,
-            "ignore_eos": True, "stream": True}
+            "ignore_eos": True, "stream": stream}
     start = time.monotonic()
     first = None
     async with session.post(url, json=body) as response:
         if response.status != 200:
             raise RuntimeError(f"status {response.status}: {await response.text()}")
+        if not stream:
+            usage = (await response.json())["usage"]
+            assert usage["completion_tokens"] == OUTPUT_TOKENS, usage
+            return time.monotonic() - start, None
         async for line in response.content:
             if first is None and line.startswith(b"data: {"):
                 first = time.monotonic()
@@ -92,9 +142,10 @@ async def load(port, clients, seconds):
         async def client(index):
             rng = random.Random(index)
             while time.monotonic() < deadline:
-                latency, ttft = await one_request(session, url, rng)
+                latency, ttft = await one_request(session, url, rng, stream=index == 0)
                 latencies.append(latency)
-                ttfts.append(ttft)
+                if ttft is not None:
+                    ttfts.append(ttft)
         begin = time.monotonic()
         await asyncio.gather(*(client(i) for i in range(clients)))
         elapsed = time.monotonic() - begin
@@ -124,10 +175,20 @@ def main():
         model = make_model(tmp)
         print(f"{'config':<15} {'clients':>7} {'req/s':>7} {'tok/s':>7} {'p50 ms':>8} "
               f"{'p99 ms':>8} {'ttft ms':>8} {'vs llama.cpp':>13}")
+        with open(os.path.join(model, "config.json")) as f:
+            config = json.load(f)
+        bandwidth = read_bandwidth(args.threads)
+        roofline = []
         for name in args.configs.split(","):
             proc, port = start_replica(model, CONFIGS[name], args.threads)
             try:
-                asyncio.run(load(port, 1, 2))  # warm-up: page in the weights
+                # Warm-up (pages the weights in), then one client alone: its mean inter-token
+                # latency is the batch-1 decode step, which the weight bytes bound.
+                asyncio.run(load(port, 1, 1))
+                sum0, count0 = inter_token_totals(port)
+                asyncio.run(load(port, 1, 2))
+                sum1, count1 = inter_token_totals(port)
+                roofline.append((name, decode_bytes(config, name), (sum1 - sum0) / (count1 - count0)))
                 for c in clients:
                     row = asyncio.run(load(port, c, args.seconds))
                     row["config"] = name
@@ -141,6 +202,14 @@ def main():
             finally:
                 proc.terminate()
                 proc.wait(30)
+        print(f"\nbatch-1 decode step against memory bandwidth ({args.threads} readers: "
+              f"{bandwidth / 1e9:.1f} GB/s measured by numpy sums)")
+        print(f"{'config':<15} {'weight MB':>9} {'step ms':>8} {'GB/s':>6} {'% of bw':>8} "
+              f"{'bound ms':>9}")
+        for name, weight_bytes, step in roofline:
+            print(f"{name:<15} {weight_bytes / 1e6:>9.1f} {1000 * step:>8.2f} "
+                  f"{weight_bytes / step / 1e9:>6.1f} {100 * weight_bytes / step / bandwidth:>7.0f}% "
+                  f"{1000 * weight_bytes / bandwidth:>9.2f}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=1)

@@ -88,6 +88,13 @@ inline void tile(const std::byte* const* wrows, const float* const* xrows, int c
     __m256 wv[WR];
 #pragma GCC unroll 4
     for (int a = 0; a < WR; ++a) {
+      if constexpr (XR <= 2 && kElementBytes<F> == 1) {
+        // Few activation rows of int8/fp8 weights: the loop waits on memory. Asking for the
+        // lines 1 KiB ahead keeps more of each row in flight than the hardware prefetcher
+        // does: +50-75% at one row (llm_matmul_bench); no gain for bf16, a loss for fp32.
+        _mm_prefetch(reinterpret_cast<const char*>(wrows[a] + c * kElementBytes<F>) + 1024,
+                     _MM_HINT_T0);
+      }
       wv[a] = load8<F>(wrows[a] + c * kElementBytes<F>);
     }
 #pragma GCC unroll 4
