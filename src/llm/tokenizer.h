@@ -33,7 +33,7 @@ enum class ChatTemplateFamily {
 
 namespace detail {
 
-struct TokenizerModel;  // tokenizer.cc
+struct TokenizerModel;  // tokenizer_model.h
 
 // What apply_chat_template() needs, settled at load.
 struct ChatTemplate {

@@ -1058,6 +1058,13 @@ class BadInput(ReplicaTestCase):
             r = req(self.srv.port, method, path, b"{}" if method == "POST" else None)
             self.assertOipError(r, 404)
 
+    def test_openai_routes_on_a_tabular_model(self):
+        for method, path in (("POST", "/v1/completions"), ("POST", "/v1/chat/completions"),
+                             ("GET", "/v1/models")):
+            r = req(self.srv.port, method, path, b"{}" if method == "POST" else None)
+            self.assertEqual(r.status, 404, r)
+            self.assertIn("not a language model", r.json()["error"]["message"])
+
     def test_wrong_method(self):
         for method, path, allow in (("GET", "/invocations", "POST"),
                                     ("GET", "/v2/models/binary/infer", "POST"),
