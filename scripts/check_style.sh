@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # House-style checks that need no build (STYLE.md §1, §8):
 #  - clang-format 14 finds nothing to change;
-#  - a module includes only other modules' public headers (src/<module>/<module>.h).
+#  - a module includes only other modules' public headers (src/<module>/<module>.h); its tests
+#    (tests/<module>/) and micro-benchmarks (bench/<module>/) may include its private ones.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -11,7 +12,7 @@ clang-format --dry-run --Werror "${sources[@]}"
 status=0
 for file in "${sources[@]}"; do
   case "$file" in
-    src/*|tests/*) own=$(echo "$file" | cut -d/ -f2) ;;
+    src/*|tests/*|bench/*) own=$(echo "$file" | cut -d/ -f2) ;;
     *) own="" ;;
   esac
   while IFS= read -r header; do

@@ -4,10 +4,10 @@
 // present (Debian libopenblas-dev), its sgemm on the same fp32 shapes runs beside ours.
 //
 //   build/release/bench/llm_matmul_bench --benchmark_filter=...
-#include <benchmark/benchmark.h>
-
 #include <random>
 #include <vector>
+
+#include <benchmark/benchmark.h>
 
 #include "llm/kernels.h"
 
@@ -52,7 +52,7 @@ void BM_Matmul(benchmark::State& state) {
 void shapes(benchmark::internal::Benchmark* b) {
   for (int format : {0, 1, 2, 3}) {
     for (int m : {1, 16, 64}) {
-      b->Args({2816, 512, m, format});  // gate and up stacked
+      b->Args({2816, 512, m, format});   // gate and up stacked
       b->Args({32000, 512, m, format});  // LM head
     }
   }
@@ -73,8 +73,8 @@ void BM_OpenBlasSgemm(benchmark::State& state) {
     benchmark::DoNotOptimize(y.data());
   }
   state.SetLabel("openblas float32");
-  state.counters["weight_GB/s"] = benchmark::Counter(4.0 * rows * cols * state.iterations() / 1e9,
-                                                     benchmark::Counter::kIsRate);
+  state.counters["weight_GB/s"] =
+      benchmark::Counter(4.0 * rows * cols * state.iterations() / 1e9, benchmark::Counter::kIsRate);
   state.counters["GFLOP/s"] = benchmark::Counter(2.0 * rows * cols * m * state.iterations() / 1e9,
                                                  benchmark::Counter::kIsRate);
 }

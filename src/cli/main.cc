@@ -74,14 +74,16 @@ void add_llm_options(CLI::App& cmd, runtime::LlmRuntimeOptions& llm) {
                  "llm: KV cache size in tokens (0: max-sequences full contexts, at most 64K)")
       ->check(CLI::Range(0, 1 << 26))
       ->capture_default_str();
-  cmd.add_flag("--no-overlap", [&llm](int64_t) { llm.engine.overlap_postprocessing = false; },
-               "llm: do the output work of a step on the engine thread (for comparison)");
+  cmd.add_flag(
+      "--no-overlap", [&llm](int64_t) { llm.engine.overlap_postprocessing = false; },
+      "llm: do the output work of a step on the engine thread (for comparison)");
 }
 
 void add_replica_command(CLI::App& app, ReplicaFlags& flags) {
-  CLI::App* cmd = app.add_subcommand("replica",
-                                     "Serve one model over the Open Inference "
-                                     "Protocol v2, MLflow /invocations, OpenAI /v1 (language models) and /metrics.");
+  CLI::App* cmd = app.add_subcommand(
+      "replica",
+      "Serve one model over the Open Inference "
+      "Protocol v2, MLflow /invocations, OpenAI /v1 (language models) and /metrics.");
   cmd->add_option("--model", flags.model,
                   "Model file or MLflow model directory, or an http(s) URL of either (a "
                   "directory: .../flotilla-manifest.json) pulled into --cache-dir (required)");

@@ -23,9 +23,15 @@ constexpr uint64_t kFieldMask = (uint64_t{1} << kFieldBits) - 1;
 uint64_t region_word(uint64_t generation, uint64_t chunks, uint64_t next) {
   return (generation << (2 * kFieldBits)) | (chunks << kFieldBits) | next;
 }
-uint64_t generation_of(uint64_t word) { return word >> (2 * kFieldBits); }
-uint64_t chunks_of(uint64_t word) { return (word >> kFieldBits) & kFieldMask; }
-uint64_t next_of(uint64_t word) { return word & kFieldMask; }
+uint64_t generation_of(uint64_t word) {
+  return word >> (2 * kFieldBits);
+}
+uint64_t chunks_of(uint64_t word) {
+  return (word >> kFieldBits) & kFieldMask;
+}
+uint64_t next_of(uint64_t word) {
+  return word & kFieldMask;
+}
 
 inline void cpu_relax() {
 #if defined(__x86_64__)

@@ -7,10 +7,10 @@
 namespace flotilla::protocol {
 namespace {
 
-using simdjson::dom::element;
-using simdjson::dom::element_type;
 using detail::append_int;
 using detail::append_number;
+using simdjson::dom::element;
+using simdjson::dom::element_type;
 
 // Bounds what a request may make us hold: stop strings are searched in every output.
 constexpr size_t kMaxStopStrings = 16;
@@ -194,7 +194,8 @@ Status refuse_unsupported(std::string_view key, element value) {
     if (value.is_null() || (penalty.is_ok() && penalty.value() == neutral)) {
       return Status::ok();
     }
-    return field_error(key, neutral == 1 ? "is not supported (only 1)" : "is not supported (only 0)");
+    return field_error(key,
+                       neutral == 1 ? "is not supported (only 1)" : "is not supported (only 0)");
   }
   if (key == "echo") {
     bool echo;

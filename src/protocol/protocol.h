@@ -1,7 +1,8 @@
 // Wire formats of the inference protocols: Open Inference Protocol v2 (KServe, Triton),
-// MLflow's scoring server, and OpenAI completions. Pure functions: no I/O, no shared state; every function may be
-// called from any thread. Decoders never throw: bad input becomes an kInvalidArgument Status
-// whose message names the offending field. See docs/replica.md and ../shared/PROTOCOLS.md.
+// MLflow's scoring server, and OpenAI completions. Pure functions: no I/O, no shared state; every
+// function may be called from any thread. Decoders never throw: bad input becomes an
+// kInvalidArgument Status whose message names the offending field. See docs/replica.md and
+// ../shared/PROTOCOLS.md.
 #pragma once
 
 #include <cstdint>
@@ -58,7 +59,7 @@ struct ChatTurn {
 // with a message naming them rather than ignored.
 struct CompletionRequest {
   bool chat = false;
-  std::string model;  // empty when omitted
+  std::string model;                       // empty when omitted
   std::optional<std::string> prompt_text;  // completions: a string prompt
   std::vector<int32_t> prompt_tokens;      // completions: a token-id prompt
   std::vector<ChatTurn> messages;          // chat
@@ -73,8 +74,8 @@ struct CompletionRequest {
   bool stream = false;
   bool include_usage = false;     // stream_options.include_usage
   bool return_token_ids = false;  // each choice also carries the generated token ids
-  int logprobs = 0;               // top logprobs per token (completions: logprobs; chat: top_logprobs)
-  bool want_logprobs = false;     // chat: logprobs true
+  int logprobs = 0;            // top logprobs per token (completions: logprobs; chat: top_logprobs)
+  bool want_logprobs = false;  // chat: logprobs true
 };
 
 // `body` may be grown by the JSON parser's padding; its contents are unchanged.
@@ -95,8 +96,8 @@ struct CompletionOutput {
   bool chat = false;
   std::string id;  // "cmpl-..." / "chatcmpl-..."
   std::string model;
-  int64_t created = 0;  // unix seconds
-  std::string text;     // the text, or a stream chunk's delta
+  int64_t created = 0;             // unix seconds
+  std::string text;                // the text, or a stream chunk's delta
   std::vector<int32_t> token_ids;  // written when return_token_ids
   bool return_token_ids = false;
   std::vector<LogprobEntry> logprobs;  // written when want_logprobs

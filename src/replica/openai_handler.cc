@@ -75,15 +75,17 @@ OpenAiHandler::OpenAiHandler(runtime::Generator& generator, std::string model_na
       created_(std::chrono::duration_cast<std::chrono::seconds>(
                    std::chrono::system_clock::now().time_since_epoch())
                    .count()),
-      time_to_first_token_(registry.histogram(
-          "flotilla_llm_time_to_first_token_seconds",
-          "From a generation request's arrival to its first generated token.",
-          exponential_buckets(1e-3, 2, 16))),
+      time_to_first_token_(
+          registry.histogram("flotilla_llm_time_to_first_token_seconds",
+                             "From a generation request's arrival to its first generated token.",
+                             exponential_buckets(1e-3, 2, 16))),
       inter_token_latency_(registry.histogram("flotilla_llm_inter_token_latency_seconds",
                                               "Between consecutive tokens of one generation.",
                                               exponential_buckets(1e-4, 2, 16))) {
   auto stat = [&generator](auto field) {
-    return [&generator, field] { return static_cast<double>(generator.stats().*field); };
+    return [&generator, field] {
+      return static_cast<double>(generator.stats().*field);
+    };
   };
   using Stats = llm::EngineStats;
   registry.callback("flotilla_llm_running_sequences", "Sequences in the running batch.", "gauge",
@@ -93,11 +95,10 @@ OpenAiHandler::OpenAiHandler(runtime::Generator& generator, std::string model_na
                     stat(&Stats::waiting));
   registry.callback("flotilla_llm_kv_blocks_used", "KV cache blocks held by sequences.", "gauge",
                     stat(&Stats::kv_blocks_used));
-  registry.callback(
-      "flotilla_llm_kv_blocks_free", "KV cache blocks free.", "gauge", [&generator] {
-        llm::EngineStats stats = generator.stats();
-        return static_cast<double>(stats.kv_blocks_total - stats.kv_blocks_used);
-      });
+  registry.callback("flotilla_llm_kv_blocks_free", "KV cache blocks free.", "gauge", [&generator] {
+    llm::EngineStats stats = generator.stats();
+    return static_cast<double>(stats.kv_blocks_total - stats.kv_blocks_used);
+  });
   registry.callback("flotilla_llm_prompt_tokens_total", "Prompt tokens processed.", "counter",
                     stat(&Stats::prompt_tokens));
   registry.callback("flotilla_llm_generated_tokens_total", "Tokens generated.", "counter",
@@ -111,9 +112,8 @@ std::string OpenAiHandler::models_json() const {
   return protocol::encode_openai_models(model_name_, created_, generator_.context_length());
 }
 
-void OpenAiHandler::completions(http::Request&& request,
-                                std::shared_ptr<http::Responder> responder, bool chat,
-                                std::function<void(int)> done) {
+void OpenAiHandler::completions(http::Request&& request, std::shared_ptr<http::Responder> responder,
+                                bool chat, std::function<void(int)> done) {
   auto fail = [&](const Status& status) {
     int code = http_status_for(status.code());
     responder->send(json_response(code, protocol::encode_openai_error(code, status.message())));
@@ -166,8 +166,8 @@ void OpenAiHandler::completions(http::Request&& request,
       if (g.started) {
         g.responder->finish();
       } else {
-        g.responder->send(json_response(
-            503, protocol::encode_openai_error(503, "the generation was cancelled")));
+        g.responder->send(
+            json_response(503, protocol::encode_openai_error(503, "the generation was cancelled")));
       }
       g.done(kClientClosed);
       return;
@@ -229,7 +229,8 @@ void OpenAiHandler::completions(http::Request&& request,
       generator_.generate(to_generate_request(std::move(decoded).value()), std::move(on_event));
   if (!id.is_ok()) {
     int code = http_status_for(id.status().code());
-    responder->send(json_response(code, protocol::encode_openai_error(code, id.status().message())));
+    responder->send(
+        json_response(code, protocol::encode_openai_error(code, id.status().message())));
     generation->done(code);  // `done` itself was moved into the generation
     return;
   }

@@ -20,8 +20,8 @@ class OpenAiHandler {
 
   // Answers one completion request; `done(status)` runs once when the answer has been handed to
   // the socket (for a stream, after its last event), on any thread.
-  void completions(http::Request&& request, std::shared_ptr<http::Responder> responder,
-                   bool chat, std::function<void(int status)> done);
+  void completions(http::Request&& request, std::shared_ptr<http::Responder> responder, bool chat,
+                   std::function<void(int status)> done);
   std::string models_json() const;
 
  private:

@@ -35,9 +35,21 @@ enum class Route {
 };
 
 constexpr std::array<const char*, static_cast<size_t>(Route::kCount)> kRouteNames = {
-    "live",        "ready", "server_metadata", "model_metadata", "model_ready", "infer",
-    "invocations", "ping",  "health",          "version",        "metrics",     "completions",
-    "chat_completions", "models", "unknown"};
+    "live",
+    "ready",
+    "server_metadata",
+    "model_metadata",
+    "model_ready",
+    "infer",
+    "invocations",
+    "ping",
+    "health",
+    "version",
+    "metrics",
+    "completions",
+    "chat_completions",
+    "models",
+    "unknown"};
 
 bool is_post_route(Route route) {
   return route == Route::kInfer || route == Route::kInvocations || route == Route::kCompletions ||

@@ -64,7 +64,7 @@ Result<RuntimeKind> detect_runtime(const std::string& model_path) {
 Status warm_up(RuntimeKind kind) {
   // The llm runtime has no one-time start-up cost worth paying ahead: its model is mapped.
   return kind == RuntimeKind::kSynthetic || kind == RuntimeKind::kLlm ? Status::ok()
-                                                                       : warm_up_xgboost();
+                                                                      : warm_up_xgboost();
 }
 
 Result<std::unique_ptr<Runtime>> load_runtime(RuntimeKind kind, const std::string& model_path,

@@ -1,11 +1,12 @@
 // The AVX2 kernels against the portable ones for every weight format and awkward shapes (tails
 // of rows and columns, one activation row), and the fp8 e4m3 codec against its definition.
+#include "llm/kernels.h"
+
 #include <cmath>
 #include <random>
 
 #include <gtest/gtest.h>
 
-#include "llm/kernels.h"
 #include "llm/thread_pool.h"
 
 namespace flotilla::llm {

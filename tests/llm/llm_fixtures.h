@@ -2,16 +2,15 @@
 // tests/fixtures/make_llm.py once per test binary into a directory removed at exit.
 #pragma once
 
-#include <unistd.h>
-
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
-#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+#include <unistd.h>
 
 namespace flotilla::testing {
 
@@ -37,8 +36,7 @@ class LlmFixtures {
 
  private:
   LlmFixtures() {
-    dir_ = (std::filesystem::temp_directory_path() /
-            ("flotilla-llm-" + std::to_string(::getpid())))
+    dir_ = (std::filesystem::temp_directory_path() / ("flotilla-llm-" + std::to_string(::getpid())))
                .string();
     std::filesystem::create_directories(dir_);
     const std::string command = "/usr/bin/python3 " + std::string(FLOTILLA_FIXTURES) +
@@ -50,7 +48,7 @@ class LlmFixtures {
   std::string dir_;
 };
 
-inline const std::vector<std::string> kLlmFixtureModels = {"llama-gqa", "qwen2-tied",
-                                                          "mistral-f16", "llama3-rope"};
+inline const std::vector<std::string> kLlmFixtureModels = {"llama-gqa", "qwen2-tied", "mistral-f16",
+                                                           "llama3-rope"};
 
 }  // namespace flotilla::testing

@@ -2,6 +2,8 @@
 // 1e-4 relative error in one step, in chunks, token by token and batched with other sequences;
 // greedy generations identical; bf16/int8/fp8 within a stated error. Loader errors name what is
 // wrong.
+#include "llm/model.h"
+
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
@@ -9,7 +11,6 @@
 
 #include <gtest/gtest.h>
 
-#include "llm/model.h"
 #include "llm/llm_fixtures.h"
 
 namespace flotilla::llm {
@@ -162,8 +163,7 @@ TEST_P(ModelParityTest, LowerPrecisionWeightsStayCloseToFp32) {
     out.quantize_attention = attention;
     return out;
   };
-  const WeightFormat f32 = WeightFormat::kF32, int8 = WeightFormat::kInt8,
-                     fp8 = WeightFormat::kFp8;
+  const WeightFormat f32 = WeightFormat::kF32, int8 = WeightFormat::kInt8, fp8 = WeightFormat::kFp8;
   std::vector<Case> cases = {
       {"bf16", options(WeightFormat::kBF16, std::nullopt, false), 0.03},
       {"int8", options(f32, int8, false), 0.05},
@@ -236,7 +236,8 @@ TEST(ModelConfigTest, RefusesWhatItCannotRunNamingTheField) {
        "num_key_value_heads"},
       {R"({"architectures": ["LlamaForCausalLM"], "hidden_act": "gelu", )" + base + "}", "gelu"},
       {R"({"architectures": ["LlamaForCausalLM"], "rope_scaling": {"type": "yarn",
-         "factor": 4}, )" + base + "}",
+         "factor": 4}, )" +
+           base + "}",
        "yarn"},
       {R"({"architectures": ["LlamaForCausalLM"], "vocab_size": "big", "hidden_size": 64,
          "num_hidden_layers": 2, "num_attention_heads": 4, "intermediate_size": 128})",
@@ -252,7 +253,8 @@ TEST(ModelConfigTest, RefusesWhatItCannotRunNamingTheField) {
 }
 
 // A copy of a fixture model with one file changed by `edit`.
-std::string broken_copy(const std::string& name, const std::function<void(const std::string&)>& edit) {
+std::string broken_copy(const std::string& name,
+                        const std::function<void(const std::string&)>& edit) {
   static int counter = 0;
   std::string dir = LlmFixtures::get().dir() + "/broken-" + std::to_string(counter++);
   std::filesystem::copy(LlmFixtures::get().model(name), dir);
@@ -263,8 +265,7 @@ std::string broken_copy(const std::string& name, const std::function<void(const 
 void expect_load_error(const std::string& dir, const std::string& message) {
   Result<std::shared_ptr<const Model>> model = load_model(dir, {});
   ASSERT_FALSE(model.is_ok()) << dir;
-  EXPECT_NE(model.status().message().find(message), std::string::npos)
-      << model.status().message();
+  EXPECT_NE(model.status().message().find(message), std::string::npos) << model.status().message();
 }
 
 void rewrite_header(const std::string& file, const std::function<void(nlohmann::json&)>& edit) {
@@ -315,12 +316,12 @@ TEST(ModelLoaderTest, NamesTheMissingOrMisShapedTensorAndTheBadFile) {
                                   std::filesystem::resize_file(dir + "/model.safetensors", 1000);
                                 }),
                     "past the end of the file");
-  expect_load_error(broken_copy("mistral-f16",
-                                [](const std::string& dir) {
-                                  std::filesystem::remove(dir +
-                                                          "/model-00002-of-00002.safetensors");
-                                }),
-                    "model-00002-of-00002.safetensors");
+  expect_load_error(
+      broken_copy("mistral-f16",
+                  [](const std::string& dir) {
+                    std::filesystem::remove(dir + "/model-00002-of-00002.safetensors");
+                  }),
+      "model-00002-of-00002.safetensors");
 }
 
 TEST(ModelLoaderTest, DetectsLlmDirectories) {

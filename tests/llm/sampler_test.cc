@@ -1,10 +1,10 @@
 // Sampling: greedy, top-k and top-p truncation, temperature, seeds and logprobs. Frequencies are
 // measured with fixed seeds, so each check is deterministic.
+#include "llm/sampler.h"
+
 #include <cmath>
 
 #include <gtest/gtest.h>
-
-#include "llm/sampler.h"
 
 namespace flotilla::llm {
 namespace {
@@ -68,7 +68,8 @@ TEST(SamplerTest, SeedsReproduce) {
   Sampler sampler;
   std::mt19937_64 a(5), b(5);
   for (int i = 0; i < 50; ++i) {
-    EXPECT_EQ(sampler.sample(kLogits, params, a, nullptr), sampler.sample(kLogits, params, b, nullptr));
+    EXPECT_EQ(sampler.sample(kLogits, params, a, nullptr),
+              sampler.sample(kLogits, params, b, nullptr));
   }
 }
 

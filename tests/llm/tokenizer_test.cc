@@ -6,6 +6,7 @@
 #include <fstream>
 #include <functional>
 #include <string>
+#include <system_error>
 #include <thread>
 #include <vector>
 
@@ -19,21 +20,36 @@ namespace {
 using Json = nlohmann::json;
 namespace fs = std::filesystem;
 
-// The four tokenizer directories written by tests/fixtures/make_tokenizers.py, once per binary.
-const fs::path& fixtures_dir() {
-  static const fs::path dir = [] {
-    const fs::path path =
-        fs::temp_directory_path() / ("flotilla-tokenizers-" + std::to_string(::getpid()));
-    fs::remove_all(path);
-    fs::create_directories(path);
+// The four tokenizer directories written by tests/fixtures/make_tokenizers.py, once per binary,
+// into a directory (with the variants and toys the tests add) removed when the binary exits.
+class FixturesDir {
+ public:
+  FixturesDir()
+      : path_(fs::temp_directory_path() / ("flotilla-tokenizers-" + std::to_string(::getpid()))) {
+    fs::remove_all(path_);
+    fs::create_directories(path_);
     const std::string command = "/usr/bin/python3 " + std::string(FLOTILLA_FIXTURES) +
-                                "/make_tokenizers.py " + path.string();
+                                "/make_tokenizers.py " + path_.string();
     if (std::system(command.c_str()) != 0) {
       ADD_FAILURE() << "cannot write tokenizer fixtures: " << command;
     }
-    return path;
-  }();
-  return dir;
+  }
+  ~FixturesDir() {
+    std::error_code ignored;
+    fs::remove_all(path_, ignored);
+  }
+  FixturesDir(const FixturesDir&) = delete;
+  FixturesDir& operator=(const FixturesDir&) = delete;
+
+  const fs::path& path() const { return path_; }
+
+ private:
+  fs::path path_;
+};
+
+const fs::path& fixtures_dir() {
+  static const FixturesDir dir;
+  return dir.path();
 }
 
 Json read_json(const fs::path& path) {
