@@ -66,6 +66,10 @@ void add_llm_options(CLI::App& cmd, runtime::LlmRuntimeOptions& llm) {
                  "llm: sequences in the running batch at once")
       ->check(CLI::Range(1, 4096))
       ->capture_default_str();
+  cmd.add_option("--max-waiting", llm.engine.max_waiting,
+                 "llm: queued requests past which new ones get 429")
+      ->check(CLI::Range(1, 1 << 20))
+      ->capture_default_str();
   cmd.add_option("--max-tokens-per-step", llm.engine.max_tokens_per_step,
                  "llm: prompt and decode tokens of one forward step")
       ->check(CLI::Range(1, 1 << 20))

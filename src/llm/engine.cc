@@ -110,6 +110,11 @@ class EngineImpl final : public Engine {
     sequence->sampling = std::move(request.sampling);
     sequence->rng.seed(sequence->sampling.seed.value_or(std::random_device{}()));
     std::lock_guard lock(mutex_);
+    if (stats_.waiting >= options_.max_waiting) {
+      return Status(StatusCode::kResourceExhausted,
+                    std::to_string(stats_.waiting) +
+                        " requests are already waiting for this model; retry later");
+    }
     sequence->id = ++last_id_;
     sequence->output = std::make_shared<RequestOutput>(
         sequence->id, tokenizer_.get(), /*skip_special_tokens=*/true, sequence->sampling.stop,
@@ -479,9 +484,9 @@ Result<std::unique_ptr<Engine>> create_engine(std::shared_ptr<const Model> model
   }
   const ModelConfig& c = model->config;
   if (options.kv_block_tokens < 1 || options.max_sequences < 1 || options.max_tokens_per_step < 1 ||
-      options.kv_cache_tokens < 0) {
+      options.kv_cache_tokens < 0 || options.max_waiting < 1) {
     return invalid_argument(
-        "kv_block_tokens, max_sequences and max_tokens_per_step must be positive");
+        "kv_block_tokens, max_sequences, max_tokens_per_step and max_waiting must be positive");
   }
   int64_t tokens = options.kv_cache_tokens > 0
                        ? options.kv_cache_tokens

@@ -140,6 +140,7 @@ struct EngineOptions {
   int kv_cache_tokens = 0;             // 0: enough for max_sequences full contexts, at most 64K
   int kv_block_tokens = 16;            // tokens per KV cache block
   int max_sequences = 64;              // sequences in the running batch at once
+  int max_waiting = 1024;              // queued sequences past which submit() refuses more
   int max_tokens_per_step = 512;       // prefill chunks and decode tokens of one forward step
   bool overlap_postprocessing = true;  // output work of step N runs during step N+1
 };
@@ -162,8 +163,8 @@ class Engine {
   virtual ~Engine() = default;
 
   // Queues a request and returns its id. Invalid ones (empty prompt, token outside the
-  // vocabulary, prompt plus max_tokens past the context, bad sampling) return kInvalidArgument
-  // and queue nothing.
+  // vocabulary, prompt plus max_tokens past the context, bad sampling) return kInvalidArgument,
+  // and a full queue (max_waiting) kResourceExhausted; neither queues anything.
   virtual Result<uint64_t> submit(GenerationRequest&& request) = 0;
   // Stops a request and frees its KV blocks at the next step; its last event says kCancelled.
   // Unknown or finished ids are ignored.

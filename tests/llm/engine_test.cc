@@ -206,11 +206,12 @@ TEST(EngineTest, SchedulerInvariantsUnderRandomLoadAndCancellations) {
   options.kv_block_tokens = 4;
   options.max_sequences = 16;
   options.max_tokens_per_step = 48;
+  options.max_waiting = 2000;  // every request is queued at once
   auto engine = create_engine(model, nullptr, options);
   ASSERT_TRUE(engine.is_ok());
   Collector collector;
   std::mt19937 rng(7);
-  constexpr int kRequests = 2000;
+  constexpr int kRequests = 2000;  // options.max_waiting above
   std::vector<uint64_t> ids;
   std::vector<int> max_tokens(kRequests);
   for (int i = 0; i < kRequests; ++i) {
@@ -249,6 +250,36 @@ TEST(EngineTest, SchedulerInvariantsUnderRandomLoadAndCancellations) {
   EXPECT_GT(stats.preemptions, 0);
   std::printf("%d requests, %d cancelled, %lld steps, %lld preemptions\n", kRequests, cancelled,
               static_cast<long long>(stats.steps), static_cast<long long>(stats.preemptions));
+}
+
+TEST(EngineTest, AFullQueueRefusesMoreUntilItDrains) {
+  std::shared_ptr<const Model> model = load_fp32("llama-gqa");
+  EngineOptions options;
+  options.max_waiting = 3;
+  options.max_sequences = 1;  // one runs for 20 steps while the loop below fills the queue
+  auto engine = create_engine(model, nullptr, options);
+  ASSERT_TRUE(engine.is_ok());
+  Collector collector;
+  // Submitted far faster than one sequence at a time drains them: most are refused, none of
+  // the accepted ones is lost.
+  int accepted = 0, refused = 0;
+  for (int i = 0; i < 200; ++i) {
+    Result<uint64_t> id = (*engine)->submit({{5, 6, 7}, greedy(20), collector.callback(accepted)});
+    if (id.is_ok()) {
+      ++accepted;
+    } else {
+      EXPECT_EQ(id.status().code(), StatusCode::kResourceExhausted);
+      ++refused;
+    }
+  }
+  ASSERT_TRUE(collector.wait_for(accepted));
+  EXPECT_GE(accepted, 3);
+  EXPECT_GT(refused, 0);
+  EXPECT_EQ(static_cast<int>(collector.outcomes().size()), accepted);
+  // Drained: accepted again.
+  EXPECT_TRUE((*engine)->submit({{5, 6, 7}, greedy(4), collector.callback(accepted)}).is_ok());
+  ASSERT_TRUE(collector.wait_for(accepted + 1));
+  std::printf("%d accepted, %d refused\n", accepted, refused);
 }
 
 TEST(EngineTest, DestroyingTheEngineCancelsWhatIsLeft) {
