@@ -33,6 +33,15 @@ http::Response json_response(int status, std::string body) {
   return response;
 }
 
+// An OpenAI error; a full queue (429) says when to come back, as the gateway's 429s do.
+http::Response error_response(int status, const std::string& message) {
+  http::Response response = json_response(status, protocol::encode_openai_error(status, message));
+  if (status == 429) {
+    response.headers.emplace_back("Retry-After", "1");
+  }
+  return response;
+}
+
 runtime::GenerateRequest to_generate_request(protocol::CompletionRequest&& decoded) {
   runtime::GenerateRequest request;
   request.prompt_text = std::move(decoded.prompt_text);
@@ -116,7 +125,7 @@ void OpenAiHandler::completions(http::Request&& request, std::shared_ptr<http::R
                                 bool chat, std::function<void(int)> done) {
   auto fail = [&](const Status& status) {
     int code = http_status_for(status.code());
-    responder->send(json_response(code, protocol::encode_openai_error(code, status.message())));
+    responder->send(error_response(code, status.message()));
     done(code);
   };
   Result<protocol::CompletionRequest> decoded =
@@ -229,8 +238,7 @@ void OpenAiHandler::completions(http::Request&& request, std::shared_ptr<http::R
       generator_.generate(to_generate_request(std::move(decoded).value()), std::move(on_event));
   if (!id.is_ok()) {
     int code = http_status_for(id.status().code());
-    responder->send(
-        json_response(code, protocol::encode_openai_error(code, id.status().message())));
+    responder->send(error_response(code, id.status().message()));
     generation->done(code);  // `done` itself was moved into the generation
     return;
   }
