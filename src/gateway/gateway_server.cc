@@ -307,6 +307,9 @@ struct ProxyCall : std::enable_shared_from_this<ProxyCall> {
   bool watching = false;
   bool client_gone = false;
   bool answered = false;
+  // The upstream answered with an event stream whose head went on to the client: from then on
+  // a byte was sent, so the call is never retried, and it ends with finish() or a cut.
+  bool streaming = false;
   WorkerState* owner = nullptr;  // set while the call is in owner->active
   size_t active_index = 0;
   int attempts = 0;
@@ -471,6 +474,12 @@ class GatewayImpl final : public Gateway {
   void watch_slow_calls(WorkerState& state);
   void release(ProxyCall& call);
   void respond(ProxyCall& call, http::Response&& response);
+  void on_stream_head(ProxyCall& call, int status, std::string content_type, http::Headers headers);
+  void on_upstream_stream(const std::shared_ptr<ProxyCall>& call, http::ClientResponse&& response);
+  // Ends a stream: finish() when `complete`, else the client's connection is cut.
+  void end_stream(ProxyCall& call, int code, bool complete);
+  // The bookkeeping of an answer (metrics, access log), once per call; false when done before.
+  bool account(ProxyCall& call, int code);
 
   void record_success(ReplicaRuntime& replica);
   void record_failure(const std::shared_ptr<ReplicaRuntime>& replica);
@@ -729,6 +738,15 @@ void GatewayImpl::handle(http::Request&& request, http::Responder&& responder) {
     }
   }
   upstream.headers.emplace_back("X-Request-Id", call->request_id);
+  // Raw pointer: the request (handed back by the pool for a retry) lives in the call, and the
+  // pool calls these only while the call is pending, its callback holding the call.
+  upstream.stream.on_head = [call = call.get()](int status, std::string content_type,
+                                                http::Headers headers) {
+    call->gateway->on_stream_head(*call, status, std::move(content_type), std::move(headers));
+  };
+  upstream.stream.on_body = [call = call.get()](std::string piece) {
+    call->responder.write(std::move(piece));
+  };
   call->endpoint->arrivals.fetch_add(1, std::memory_order_relaxed);
   admit(call);
 }
@@ -973,6 +991,10 @@ void GatewayImpl::on_upstream(const std::shared_ptr<ProxyCall>& call,
   ReplicaRuntime& replica = *call->replica;
   replica.latency.observe(seconds_between(call->upstream_start, now));
   release(*call);
+  if (call->streaming) {
+    on_upstream_stream(call, std::move(response));
+    return;
+  }
 
   if (response.failure == http::UpstreamFailure::kNone) {
     replica.codes.inc(response.status);
@@ -1015,6 +1037,55 @@ void GatewayImpl::on_upstream(const std::shared_ptr<ProxyCall>& call,
                                      "' failed: " + response.error));
 }
 
+void GatewayImpl::on_stream_head(ProxyCall& call, int status, std::string content_type,
+                                 http::Headers headers) {
+  call.streaming = true;
+  if (!call.watching) {
+    // A stream is long: its client is watched now, so leaving stops the generation at once.
+    call.watching = true;
+    call.responder.on_client_gone([this, self = call.shared_from_this()] { on_client_gone(self); });
+  }
+  headers.emplace_back("X-Request-Id", call.request_id);
+  call.responder.start_stream(status, std::move(content_type), std::move(headers));
+}
+
+void GatewayImpl::on_upstream_stream(const std::shared_ptr<ProxyCall>& call,
+                                     http::ClientResponse&& response) {
+  ReplicaRuntime& replica = *call->replica;
+  if (response.failure == http::UpstreamFailure::kNone) {
+    replica.codes.inc(response.status);
+    if (response.status == 502 || response.status == 503 || response.status == 504) {
+      record_failure(call->replica);
+    } else {
+      record_success(replica);
+    }
+    end_stream(*call, response.status, true);
+    return;
+  }
+  if (response.failure == http::UpstreamFailure::kCancelled) {
+    end_stream(*call, 499, false);  // the client left mid-stream
+    return;
+  }
+  // Cut mid-stream (kStreamInterrupted): bytes went to the client, so no retry; the client's
+  // stream is cut too, so it cannot take the partial stream for a whole one.
+  record_failure(call->replica);
+  spdlog::debug("request {}: replica {} of '{}' failed mid-stream ({}): {}", call->request_id,
+                replica.id, replica.endpoint, http::failure_name(response.failure), response.error);
+  end_stream(*call, 502, false);
+}
+
+void GatewayImpl::end_stream(ProxyCall& call, int code, bool complete) {
+  if (!account(call, code)) {
+    return;
+  }
+  if (complete) {
+    call.responder.finish();
+  } else {
+    // A Responder destroyed mid-stream closes the connection.
+    http::Responder cut(std::move(call.responder));
+  }
+}
+
 void GatewayImpl::on_client_gone(const std::shared_ptr<ProxyCall>& call) {
   call->client_gone = true;
   CallState expected = CallState::kQueued;
@@ -1036,8 +1107,16 @@ void GatewayImpl::on_client_gone(const std::shared_ptr<ProxyCall>& call) {
 }
 
 void GatewayImpl::respond(ProxyCall& call, http::Response&& response) {
-  if (call.answered) {
+  if (!account(call, response.status)) {
     return;
+  }
+  response.headers.emplace_back("X-Request-Id", call.request_id);
+  call.responder.send(std::move(response));
+}
+
+bool GatewayImpl::account(ProxyCall& call, int code) {
+  if (call.answered) {
+    return false;
   }
   call.answered = true;
   if (call.owner != nullptr) {
@@ -1051,7 +1130,7 @@ void GatewayImpl::respond(ProxyCall& call, http::Response&& response) {
   const double total = seconds_between(call.start, now);
   const double added = total - std::chrono::duration<double>(call.upstream_time).count();
   EndpointRuntime& endpoint = *call.endpoint;
-  endpoint.codes.inc(response.status);
+  endpoint.codes.inc(code);
   endpoint.latency.observe(total);
   endpoint.added_latency.observe(std::max(0.0, added));
   endpoint.completions.fetch_add(1, std::memory_order_relaxed);
@@ -1069,14 +1148,13 @@ void GatewayImpl::respond(ProxyCall& call, http::Response&& response) {
                         {"endpoint", endpoint.name},
                         {"version", call.replica ? call.replica->version : ""},
                         {"replica", call.replica ? call.replica->id : ""},
-                        {"code", response.status},
+                        {"code", code},
                         {"latency_ms", total * 1e3},
                         {"added_ms", added * 1e3},
                         {"attempts", call.attempts}};
     access_log_->append(line.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace));
   }
-  response.headers.emplace_back("X-Request-Id", call.request_id);
-  call.responder.send(std::move(response));
+  return true;
 }
 
 // ---- Outlier detection -----------------------------------------------------------------------

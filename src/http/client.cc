@@ -52,6 +52,8 @@ std::string_view failure_name(UpstreamFailure failure) {
       return "bad_response";
     case UpstreamFailure::kCancelled:
       return "cancelled";
+    case UpstreamFailure::kStreamInterrupted:
+      return "stream_interrupted";
   }
   return "unknown";
 }
@@ -103,6 +105,10 @@ class Connection : public std::enable_shared_from_this<Connection> {
   void write();
   void read();
   void on_read(beast::error_code ec);
+  void on_read_header(beast::error_code ec);
+  void read_stream();
+  void on_read_stream(beast::error_code ec);
+  void fail_read(beast::error_code ec);
   void fail(UpstreamFailure failure, const std::string& error);
   void finish(ClientResponse&& response, bool keep);
 
@@ -126,7 +132,44 @@ class Connection : public std::enable_shared_from_this<Connection> {
   std::string head_;
   beast::flat_buffer buffer_;
   std::optional<bhttp::response_parser<bhttp::string_body>> parser_;
+  // An event-stream response after its head: the body is read piece by piece into
+  // stream_buffer_ and handed on, never accumulated.
+  std::optional<bhttp::response_parser<bhttp::buffer_body>> stream_parser_;
+  std::unique_ptr<char[]> stream_buffer_;
+  bool head_delivered_ = false;
 };
+
+namespace {
+
+constexpr size_t kStreamBufferBytes = 16 * 1024;
+
+// The end-to-end headers of a response, with Content-Type apart.
+template <class Fields>
+void copy_headers(const Fields& fields, ClientResponse& response) {
+  for (const auto& field : fields) {
+    const auto name = field.name_string();
+    if (field.name() == bhttp::field::content_type) {
+      response.content_type = std::string(field.value());
+    } else if (!is_hop_by_hop(std::string_view(name.data(), name.size()))) {
+      response.headers.emplace_back(std::string(name), std::string(field.value()));
+    }
+  }
+}
+
+bool is_event_stream(std::string_view content_type) {
+  constexpr std::string_view kEventStream = "text/event-stream";
+  const size_t start = content_type.find_first_not_of(" \t");
+  if (start == std::string_view::npos) {
+    return false;
+  }
+  content_type.remove_prefix(start);
+  return content_type.size() >= kEventStream.size() &&
+         equals_ignore_case(content_type.substr(0, kEventStream.size()), kEventStream) &&
+         (content_type.size() == kEventStream.size() || content_type[kEventStream.size()] == ';' ||
+          content_type[kEventStream.size()] == ' ');
+}
+
+}  // namespace
 
 // The pool's state, shared with its connections so an operation completing during shutdown
 // never touches freed memory.
@@ -262,6 +305,7 @@ void Connection::start(ClientRequest&& request, std::chrono::milliseconds timeou
   reused_ = reused;
   cancelled_ = false;
   timed_out_ = false;
+  head_delivered_ = false;
   pool_->mark_busy(this);
   if (connected_) {
     deadline_ = std::chrono::steady_clock::now() + timeout_;
@@ -370,48 +414,153 @@ void Connection::read() {
   parser_->body_limit(pool_->options().max_response_bytes);
   parser_->eager(true);
   parser_->skip(request_.method == Method::kHead);  // a HEAD response has no body
+  if (request_.stream.on_head && request_.method != Method::kHead) {
+    // The head first, to choose between streaming and reading whole. Not eager: the body must
+    // not be started, so the parser can still change to a buffer body.
+    parser_->eager(false);
+    bhttp::async_read_header(
+        socket_, buffer_, *parser_,
+        [self = shared_from_this()](beast::error_code ec, size_t) { self->on_read_header(ec); });
+    return;
+  }
   bhttp::async_read(
       socket_, buffer_, *parser_,
       [self = shared_from_this()](beast::error_code ec, size_t) { self->on_read(ec); });
 }
 
+void Connection::on_read_header(beast::error_code ec) {
+  if (ec || cancelled_) {
+    fail_read(ec);
+    return;
+  }
+  const auto& head = parser_->get();
+  const auto content_type = head[bhttp::field::content_type];
+  if (parser_->is_done() ||
+      !is_event_stream(std::string_view(content_type.data(), content_type.size()))) {
+    // Not a stream: the rest as usual, whole. The body is usually in the buffer already:
+    // parsed here, it costs no further asynchronous hop.
+    parser_->eager(true);
+    if (!parser_->is_done() && buffer_.size() > 0) {
+      beast::error_code put_ec;
+      buffer_.consume(parser_->put(buffer_.data(), put_ec));
+      if (put_ec && put_ec != bhttp::error::need_more) {
+        fail_read(put_ec);
+        return;
+      }
+    }
+    if (parser_->is_done()) {
+      on_read({});
+      return;
+    }
+    bhttp::async_read(
+        socket_, buffer_, *parser_,
+        [self = shared_from_this()](beast::error_code ec, size_t) { self->on_read(ec); });
+    return;
+  }
+  // The parser has read no body byte (not eager, not done), so the change of body type cannot
+  // throw.
+  stream_parser_.emplace(std::move(*parser_));
+  parser_.reset();
+  stream_parser_->body_limit(boost::none);  // nothing accumulates
+  // Not eager: an eager parser that meets the CRLF ending a chunk goes on to the next chunk's
+  // header, gets need_more, and the read waits for the next event, holding this one back.
+  stream_parser_->eager(false);
+  if (!stream_buffer_) {
+    stream_buffer_ = std::make_unique<char[]>(kStreamBufferBytes);
+  }
+  ClientResponse response;
+  copy_headers(stream_parser_->get(), response);
+  head_delivered_ = true;
+  // From here the timeout bounds each wait for the next piece, not the whole stream.
+  deadline_ = std::chrono::steady_clock::now() + timeout_;
+  request_.stream.on_head(static_cast<int>(stream_parser_->get().result_int()),
+                          std::move(response.content_type), std::move(response.headers));
+  read_stream();
+}
+
+void Connection::read_stream() {
+  if (cancelled_) {
+    // on_head() or on_body() cancelled the call: the socket is already closed.
+    fail(UpstreamFailure::kCancelled, "cancelled");
+    return;
+  }
+  auto& body = stream_parser_->get().body();
+  body.data = stream_buffer_.get();
+  body.size = kStreamBufferBytes;
+  bhttp::async_read_some(
+      socket_, buffer_, *stream_parser_,
+      [self = shared_from_this()](beast::error_code ec, size_t) { self->on_read_stream(ec); });
+}
+
+void Connection::on_read_stream(beast::error_code ec) {
+  if (ec == bhttp::error::need_buffer) {
+    ec = {};  // the piece filled the buffer
+  }
+  if (ec) {
+    fail_read(ec);
+    return;
+  }
+  const size_t got = kStreamBufferBytes - stream_parser_->get().body().size;
+  if (got > 0) {
+    deadline_ = std::chrono::steady_clock::now() + timeout_;
+    request_.stream.on_body(std::string(stream_buffer_.get(), got));
+  }
+  if (!stream_parser_->is_done()) {
+    read_stream();
+    return;
+  }
+  if (cancelled_) {
+    fail(UpstreamFailure::kCancelled, "cancelled");
+    return;
+  }
+  ClientResponse response;
+  response.status = static_cast<int>(stream_parser_->get().result_int());
+  copy_headers(stream_parser_->get(), response);
+  const bool keep = stream_parser_->get().keep_alive() && buffer_.size() == 0;
+  stream_parser_.reset();
+  finish(std::move(response), keep);
+}
+
 void Connection::on_read(beast::error_code ec) {
   if (ec) {
-    if (cancelled_) {
-      fail(UpstreamFailure::kCancelled, "cancelled");
-    } else if (timed_out_) {
-      fail(UpstreamFailure::kTimeout,
-           "no response within " + std::to_string(timeout_.count()) + " ms");
-    } else if (ec == bhttp::error::body_limit || ec == bhttp::error::header_limit ||
-               is_malformed_http(ec)) {
-      fail(UpstreamFailure::kBadResponse, "bad response: " + ec.message());
-    } else if (!parser_->got_some() && buffer_.size() == 0) {
-      fail(UpstreamFailure::kClosedBeforeResponse, "closed before responding: " + ec.message());
-    } else {
-      fail(UpstreamFailure::kClosedDuringResponse, "closed mid-response: " + ec.message());
-    }
+    fail_read(ec);
     return;
   }
   auto message = parser_->release();
   parser_.reset();
   ClientResponse response;
   response.status = static_cast<int>(message.result_int());
-  for (const auto& field : message) {
-    const auto name = field.name_string();
-    if (field.name() == bhttp::field::content_type) {
-      response.content_type = std::string(field.value());
-    } else if (!is_hop_by_hop(std::string_view(name.data(), name.size()))) {
-      response.headers.emplace_back(std::string(name), std::string(field.value()));
-    }
-  }
+  copy_headers(message, response);
   response.body = std::move(message.body());
   // Bytes past the response on a request/response connection mean a confused upstream.
   finish(std::move(response), message.keep_alive() && buffer_.size() == 0);
 }
 
+void Connection::fail_read(beast::error_code ec) {
+  if (cancelled_) {
+    fail(UpstreamFailure::kCancelled, "cancelled");
+  } else if (head_delivered_) {
+    // Bytes of this response went on to the caller: whatever the cause, not retryable.
+    fail(UpstreamFailure::kStreamInterrupted,
+         timed_out_ ? "stream stalled for " + std::to_string(timeout_.count()) + " ms"
+                    : "stream cut: " + ec.message());
+  } else if (timed_out_) {
+    fail(UpstreamFailure::kTimeout,
+         "no response within " + std::to_string(timeout_.count()) + " ms");
+  } else if (ec == bhttp::error::body_limit || ec == bhttp::error::header_limit ||
+             is_malformed_http(ec)) {
+    fail(UpstreamFailure::kBadResponse, "bad response: " + ec.message());
+  } else if (!parser_->got_some() && buffer_.size() == 0) {
+    fail(UpstreamFailure::kClosedBeforeResponse, "closed before responding: " + ec.message());
+  } else {
+    fail(UpstreamFailure::kClosedDuringResponse, "closed mid-response: " + ec.message());
+  }
+}
+
 void Connection::fail(UpstreamFailure failure, const std::string& error) {
   connected_ = false;
   buffer_.clear();
+  stream_parser_.reset();
   beast::error_code ignored;
   socket_.close(ignored);
   if (reused_ && failure == UpstreamFailure::kClosedBeforeResponse && !cancelled_) {

@@ -194,15 +194,32 @@ enum class UpstreamFailure {
   kTimeout,               // no complete response within the request's timeout
   kBadResponse,           // unparsable or over-large response
   kCancelled,             // cancel() was called
+  // A streamed response (see ClientStreamHandler) failed after its head was delivered:
+  // closed, timed out or malformed mid-body. Never safe to retry: bytes went on.
+  kStreamInterrupted,
 };
 
 std::string_view failure_name(UpstreamFailure failure);
+
+// Receives a Server-Sent Events response (Content-Type text/event-stream) as it arrives, instead
+// of whole: on_head() once with the status, content type and end-to-end headers, then on_body()
+// for each piece of the body as read (chunk framing removed), then the call's Callback with the
+// ClientResponse minus its body (kNone at the end of the stream, kStreamInterrupted or
+// kCancelled when cut). Both run on the pool's loop thread and may call ClientPool::cancel().
+// Other responses take the ordinary path, whole in the Callback. For a stream the call's
+// timeout bounds the wait for the head and then each wait for the next piece.
+struct ClientStreamHandler {
+  std::function<void(int status, std::string content_type, Headers headers)> on_head;
+  std::function<void(std::string piece)> on_body;
+};
 
 struct ClientRequest {
   Method method = Method::kPost;
   std::string target;
   Headers headers;  // sent as given, plus Host, Content-Length and keep-alive
   std::string body;
+  // Set both to stream event-stream responses; empty (the default): every response is whole.
+  ClientStreamHandler stream;
 };
 
 struct ClientResponse {

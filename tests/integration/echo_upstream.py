@@ -16,14 +16,26 @@ flotilla servers do, and exits 0 on SIGTERM or SIGINT. Every answer is 200 with
      "headers": [["Host", "..."], ...], "body": "<request body as text>"}
 
 (header names as received, in order).
+
+A JSON request body with an "sse" object is answered instead with a Server-Sent Events stream
+(text/event-stream, chunked, one chunk per event), so tests control its timing:
+
+    {"sse": {"events": N, "delay_ms": D, "hold_file": PATH, "closed_file": PATH}}
+
+sends `data: {"n": i}` for i in 0..N-1, D ms apart, then `data: [DONE]`. With "hold_file",
+only the first event goes out before PATH exists (polled for at most 30 s; the stream is then
+cut without [DONE]). With "closed_file", PATH is created when a write finds the connection
+closed by the other side.
 """
 
 import argparse
 import http.server
 import json
+import os
 import signal
 import sys
 import threading
+import time
 
 
 class EchoHandler(http.server.BaseHTTPRequestHandler):
@@ -32,6 +44,13 @@ class EchoHandler(http.server.BaseHTTPRequestHandler):
     def _echo(self):
         length = int(self.headers.get("Content-Length") or 0)
         body = self.rfile.read(length) if length > 0 else b""
+        try:
+            sse = json.loads(body).get("sse")
+        except (ValueError, AttributeError):
+            sse = None
+        if isinstance(sse, dict):
+            self._stream(sse)
+            return
         payload = json.dumps({
             "method": self.command,
             "path": self.path,
@@ -45,6 +64,43 @@ class EchoHandler(http.server.BaseHTTPRequestHandler):
         self.wfile.write(payload)
 
     do_GET = do_POST = do_PUT = do_DELETE = do_PATCH = do_OPTIONS = _echo
+
+    def _stream(self, sse):
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.send_header("Cache-Control", "no-cache")
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+        self.wfile.flush()
+
+        def chunk(data):
+            self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
+            self.wfile.flush()
+
+        events = int(sse.get("events", 3))
+        delay = float(sse.get("delay_ms", 0)) / 1000.0
+        hold = sse.get("hold_file")
+        try:
+            for i in range(events):
+                if i > 0 and delay:
+                    time.sleep(delay)
+                if i == 1 and hold:
+                    deadline = time.monotonic() + 30
+                    while not os.path.exists(hold):
+                        if time.monotonic() > deadline:
+                            self.close_connection = True
+                            return
+                        time.sleep(0.01)
+                chunk(b"data: " + json.dumps({"n": i}).encode() + b"\n\n")
+            chunk(b"data: [DONE]\n\n")
+            self.wfile.write(b"0\r\n\r\n")
+            self.wfile.flush()
+        except OSError:
+            self.close_connection = True
+            closed = sse.get("closed_file")
+            if closed:
+                with open(closed, "w"):
+                    pass
 
     def do_HEAD(self):
         self.send_response(200)

@@ -1309,5 +1309,119 @@ class ScaleFromZero(GatewayTestCase):
         self.assertEqual(replica_own_requests(replica), 0)
 
 
+class Streaming(GatewayTestCase):
+    """Server-Sent Events pass through as they arrive (tests/integration/echo_upstream.py's
+    "sse" bodies time the upstream's stream)."""
+
+    PATH = "/serving-endpoints/llm/invocations"
+
+    def setup_gw(self):
+        echo = start_echo(self)
+        gw = Gateway(self, config_yaml({"llm": [ver("v1", [rep("e1", echo)])]}))
+        return echo, gw
+
+    def open_stream(self, gw, sse, request_id):
+        conn = http.client.HTTPConnection("127.0.0.1", gw.port, timeout=10)
+        self.addCleanup(conn.close)
+        conn.request("POST", self.PATH, body=json.dumps({"sse": sse}).encode(),
+                     headers={"Content-Type": "application/json", "X-Request-Id": request_id})
+        r = conn.getresponse()
+        self.assertEqual(r.status, 200)
+        self.assertTrue(r.getheader("content-type", "").startswith("text/event-stream"),
+                        r.getheaders())
+        self.assertEqual(r.getheader("transfer-encoding"), "chunked", r.getheaders())
+        self.assertEqual(r.getheader("x-request-id"), request_id)
+        return conn, r
+
+    @staticmethod
+    def next_event(r):
+        """The next `data:` line of the stream, or None when it ended."""
+        while True:
+            line = r.readline()
+            if not line:
+                return None
+            line = line.strip()
+            if line.startswith(b"data: "):
+                return line[len(b"data: "):].decode()
+
+    def test_events_arrive_as_the_upstream_sends_them(self):
+        _, gw = self.setup_gw()
+        hold = os.path.join(gw.dir, "release")
+        conn, r = self.open_stream(gw, {"events": 5, "hold_file": hold}, "sse-1")
+        # The upstream sends the rest only once `hold` exists: the first event can only be
+        # here if the gateway passed it on before the stream ended.
+        self.assertEqual(json.loads(self.next_event(r)), {"n": 0})
+        self.assertFalse(os.path.exists(hold))
+        with open(hold, "w"):
+            pass
+        events = []
+        while (event := self.next_event(r)) is not None:
+            events.append(event)
+        self.assertEqual(events, [json.dumps({"n": i}) for i in range(1, 5)] + ["[DONE]"])
+        line = gw.wait_access(lambda ln: ln.get("request_id") == "sse-1", "access log line")
+        self.assertEqual((line["code"], line["attempts"]), (200, 1), line)
+        wait_until(lambda: gw.endpoint_stats("llm")["in_flight"] == 0, 5, what="released")
+        self.assertEqual(gw.metric_sum("flotilla_gateway_requests_total", endpoint="llm",
+                                       code="200"), 1)
+        # The connection serves the next request: a plain JSON answer, unchanged (whole,
+        # with its Content-Length).
+        conn.request("POST", self.PATH, body=json.dumps({"x": 1}).encode(),
+                     headers={"Content-Type": "application/json"})
+        r2 = conn.getresponse()
+        body = r2.read()
+        self.assertEqual(r2.status, 200)
+        self.assertEqual(r2.getheader("content-type"), "application/json")
+        self.assertEqual(int(r2.getheader("content-length")), len(body))
+        self.assertEqual(json.loads(json.loads(body)["body"]), {"x": 1})
+
+    def test_non_stream_response_is_unchanged(self):
+        _, gw = self.setup_gw()
+        r = gw.req("POST", self.PATH, {"y": [1, 2]})
+        j = self.assertOk(r)
+        self.assertEqual(json.loads(j["body"]), {"y": [1, 2]})
+        self.assertEqual(r.headers.get("content-type"), "application/json")
+        self.assertIsNone(r.headers.get("transfer-encoding"), r.headers)
+        self.assertEqual(int(r.headers["content-length"]), len(r.body))
+
+    def test_client_disconnect_mid_stream_closes_the_upstream(self):
+        _, gw = self.setup_gw()
+        closed = os.path.join(gw.dir, "upstream-saw-close")
+        conn, r = self.open_stream(gw, {"events": 400, "delay_ms": 50, "closed_file": closed},
+                                   "sse-gone")
+        self.assertEqual(json.loads(self.next_event(r)), {"n": 0})
+        self.assertEqual(gw.endpoint_stats("llm")["in_flight"], 1)
+        conn.close()
+        r.close()
+        # 400 events 50 ms apart would last 20 s: the upstream sees its connection closed
+        # once the gateway cancelled the call.
+        wait_until(lambda: os.path.exists(closed), 10, interval_s=0.02,
+                   what="the upstream seeing its connection closed")
+        wait_until(lambda: gw.endpoint_stats("llm")["in_flight"] == 0, 5, interval_s=0.02,
+                   what="the gateway's in-flight count back to 0")
+        line = gw.wait_access(lambda ln: ln.get("request_id") == "sse-gone", "access log line")
+        self.assertEqual(line["code"], 499, line)
+
+    def test_upstream_killed_mid_stream_ends_the_client_stream(self):
+        echo, gw = self.setup_gw()
+        hold = os.path.join(gw.dir, "never")
+        conn, r = self.open_stream(gw, {"events": 2, "hold_file": hold}, "sse-dead")
+        self.assertEqual(json.loads(self.next_event(r)), {"n": 0})
+        echo.kill()
+        t0 = time.monotonic()
+        ended = False
+        try:
+            ended = self.next_event(r) is None
+        except (http.client.IncompleteRead, ConnectionError):
+            ended = True   # the cut shows as a chunked body that stops short
+        self.assertTrue(ended)
+        self.assertLess(time.monotonic() - t0, 5.0)
+        line = gw.wait_access(lambda ln: ln.get("request_id") == "sse-dead", "access log line")
+        self.assertEqual((line["code"], line["attempts"]), (502, 1), line)
+        self.assertEqual(gw.metric_sum("flotilla_gateway_retries_total", endpoint="llm"), 0)
+        self.assertEqual(gw.metric_sum("flotilla_gateway_requests_total", endpoint="llm",
+                                       code="502"), 1)
+        wait_until(lambda: gw.endpoint_stats("llm")["in_flight"] == 0, 5, what="released")
+
+
 if __name__ == "__main__":
     unittest.main()
