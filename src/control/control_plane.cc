@@ -65,6 +65,9 @@ std::string resolve_runtime(const ServedModelSpec& served) {
   if (kind.is_ok() && *kind == runtime::RuntimeKind::kXgboost) {
     return "xgboost";
   }
+  if (kind.is_ok() && *kind == runtime::RuntimeKind::kLlm) {
+    return "llm";
+  }
   return "auto";  // the replica reports why it cannot tell
 }
 

@@ -27,7 +27,7 @@ constexpr int64_t kMaxConcurrency = 1'000'000;
 constexpr int64_t kMaxMemoryMb = int64_t{1} << 30;
 constexpr int64_t kFullTraffic = 100;
 constexpr ConcurrencyRange kDefaultPerReplicaBounds{1, 64};
-constexpr std::array<std::string_view, 3> kRuntimes = {"auto", "xgboost", "synthetic"};
+constexpr std::array<std::string_view, 4> kRuntimes = {"auto", "xgboost", "llm", "synthetic"};
 constexpr size_t kKeyHexDigits = 16;
 
 // yaml-cpp tags a plain (unquoted) scalar "?" and a quoted one "!". Numbers and booleans must be
@@ -283,7 +283,7 @@ Result<ServedModelSpec> read_served_model(const YAML::Node& node, const std::str
     FLOTILLA_ASSIGN_OR_RETURN(served.runtime, read_string(runtime, where + ".runtime"));
     if (std::find(kRuntimes.begin(), kRuntimes.end(), served.runtime) == kRuntimes.end()) {
       return invalid_argument(where + ".runtime: unknown runtime '" + served.runtime +
-                              "' (use auto, xgboost or synthetic)");
+                              "' (use auto, xgboost, llm or synthetic)");
     }
   }
 

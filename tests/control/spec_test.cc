@@ -291,10 +291,12 @@ TEST(ParseEndpointSpecTest, RefusesInvalidSpecsNamingTheField) {
       {"model that is not UTF-8", "{name: e, served_models: [{name: v1, model: \"/m\xC3(\"}]}",
        "served_models[0].model: must be valid UTF-8"},
       // runtime.
-      {"unknown runtime", one_version("runtime: llm"),
-       "served_models[0].runtime: unknown runtime 'llm' (use auto, xgboost or synthetic)"},
+      {"unknown runtime", one_version("runtime: tensorrt"),
+       "served_models[0].runtime: unknown runtime 'tensorrt' (use auto, xgboost, llm or "
+       "synthetic)"},
       {"runtime in upper case", one_version("runtime: XGBoost"),
-       "served_models[0].runtime: unknown runtime 'XGBoost' (use auto, xgboost or synthetic)"},
+       "served_models[0].runtime: unknown runtime 'XGBoost' (use auto, xgboost, llm or "
+       "synthetic)"},
       // concurrency.
       {"concurrency a number", one_version("concurrency: 5"),
        "served_models[0].concurrency: must be a mapping"},
