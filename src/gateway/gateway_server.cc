@@ -481,6 +481,8 @@ class GatewayImpl final : public Gateway {
   // The bookkeeping of an answer (metrics, access log), once per call; false when done before.
   bool account(ProxyCall& call, int code);
 
+  // Counts an upstream's answer with `status` against its replica.
+  void record_answer(const std::shared_ptr<ProxyCall>& call, int status);
   void record_success(ReplicaRuntime& replica);
   void record_failure(const std::shared_ptr<ReplicaRuntime>& replica);
   void probe_later(std::shared_ptr<ReplicaRuntime> replica, std::chrono::milliseconds delay);
@@ -997,12 +999,7 @@ void GatewayImpl::on_upstream(const std::shared_ptr<ProxyCall>& call,
   }
 
   if (response.failure == http::UpstreamFailure::kNone) {
-    replica.codes.inc(response.status);
-    if (response.status == 502 || response.status == 503 || response.status == 504) {
-      record_failure(call->replica);
-    } else {
-      record_success(replica);
-    }
+    record_answer(call, response.status);
     http::Response out;
     out.status = response.status;
     out.content_type = std::move(response.content_type);
@@ -1049,16 +1046,21 @@ void GatewayImpl::on_stream_head(ProxyCall& call, int status, std::string conten
   call.responder.start_stream(status, std::move(content_type), std::move(headers));
 }
 
+void GatewayImpl::record_answer(const std::shared_ptr<ProxyCall>& call, int status) {
+  call->replica->codes.inc(status);
+  // A replica that answers it is overloaded or broken counts as failing, like a dead one.
+  if (status == 502 || status == 503 || status == 504) {
+    record_failure(call->replica);
+  } else {
+    record_success(*call->replica);
+  }
+}
+
 void GatewayImpl::on_upstream_stream(const std::shared_ptr<ProxyCall>& call,
                                      http::ClientResponse&& response) {
   ReplicaRuntime& replica = *call->replica;
   if (response.failure == http::UpstreamFailure::kNone) {
-    replica.codes.inc(response.status);
-    if (response.status == 502 || response.status == 503 || response.status == 504) {
-      record_failure(call->replica);
-    } else {
-      record_success(replica);
-    }
+    record_answer(call, response.status);
     end_stream(*call, response.status, true);
     return;
   }

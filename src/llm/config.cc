@@ -1,12 +1,11 @@
 // config.json of Llama-family decoders: the field sets of LlamaForCausalLM, MistralForCausalLM
 // and Qwen2ForCausalLM as transformers writes them.
 #include <filesystem>
-#include <fstream>
-#include <sstream>
 
 #include <nlohmann/json.hpp>
 
 #include "llm/llm.h"
+#include "llm/safetensors.h"
 
 namespace flotilla::llm {
 namespace {
@@ -168,13 +167,8 @@ Result<ModelConfig> parse_model_config(std::string_view json_text) {
 }
 
 bool is_llm_directory(const std::string& dir) {
-  std::ifstream file(std::filesystem::path(dir) / "config.json");
-  if (!file) {
-    return false;
-  }
-  std::stringstream text;
-  text << file.rdbuf();
-  return parse_model_config(text.str()).is_ok();
+  Result<std::string> text = read_text_file((std::filesystem::path(dir) / "config.json").string());
+  return text.is_ok() && parse_model_config(*text).is_ok();
 }
 
 }  // namespace flotilla::llm

@@ -7,9 +7,7 @@
 #include <cmath>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <numbers>
-#include <sstream>
 #include <thread>
 
 namespace flotilla::llm {
@@ -114,16 +112,6 @@ void build_rope_tables(Model& model) {
   }
 }
 
-Result<std::string> read_text(const fs::path& path) {
-  std::ifstream file(path);
-  if (!file) {
-    return not_found("cannot read " + path.string());
-  }
-  std::stringstream text;
-  text << file.rdbuf();
-  return text.str();
-}
-
 int default_threads() {
   cpu_set_t set;
   if (sched_getaffinity(0, sizeof(set), &set) == 0) {
@@ -159,7 +147,8 @@ Result<std::shared_ptr<const Model>> load_model_files(const std::string& dir,
                                                       const LoadOptions& options) {
   auto model = std::make_shared<Model>();
   model->options = options;
-  FLOTILLA_ASSIGN_OR_RETURN(std::string config_text, read_text(fs::path(dir) / "config.json"));
+  FLOTILLA_ASSIGN_OR_RETURN(std::string config_text,
+                            read_text_file((fs::path(dir) / "config.json").string()));
   Result<ModelConfig> config = parse_model_config(config_text);
   if (!config.is_ok()) {
     return config.status().with_context(dir);

@@ -48,17 +48,17 @@ std::string shape_string(const std::vector<int64_t>& shape) {
   return out + "]";
 }
 
-Result<std::string> read_text(const fs::path& path) {
+}  // namespace
+
+Result<std::string> read_text_file(const std::string& path) {
   std::ifstream file(path);
   if (!file) {
-    return not_found("cannot read " + path.string());
+    return not_found("cannot read " + path);
   }
   std::stringstream text;
   text << file.rdbuf();
   return text.str();
 }
-
-}  // namespace
 
 float bf16_to_float(uint16_t bits) {
   return std::bit_cast<float>(uint32_t{bits} << 16);
@@ -209,7 +209,7 @@ Result<SafetensorsSet> SafetensorsSet::open_directory(const std::string& dir) {
     FLOTILLA_RETURN_IF_ERROR(set.add_file(single.string()));
     return set;
   }
-  FLOTILLA_ASSIGN_OR_RETURN(std::string text, read_text(index_path));
+  FLOTILLA_ASSIGN_OR_RETURN(std::string text, read_text_file(index_path.string()));
   Json index = Json::parse(text, nullptr, /*allow_exceptions=*/false);
   if (index.is_discarded() || !index.is_object() || !index.contains("weight_map") ||
       !index["weight_map"].is_object()) {

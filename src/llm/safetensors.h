@@ -64,6 +64,9 @@ class SafetensorsSet {
   std::map<std::string, TensorView> tensors_;
 };
 
+// The whole of a small text file (config.json, an index); kNotFound naming it when unreadable.
+Result<std::string> read_text_file(const std::string& path);
+
 // bf16/fp16 to fp32, exactly.
 float bf16_to_float(uint16_t bits);
 float fp16_to_float(uint16_t bits);

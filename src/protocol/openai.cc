@@ -453,6 +453,24 @@ void append_finish_and_ids(const CompletionOutput& output, std::string& out) {
   }
 }
 
+// ,"choices":[{...}] with the one choice; a chat's text goes in the object `chat_open` opens
+// ("message" or "delta"), a completion's in "text".
+void append_choice(const CompletionOutput& output, std::string_view chat_open, std::string& out) {
+  out += ",\"choices\":[{\"index\":0,";
+  if (output.chat) {
+    out += chat_open;
+    append_json_string(output.text, out);
+    out += '}';
+  } else {
+    out += "\"text\":";
+    append_json_string(output.text, out);
+  }
+  out += ",\"logprobs\":";
+  append_logprobs(output, out);
+  append_finish_and_ids(output, out);
+  out += "}]";
+}
+
 }  // namespace
 
 Result<CompletionRequest> decode_completion_request(std::string& body, bool chat) {
@@ -482,19 +500,8 @@ std::string encode_completion_response(const CompletionOutput& output) {
   std::string out;
   out.reserve(256 + output.text.size() + output.token_ids.size() * 7);
   append_head(output, output.chat ? "chat.completion" : "text_completion", out);
-  out += ",\"choices\":[{\"index\":0,";
-  if (output.chat) {
-    out += "\"message\":{\"role\":\"assistant\",\"content\":";
-    append_json_string(output.text, out);
-    out += '}';
-  } else {
-    out += "\"text\":";
-    append_json_string(output.text, out);
-  }
-  out += ",\"logprobs\":";
-  append_logprobs(output, out);
-  append_finish_and_ids(output, out);
-  out += "}],";
+  append_choice(output, "\"message\":{\"role\":\"assistant\",\"content\":", out);
+  out += ',';
   append_usage(output, out);
   out += '}';
   return out;
@@ -503,19 +510,10 @@ std::string encode_completion_response(const CompletionOutput& output) {
 std::string encode_completion_chunk(const CompletionOutput& output, bool first) {
   std::string out = "data: ";
   append_head(output, output.chat ? "chat.completion.chunk" : "text_completion", out);
-  out += ",\"choices\":[{\"index\":0,";
-  if (output.chat) {
-    out += first ? "\"delta\":{\"role\":\"assistant\",\"content\":" : "\"delta\":{\"content\":";
-    append_json_string(output.text, out);
-    out += '}';
-  } else {
-    out += "\"text\":";
-    append_json_string(output.text, out);
-  }
-  out += ",\"logprobs\":";
-  append_logprobs(output, out);
-  append_finish_and_ids(output, out);
-  out += "}]}\n\n";
+  append_choice(
+      output,
+      first ? "\"delta\":{\"role\":\"assistant\",\"content\":" : "\"delta\":{\"content\":", out);
+  out += "}\n\n";
   return out;
 }
 
