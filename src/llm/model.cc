@@ -143,8 +143,8 @@ void apply_rope(float* v, int head_dim, const float* cos, const float* sin) {
 
 }  // namespace
 
-Result<std::shared_ptr<const Model>> load_model_files(const std::string& dir,
-                                                      const LoadOptions& options) {
+Result<std::shared_ptr<const Model>> load_model(const std::string& dir,
+                                                const LoadOptions& options) {
   auto model = std::make_shared<Model>();
   model->options = options;
   FLOTILLA_ASSIGN_OR_RETURN(std::string config_text,
@@ -251,11 +251,6 @@ Result<std::shared_ptr<const Model>> load_model_files(const std::string& dir,
   model->lm_head = std::move(lm_head).value();
   build_rope_tables(*model);
   return std::shared_ptr<const Model>(std::move(model));
-}
-
-Result<std::shared_ptr<const Model>> load_model(const std::string& dir,
-                                                const LoadOptions& options) {
-  return load_model_files(dir, options);
 }
 
 const ModelConfig& model_config(const Model& model) {

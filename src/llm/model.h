@@ -85,7 +85,6 @@ class ForwardPass {
   std::span<const float> forward(std::span<const StepSequence> step, KvCache& cache);
 
   const Model& model() const { return *model_; }
-  ThreadPool& pool() { return pool_; }
 
  private:
   void attention(std::span<const StepSequence> step, int layer, KvCache& cache);
@@ -96,8 +95,5 @@ class ForwardPass {
   // Activations of the step, resized as steps grow.
   std::vector<float> x_, normed_, qkv_, attn_, mlp_, logits_in_, logits_;
 };
-
-Result<std::shared_ptr<const Model>> load_model_files(const std::string& dir,
-                                                      const LoadOptions& options);
 
 }  // namespace flotilla::llm

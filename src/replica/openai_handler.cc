@@ -22,10 +22,6 @@ std::string response_id(bool chat) {
   return (chat ? "chatcmpl-" : "cmpl-") + std::string(hex);
 }
 
-std::string_view finish_reason(llm::FinishReason reason) {
-  return reason == llm::FinishReason::kLength ? "length" : "stop";
-}
-
 http::Response json_response(int status, std::string body) {
   http::Response response;
   response.status = status;
@@ -207,7 +203,7 @@ void OpenAiHandler::completions(http::Request&& request, std::shared_ptr<http::R
       out.logprobs.push_back(std::move(entry));
     }
     bool final = event.finish != llm::FinishReason::kNone;
-    out.finish_reason = final ? finish_reason(event.finish) : "";
+    out.finish_reason = llm::finish_reason_name(event.finish);  // "" while it goes on
     if (!g.stream) {
       if (final) {
         g.responder->send(json_response(200, protocol::encode_completion_response(out)));
