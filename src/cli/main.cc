@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
+#include <functional>
 #include <iostream>
 
 #include <CLI/CLI.hpp>
@@ -40,6 +42,7 @@ struct ReplicaFlags {
   int predict_threads = 1;
   std::string log_level = "info";
   std::string cache_dir = ".flotilla/cache";
+  bool no_lazy_load = false;
   bool standby = false;
   runtime::LlmRuntimeOptions llm;
 };
@@ -93,6 +96,9 @@ void add_replica_command(CLI::App& app, ReplicaFlags& flags) {
                   "directory: .../flotilla-manifest.json) pulled into --cache-dir (required)");
   cmd->add_option("--cache-dir", flags.cache_dir, "Artifact cache for URL models")
       ->capture_default_str();
+  cmd->add_flag("--no-lazy-load", flags.no_lazy_load,
+                "URL models: download the whole model before loading it (default: loading "
+                "overlaps the download, the loader's reads fetched first)");
   cmd->add_option("--name", flags.name, "Model name (default: the file's stem or directory name)");
   cmd->add_option("--runtime", flags.runtime,
                   "auto, xgboost, llm or synthetic (auto never picks synthetic)")
@@ -187,20 +193,6 @@ int run_standby(const ReplicaFlags& standby_flags) {
   return run_replica(flags);
 }
 
-// The model as a local path: a URL is pulled into the cache first (or found there).
-Result<std::string> local_model(const ReplicaFlags& flags) {
-  if (!store::is_url(flags.model)) {
-    return flags.model;
-  }
-  FLOTILLA_ASSIGN_OR_RETURN(std::unique_ptr<store::ArtifactCache> cache,
-                            store::ArtifactCache::open(flags.cache_dir, 0));
-  const auto start = std::chrono::steady_clock::now();
-  FLOTILLA_ASSIGN_OR_RETURN(std::string path, cache->pull(flags.model, store::PullOptions{}));
-  spdlog::info("model {} is {} ({:.3f} s)", flags.model, path,
-               std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
-  return path;
-}
-
 // What the default model name comes from: the local path, except for a directory from a
 // manifest URL (its cache directory is named by digest): the URL's directory.
 std::string model_name_source(const std::string& model, const std::string& local) {
@@ -209,6 +201,112 @@ std::string model_name_source(const std::string& model, const std::string& local
   }
   const std::string directory = model.substr(0, model.size() - store::kManifestName.size() - 1);
   return directory.substr(directory.rfind('/') + 1);
+}
+
+// Download progress of a URL model in /metrics, for whoever watches a replica load.
+std::function<void(const store::Progress&)> download_gauges(MetricsRegistry& registry) {
+  Gauge& done = registry.gauge("flotilla_model_download_bytes",
+                               "Bytes of the model's files downloaded so far (a resumed download "
+                               "counts what it had).");
+  Gauge& size = registry.gauge("flotilla_model_download_size_bytes",
+                               "Bytes of the model's files being downloaded; 0 while unknown.");
+  Gauge& rate = registry.gauge("flotilla_model_download_bytes_per_second",
+                               "Download rate of the model's files.");
+  Gauge& eta = registry.gauge("flotilla_model_download_eta_seconds",
+                              "Seconds the download should still take at its current rate; 0 "
+                              "when done or unknown.");
+  return [&done, &size, &rate, &eta](const store::Progress& progress) {
+    done.set(static_cast<double>(progress.done_bytes));
+    size.set(static_cast<double>(progress.total_bytes));
+    rate.set(progress.bytes_per_second);
+    eta.set(progress.bytes_per_second > 0 && progress.total_bytes > progress.done_bytes
+                ? static_cast<double>(progress.total_bytes - progress.done_bytes) /
+                      progress.bytes_per_second
+                : 0);
+  };
+}
+
+// The model a replica serves and, for a URL, the pulled artifact: holding it pins it in the
+// cache (eviction skips it) for as long as the replica lives.
+struct ServedModel {
+  std::unique_ptr<store::ArtifactCache> cache;
+  std::unique_ptr<store::LazyArtifact> artifact;
+  std::unique_ptr<runtime::Runtime> runtime;
+  std::string name;
+};
+
+// Fetches and loads the model. A URL is pulled into the cache, and unless --no-lazy-load the
+// loading overlaps the download: the runtime awaits each byte range before it reads it, the
+// download fetches awaited ranges first, and the model is served only once every file has
+// arrived and matched its digest. Errors say "cannot fetch model" or "cannot load model"; a
+// load error is kInvalidArgument.
+Result<ServedModel> load_model(const ReplicaFlags& flags, runtime::RuntimeKind kind,
+                               MetricsRegistry& registry) {
+  auto fetch_error = [](const Status& status) {
+    return Status(status.code(), "cannot fetch model: " + status.message());
+  };
+  auto load_error = [](const Status& status) {
+    return invalid_argument("cannot load model: " + status.message());
+  };
+  ServedModel served;
+  std::string path = flags.model;
+  const bool lazy = store::is_url(flags.model) && !flags.no_lazy_load;
+  const auto start = std::chrono::steady_clock::now();
+  if (store::is_url(flags.model)) {
+    Result<std::unique_ptr<store::ArtifactCache>> cache =
+        store::ArtifactCache::open(flags.cache_dir, 0);
+    if (!cache.is_ok()) {
+      return fetch_error(cache.status());
+    }
+    served.cache = std::move(cache).value();
+    store::PullOptions pull;
+    pull.on_progress = download_gauges(registry);
+    Result<std::unique_ptr<store::LazyArtifact>> artifact =
+        served.cache->pull_lazy(flags.model, pull);
+    if (!artifact.is_ok()) {
+      return fetch_error(artifact.status());
+    }
+    served.artifact = std::move(artifact).value();
+    path = served.artifact->path();
+    if (!lazy) {
+      Result<std::string> fetched = served.artifact->finish();
+      if (!fetched.is_ok()) {
+        return fetch_error(fetched.status());
+      }
+      path = *fetched;
+    }
+  }
+  runtime::RuntimeOptions options;
+  options.name = flags.name.empty()
+                     ? runtime::default_model_name(model_name_source(flags.model, path))
+                     : flags.name;
+  options.predict_threads = flags.predict_threads;
+  options.llm = flags.llm;
+  if (lazy) {
+    options.await_bytes = [&served](const std::string& file, uint64_t offset, uint64_t length) {
+      return served.artifact->await(file, offset, length);
+    };
+  }
+  Result<std::unique_ptr<runtime::Runtime>> runtime = runtime::load_runtime(kind, path, options);
+  if (lazy) {
+    // Even when loading failed: bytes that fail their digest explain a load error best.
+    Result<std::string> fetched = served.artifact->finish();
+    if (!fetched.is_ok()) {
+      return fetch_error(fetched.status());
+    }
+    path = *fetched;
+  }
+  if (!runtime.is_ok()) {
+    return load_error(runtime.status());
+  }
+  if (store::is_url(flags.model)) {
+    spdlog::info("model {} is {} (fetched{} in {:.3f} s)", flags.model, path,
+                 lazy ? " and loaded" : "",
+                 std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+  }
+  served.runtime = std::move(runtime).value();
+  served.name = options.name;
+  return served;
 }
 
 int run_replica(const ReplicaFlags& flags) {
@@ -225,26 +323,7 @@ int run_replica(const ReplicaFlags& flags) {
     std::cerr << "flotilla replica: " << kind.status().message() << "\n";
     return kExitBadInput;
   }
-  const auto load_start = std::chrono::steady_clock::now();
-  Result<std::string> model = local_model(flags);
-  if (!model.is_ok()) {
-    std::cerr << "flotilla replica: cannot fetch model: " << model.status().message() << "\n";
-    return model.status().code() == StatusCode::kInvalidArgument ? kExitBadInput : 1;
-  }
-  runtime::RuntimeOptions runtime_options;
-  runtime_options.name = flags.name.empty()
-                             ? runtime::default_model_name(model_name_source(flags.model, *model))
-                             : flags.name;
-  runtime_options.predict_threads = flags.predict_threads;
-  runtime_options.llm = flags.llm;
-  auto runtime = runtime::load_runtime(*kind, *model, runtime_options);
-  if (!runtime.is_ok()) {
-    std::cerr << "flotilla replica: cannot load model: " << runtime.status().message() << "\n";
-    return kExitBadInput;
-  }
   replica::ReplicaOptions options;
-  options.model_load_seconds =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - load_start).count();
   options.server.host = flags.host;
   options.server.port = flags.port;
   options.server.workers = flags.workers;
@@ -256,24 +335,50 @@ int run_replica(const ReplicaFlags& flags) {
   options.batching.max_batch_rows = flags.max_batch_size;
   options.batching.max_queue_delay = std::chrono::microseconds(flags.max_queue_delay_us);
   options.drain_timeout = std::chrono::milliseconds(flags.drain_timeout_ms);
+  // SIGTERM or SIGINT while the model is fetched or loaded: nothing to drain, and a download
+  // can take minutes, so exit now instead of when loading ends. Nothing was printed on stdout
+  // yet; the model cache survives a process that dies mid-pull (flocks, resumable partials).
+  options.on_drained_while_loading = [] {
+    spdlog::info("drained while the model was loading, exiting");
+    spdlog::default_logger()->flush();
+    std::fflush(nullptr);
+    std::_Exit(0);
+  };
 
   MetricsRegistry& registry = default_registry();
   register_process_metrics(registry);
-  auto replica = replica::Replica::create(std::move(runtime).value(), options, registry);
+  // Listen before loading: liveness and /metrics (download progress) answer during a long
+  // fetch, readiness and the model routes answer 503 until serve().
+  auto replica = replica::Replica::listen(options, registry);
   if (!replica.is_ok()) {
     std::cerr << "flotilla replica: " << replica.status().message() << "\n";
     return replica.status().code() == StatusCode::kInvalidArgument ? kExitBadInput
                                                                    : kExitCannotListen;
   }
+  spdlog::info("listening on {}:{}, loading the model", flags.host, (*replica)->port());
+  const auto load_start = std::chrono::steady_clock::now();
+  Result<ServedModel> model = load_model(flags, *kind, registry);
+  if (!model.is_ok()) {
+    std::cerr << "flotilla replica: " << model.status().message() << "\n";
+    return model.status().code() == StatusCode::kInvalidArgument ? kExitBadInput : 1;
+  }
+  const std::chrono::duration<double> load_time = std::chrono::steady_clock::now() - load_start;
+  if (Status served = (*replica)->serve(std::move(model->runtime), load_time); !served.is_ok()) {
+    // A drain began before the model was in place (the signal raced the end of loading, and
+    // on_drained_while_loading has not run yet): nothing to serve; wait for it to finish.
+    spdlog::info("{}, exiting", served.message());
+    (*replica)->run();
+    return 0;
+  }
   // The first stdout line is for orchestrators: where to reach this replica.
   const nlohmann::json listening = {{"event", "listening"},
                                     {"host", flags.host},
                                     {"port", (*replica)->port()},
-                                    {"model", runtime_options.name}};
+                                    {"model", model->name}};
   std::cout << listening.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace)
             << std::endl;
-  spdlog::info("serving model '{}' on {}:{} (model loaded in {:.3f} s)", runtime_options.name,
-               flags.host, (*replica)->port(), options.model_load_seconds);
+  spdlog::info("serving model '{}' on {}:{} (model loaded in {:.3f} s)", model->name, flags.host,
+               (*replica)->port(), load_time.count());
   const bool clean = (*replica)->run();
   spdlog::info(clean ? "drained, exiting" : "drain timed out, exiting");
   return clean ? 0 : kExitDrainTimeout;

@@ -75,6 +75,10 @@ struct LoadOptions {
   std::optional<WeightFormat> quantize;
   bool quantize_attention = false;
   int threads = 0;  // compute threads; 0: every core this process may use
+  // Set while the safetensors files are still downloading: the loader reads each header and
+  // tensor only once this says it is present, so loading overlaps the download (lazy loading).
+  // Other files must be complete. Not kept past load_model().
+  std::function<Status(const std::string& path, uint64_t offset, uint64_t length)> await_bytes;
 };
 
 class Model;

@@ -147,6 +147,7 @@ Result<std::shared_ptr<const Model>> load_model(const std::string& dir,
                                                 const LoadOptions& options) {
   auto model = std::make_shared<Model>();
   model->options = options;
+  model->options.await_bytes = nullptr;  // used only while loading
   FLOTILLA_ASSIGN_OR_RETURN(std::string config_text,
                             read_text_file((fs::path(dir) / "config.json").string()));
   Result<ModelConfig> config = parse_model_config(config_text);
@@ -155,7 +156,7 @@ Result<std::shared_ptr<const Model>> load_model(const std::string& dir,
   }
   model->config = std::move(config).value();
   const ModelConfig& c = model->config;
-  Result<SafetensorsSet> files = SafetensorsSet::open_directory(dir);
+  Result<SafetensorsSet> files = SafetensorsSet::open_directory(dir, options.await_bytes);
   if (!files.is_ok()) {
     return files.status().with_context("loading " + dir);
   }
@@ -249,6 +250,7 @@ Result<std::shared_ptr<const Model>> load_model(const std::string& dir,
     return fail(lm_head.status());
   }
   model->lm_head = std::move(lm_head).value();
+  model->files.stop_awaiting();
   build_rope_tables(*model);
   return std::shared_ptr<const Model>(std::move(model));
 }

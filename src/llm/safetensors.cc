@@ -116,7 +116,7 @@ Result<std::unique_ptr<MappedFile>> MappedFile::open(const std::string& path) {
     ::close(fd);
     return invalid_argument(path + " is empty or unreadable");
   }
-  void* data = ::mmap(nullptr, info.st_size, PROT_READ, MAP_PRIVATE, fd, 0);
+  void* data = ::mmap(nullptr, info.st_size, PROT_READ, MAP_SHARED, fd, 0);
   ::close(fd);
   if (data == MAP_FAILED) {
     return internal_error("cannot map " + path + ": " + std::strerror(errno));
@@ -130,6 +130,9 @@ MappedFile::~MappedFile() {
 }
 
 Status SafetensorsSet::add_file(const std::string& path) {
+  if (await_) {
+    FLOTILLA_RETURN_IF_ERROR(await_(path, 0, 8));  // also sizes the file
+  }
   FLOTILLA_ASSIGN_OR_RETURN(std::shared_ptr<const MappedFile> file, MappedFile::open(path));
   std::span<const std::byte> bytes = file->bytes();
   uint64_t header_bytes = 0;
@@ -140,6 +143,9 @@ Status SafetensorsSet::add_file(const std::string& path) {
   if (header_bytes > kMaxHeaderBytes || 8 + header_bytes > bytes.size()) {
     return invalid_argument(path + ": header length " + std::to_string(header_bytes) +
                             " is past the end of the file");
+  }
+  if (await_) {
+    FLOTILLA_RETURN_IF_ERROR(await_(path, 8, header_bytes));
   }
   std::string_view text(reinterpret_cast<const char*>(bytes.data()) + 8, header_bytes);
   Json header = Json::parse(text, nullptr, /*allow_exceptions=*/false);
@@ -190,6 +196,7 @@ Status SafetensorsSet::add_file(const std::string& path) {
                   std::to_string(elements * dtype_bytes(view.dtype)));
     }
     view.data = data.subspan(begin, end - begin);
+    view.file_offset = 8 + header_bytes + begin;
     if (!tensors_.emplace(name, std::move(view)).second) {
       return fail("appears in two files");
     }
@@ -198,8 +205,9 @@ Status SafetensorsSet::add_file(const std::string& path) {
   return Status::ok();
 }
 
-Result<SafetensorsSet> SafetensorsSet::open_directory(const std::string& dir) {
+Result<SafetensorsSet> SafetensorsSet::open_directory(const std::string& dir, AwaitBytes await) {
   SafetensorsSet set;
+  set.await_ = std::move(await);
   fs::path index_path = fs::path(dir) / "model.safetensors.index.json";
   if (!fs::exists(index_path)) {
     fs::path single = fs::path(dir) / "model.safetensors";
@@ -240,6 +248,10 @@ Result<const TensorView*> SafetensorsSet::get(const std::string& name,
     return invalid_argument("tensor '" + name + "' in " + it->second.file + " has shape " +
                             shape_string(it->second.shape) + ", the config needs " +
                             shape_string(shape));
+  }
+  if (await_) {
+    const TensorView& view = it->second;
+    FLOTILLA_RETURN_IF_ERROR(await_(view.file, view.file_offset, view.data.size()));
   }
   return &it->second;
 }

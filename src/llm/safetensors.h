@@ -4,6 +4,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <span>
@@ -23,13 +24,19 @@ struct TensorView {
   TensorDtype dtype = TensorDtype::kF32;
   std::vector<int64_t> shape;
   std::span<const std::byte> data;
+  uint64_t file_offset = 0;  // of data[0] in the file
 
   int64_t elements() const;
   // The value at `index` converted to fp32.
   float at(int64_t index) const;
 };
 
-// A read-only mapping of a whole file, unmapped on destruction.
+// Blocks until bytes [offset, offset + length) of the file `path` may be read: a model whose
+// files are still downloading (lazy loading; the store module). Empty: every file is complete.
+using AwaitBytes = std::function<Status(const std::string& path, uint64_t offset, uint64_t length)>;
+
+// A read-only mapping of a whole file, unmapped on destruction. Shared, so that bytes written
+// to the file after it was mapped (a download still running) are seen.
 class MappedFile {
  public:
   static Result<std::unique_ptr<MappedFile>> open(const std::string& path);
@@ -50,11 +57,16 @@ class SafetensorsSet {
  public:
   // model.safetensors.index.json when present, else model.safetensors. Errors name the file:
   // missing, truncated, a header that is not JSON, offsets past the end or overlapping the
-  // header, a dtype other than F32/F16/BF16, a size that does not match the shape.
-  static Result<SafetensorsSet> open_directory(const std::string& dir);
+  // header, a dtype other than F32/F16/BF16, a size that does not match the shape. With
+  // `await`, a file's header is read only once awaited, and a tensor's data once get() has
+  // awaited it.
+  static Result<SafetensorsSet> open_directory(const std::string& dir, AwaitBytes await = {});
 
   // kNotFound naming the tensor when absent; kInvalidArgument when its shape is not `shape`.
+  // Returns once its data may be read.
   Result<const TensorView*> get(const std::string& name, std::vector<int64_t> shape) const;
+  // Ends the awaiting once every tensor the model uses was got (`await` may not outlive it).
+  void stop_awaiting() { await_ = nullptr; }
   bool contains(const std::string& name) const { return tensors_.count(name) > 0; }
 
  private:
@@ -62,6 +74,7 @@ class SafetensorsSet {
 
   std::vector<std::shared_ptr<const MappedFile>> files_;
   std::map<std::string, TensorView> tensors_;
+  AwaitBytes await_;
 };
 
 // The whole of a small text file (config.json, an index); kNotFound naming it when unreadable.

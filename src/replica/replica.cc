@@ -2,6 +2,9 @@
 #include "replica/replica.h"
 
 #include <array>
+#include <atomic>
+#include <mutex>
+#include <thread>
 
 #include <spdlog/spdlog.h>
 
@@ -60,6 +63,28 @@ bool is_openai_route(Route route) {
   return route == Route::kCompletions || route == Route::kChatCompletions ||
          route == Route::kModels;
 }
+
+// Routes that need the model: before serve() they answer 503 "loading". Liveness, readiness
+// (503 with its own body), /v2, /version and /metrics answer without it.
+bool needs_model(Route route) {
+  switch (route) {
+    case Route::kModelMetadata:
+    case Route::kModelReady:
+    case Route::kInfer:
+    case Route::kInvocations:
+    case Route::kPing:
+    case Route::kHealth:
+    case Route::kCompletions:
+    case Route::kChatCompletions:
+    case Route::kModels:
+      return true;
+    default:
+      return false;
+  }
+}
+
+constexpr std::string_view kLoadingMessage = "model is loading";
+constexpr std::string_view kReadyLoadingJson = "{\"ready\":false,\"state\":\"loading\"}";
 
 // The status codes this server answers with; others are counted through the registry's map.
 constexpr std::array<int, 10> kCommonCodes = {200, 400, 404, 405, 413, 415, 431, 500, 503, 501};
@@ -133,17 +158,32 @@ http::Response json_response(int status, std::string body) {
   return response;
 }
 
+// What serve() installs: built on the owner's thread, then published to the workers once
+// (ReplicaImpl::model_) and read-only from then on, except each batcher, which its worker's
+// thread alone uses. Members are destroyed bottom-up: the batchers and the OpenAI handler
+// (which hold references into the runtime) before the runtime.
+struct LoadedModel {
+  std::unique_ptr<runtime::Runtime> runtime;
+  std::string metadata_json;
+  std::string ready_json;
+  std::string not_ready_json;
+  std::unique_ptr<OpenAiHandler> openai;           // for a language model
+  std::vector<std::unique_ptr<Batcher>> batchers;  // [worker index]
+};
+
+// Threads: the owner's (listen, serve, run, destructor), the server's workers (handle and
+// everything under it), and serving_thread_, which runs the server's event loop 0 and returns
+// when a drain completes.
 class ReplicaImpl final : public Replica {
  public:
-  ReplicaImpl(std::unique_ptr<runtime::Runtime> runtime, const ReplicaOptions& options,
-              MetricsRegistry& registry);
-
-  // Queued batches hold responders: drop them while the server's event loops still exist.
-  ~ReplicaImpl() override { batchers_.clear(); }
+  ReplicaImpl(const ReplicaOptions& options, MetricsRegistry& registry);
+  ~ReplicaImpl() override;
 
   Status start();
   uint16_t port() const override { return server_->port(); }
-  bool run() override { return server_->run(); }
+  Status serve(std::unique_ptr<runtime::Runtime>&& runtime,
+               std::chrono::duration<double> model_load_time) override;
+  bool run() override;
   void drain() override { server_->drain(options_.drain_timeout); }
 
  private:
@@ -153,33 +193,39 @@ class ReplicaImpl final : public Replica {
   };
 
   void handle(http::Request&& request, http::Responder&& responder);
-  void handle_infer(http::Request&& request, std::shared_ptr<http::Responder> responder,
-                    Clock::time_point start);
-  void handle_invocations(http::Request&& request, std::shared_ptr<http::Responder> responder,
-                          Clock::time_point start);
-  void execute(runtime::ModelInput&& input, runtime::RunCallback done);
+  void answer_loading(Route route, Clock::time_point start, http::Responder& responder);
+  void handle_infer(const LoadedModel& model, http::Request&& request,
+                    std::shared_ptr<http::Responder> responder, Clock::time_point start);
+  void handle_invocations(const LoadedModel& model, http::Request&& request,
+                          std::shared_ptr<http::Responder> responder, Clock::time_point start);
+  void execute(const LoadedModel& model, runtime::ModelInput&& input, runtime::RunCallback done);
   void finish(Route route, Clock::time_point start, http::Responder& responder,
               http::Response&& response);
   void count(Route route, int status, Clock::time_point start);
 
   ReplicaOptions options_;
   MetricsRegistry& registry_;
-  std::vector<std::unique_ptr<Batcher>> batchers_;  // [worker index]
   std::unique_ptr<http::Server> server_;
-  std::string metadata_json_;
-  std::string ready_json_;
-  std::string not_ready_json_;
   std::array<RouteMetrics, static_cast<size_t>(Route::kCount)> route_metrics_;
   Gauge& in_flight_;
   Histogram& batch_rows_;
-  std::unique_ptr<OpenAiHandler> openai_;  // for a language model
-  // Declared last so it is destroyed first: a runtime still holding requests (a drain that
-  // timed out) answers them while the server's event loops still exist.
-  std::unique_ptr<runtime::Runtime> runtime_;
+  Gauge& model_load_seconds_;
+
+  // Null until serve() publishes the model (release); handlers read it once per request
+  // (acquire), so whatever they see through it was fully built before.
+  std::atomic<const LoadedModel*> model_{nullptr};
+  std::mutex mutex_;
+  // The owner of *model_. Set once, under mutex_, by serve(); read under mutex_ by the serving
+  // thread when the server stops. Declared after server_ so that it is destroyed first: a
+  // runtime still holding requests (a drain that timed out) answers them while the server's
+  // event loops still exist.
+  std::unique_ptr<LoadedModel> loaded_;
+  bool closing_ = false;         // the destructor stopped the server; guarded by mutex_
+  bool drained_cleanly_ = true;  // written by serving_thread_, read after joining it
+  std::thread serving_thread_;
 };
 
-ReplicaImpl::ReplicaImpl(std::unique_ptr<runtime::Runtime> runtime, const ReplicaOptions& options,
-                         MetricsRegistry& registry)
+ReplicaImpl::ReplicaImpl(const ReplicaOptions& options, MetricsRegistry& registry)
     : options_(options),
       registry_(registry),
       in_flight_(registry.gauge("flotilla_replica_in_flight_requests",
@@ -187,7 +233,8 @@ ReplicaImpl::ReplicaImpl(std::unique_ptr<runtime::Runtime> runtime, const Replic
       batch_rows_(registry.histogram("flotilla_replica_batch_rows",
                                      "Rows per model call (dynamic batching merges requests).",
                                      exponential_buckets(1, 2, 11))),
-      runtime_(std::move(runtime)) {
+      model_load_seconds_(registry.gauge("flotilla_replica_model_load_seconds",
+                                         "Seconds the model took to load.")) {
   const auto latency_buckets = exponential_buckets(50e-6, 2, 18);  // 50 µs .. ~6.5 s
   for (size_t i = 0; i < kRouteNames.size(); ++i) {
     const std::string route = kRouteNames[i];
@@ -201,17 +248,19 @@ ReplicaImpl::ReplicaImpl(std::unique_ptr<runtime::Runtime> runtime, const Replic
           {{"route", route}, {"code", std::to_string(kCommonCodes[c])}});
     }
   }
-  registry.gauge("flotilla_replica_model_load_seconds", "Seconds the model took to load.")
-      .set(options.model_load_seconds);
-  const ModelMetadata& metadata = runtime_->metadata();
-  metadata_json_ = protocol::encode_oip_model_metadata(metadata);
-  ready_json_ = "{\"name\":";
-  protocol::append_json_string(metadata.name, ready_json_);
-  not_ready_json_ = ready_json_ + ",\"ready\":false}";
-  ready_json_ += ",\"ready\":true}";
-  if (runtime::Generator* generator = runtime_->generator()) {
-    openai_ = std::make_unique<OpenAiHandler>(*generator, metadata.name, registry);
+}
+
+ReplicaImpl::~ReplicaImpl() {
+  if (serving_thread_.joinable()) {
+    // Never served, or never run(): stop at once. An earlier drain, if any, goes on to its end.
+    {
+      std::lock_guard lock(mutex_);
+      closing_ = true;
+    }
+    server_->drain(std::chrono::milliseconds(0));
+    serving_thread_.join();
   }
+  // Queued batches hold responders: loaded_ goes before server_ (declaration order).
 }
 
 Status ReplicaImpl::start() {
@@ -220,18 +269,73 @@ Status ReplicaImpl::start() {
                                     [this](http::Request&& request, http::Responder&& responder) {
                                       handle(std::move(request), std::move(responder));
                                     }));
+  // Before the loops run: signal_set is confined to worker 0's loop from then on.
   server_->drain_on_signals(options_.drain_timeout);
-  if (options_.batching.enabled && runtime_->can_batch()) {
+  serving_thread_ = std::thread([this] {
+    const bool clean = server_->run();
+    bool unserved = false;
+    {
+      std::lock_guard lock(mutex_);
+      drained_cleanly_ = clean;
+      unserved = loaded_ == nullptr && !closing_;
+    }
+    // serve() checks draining() under mutex_ before it publishes, so a model it installs
+    // later is impossible here: this is the final word on "drained while loading".
+    if (unserved && options_.on_drained_while_loading) {
+      options_.on_drained_while_loading();
+    }
+  });
+  return Status::ok();
+}
+
+Status ReplicaImpl::serve(std::unique_ptr<runtime::Runtime>&& runtime,
+                          std::chrono::duration<double> model_load_time) {
+  FLOTILLA_CHECK(runtime != nullptr);
+  FLOTILLA_CHECK(model_.load(std::memory_order_relaxed) == nullptr);  // serve() runs once
+  const ModelMetadata& metadata = runtime->metadata();
+  auto not_served = [&] {
+    return unavailable("the replica is draining; model '" + metadata.name + "' not served");
+  };
+  if (server_->draining()) {
+    return not_served();
+  }
+  auto model = std::make_unique<LoadedModel>();
+  model->metadata_json = protocol::encode_oip_model_metadata(metadata);
+  model->ready_json = "{\"name\":";
+  protocol::append_json_string(metadata.name, model->ready_json);
+  model->not_ready_json = model->ready_json + ",\"ready\":false}";
+  model->ready_json += ",\"ready\":true}";
+  if (runtime::Generator* generator = runtime->generator()) {
+    model->openai = std::make_unique<OpenAiHandler>(*generator, metadata.name, registry_);
+  }
+  if (options_.batching.enabled && runtime->can_batch()) {
     // One batcher per worker, used only on that worker's thread.
     for (int i = 0; i < server_->worker_count(); ++i) {
-      batchers_.push_back(std::make_unique<Batcher>(
-          *runtime_, options_.batching.max_batch_rows, options_.batching.max_queue_delay,
+      model->batchers.push_back(std::make_unique<Batcher>(
+          *runtime, options_.batching.max_batch_rows, options_.batching.max_queue_delay,
           batch_rows_, [](std::function<void()> flush, std::chrono::microseconds delay) {
             http::defer_on_current_loop(std::move(flush), delay);
           }));
     }
   }
+  model_load_seconds_.set(model_load_time.count());
+  std::lock_guard lock(mutex_);
+  // Checked again under the lock the serving thread takes when the server stops: either the
+  // model is published before any drain began, or it is never published.
+  if (server_->draining()) {
+    return not_served();  // `model` is destroyed here, `runtime` stays with the caller
+  }
+  model->runtime = std::move(runtime);
+  loaded_ = std::move(model);
+  model_.store(loaded_.get(), std::memory_order_release);
   return Status::ok();
+}
+
+bool ReplicaImpl::run() {
+  if (serving_thread_.joinable()) {
+    serving_thread_.join();
+  }
+  return drained_cleanly_;
 }
 
 void ReplicaImpl::count(Route route, int status, Clock::time_point start) {
@@ -257,6 +361,28 @@ void ReplicaImpl::finish(Route route, Clock::time_point start, http::Responder& 
   responder.send(std::move(response));
 }
 
+void ReplicaImpl::answer_loading(Route route, Clock::time_point start, http::Responder& responder) {
+  http::Response response;
+  response.status = 503;
+  switch (route) {
+    case Route::kInvocations:
+    case Route::kPing:
+    case Route::kHealth:
+      response.body = protocol::encode_mlflow_error(StatusCode::kUnavailable, kLoadingMessage);
+      break;
+    case Route::kCompletions:
+    case Route::kChatCompletions:
+    case Route::kModels:
+      response.body = protocol::encode_openai_error(503, kLoadingMessage);
+      break;
+    default:
+      response.body = protocol::encode_oip_error(kLoadingMessage);
+      break;
+  }
+  response.headers.emplace_back("Retry-After", "1");
+  finish(route, start, responder, std::move(response));
+}
+
 void ReplicaImpl::handle(http::Request&& request, http::Responder&& responder) {
   const auto start = Clock::now();
   in_flight_.add(1);
@@ -271,10 +397,16 @@ void ReplicaImpl::handle(http::Request&& request, http::Responder&& responder) {
                          protocol::encode_oip_error("unknown route '" + std::string(path) + "'")));
     return;
   }
-  if (is_openai_route(route) && openai_ == nullptr) {
+  // Null until serve(); below, every route that needs_model() has a model.
+  const LoadedModel* model = model_.load(std::memory_order_acquire);
+  if (model == nullptr && needs_model(route)) {
+    answer_loading(route, start, responder);
+    return;
+  }
+  if (is_openai_route(route) && model->openai == nullptr) {
     finish(route, start, responder,
            json_response(404, protocol::encode_openai_error(
-                                  404, "model '" + runtime_->metadata().name +
+                                  404, "model '" + model->runtime->metadata().name +
                                            "' is not a language model; it serves /v2 and "
                                            "/invocations")));
     return;
@@ -289,47 +421,51 @@ void ReplicaImpl::handle(http::Request&& request, http::Responder&& responder) {
     finish(route, start, responder, std::move(response));
     return;
   }
-  const ModelMetadata& metadata = runtime_->metadata();
-  if (!match.model.empty() && match.model != metadata.name) {
-    finish(route, start, responder,
-           json_response(
-               404, protocol::encode_oip_error("unknown model '" + std::string(match.model) +
-                                               "'; this server serves '" + metadata.name + "'")));
+  if (!match.model.empty() && match.model != model->runtime->metadata().name) {
+    finish(
+        route, start, responder,
+        json_response(404, protocol::encode_oip_error("unknown model '" + std::string(match.model) +
+                                                      "'; this server serves '" +
+                                                      model->runtime->metadata().name + "'")));
     return;
   }
   switch (route) {
     case Route::kInfer:
-      handle_infer(std::move(request), std::make_shared<http::Responder>(std::move(responder)),
-                   start);
+      handle_infer(*model, std::move(request),
+                   std::make_shared<http::Responder>(std::move(responder)), start);
       return;
     case Route::kInvocations:
-      handle_invocations(std::move(request),
+      handle_invocations(*model, std::move(request),
                          std::make_shared<http::Responder>(std::move(responder)), start);
       return;
     case Route::kCompletions:
     case Route::kChatCompletions:
-      openai_->completions(std::move(request),
-                           std::make_shared<http::Responder>(std::move(responder)),
-                           route == Route::kChatCompletions, [this, route, start](int status) {
-                             count(route, status, start);
-                             in_flight_.add(-1);
-                           });
+      model->openai->completions(
+          std::move(request), std::make_shared<http::Responder>(std::move(responder)),
+          route == Route::kChatCompletions, [this, route, start](int status) {
+            count(route, status, start);
+            in_flight_.add(-1);
+          });
       return;
     case Route::kModels:
-      finish(route, start, responder, json_response(200, openai_->models_json()));
+      finish(route, start, responder, json_response(200, model->openai->models_json()));
       return;
     case Route::kLive:
       finish(route, start, responder, json_response(200, "{\"live\":true}"));
       return;
     case Route::kReady:
-      finish(route, start, responder,
-             server_->draining() ? json_response(503, "{\"ready\":false}")
-                                 : json_response(200, "{\"ready\":true}"));
+      if (model == nullptr) {
+        finish(route, start, responder, json_response(503, std::string(kReadyLoadingJson)));
+      } else {
+        finish(route, start, responder,
+               server_->draining() ? json_response(503, "{\"ready\":false}")
+                                   : json_response(200, "{\"ready\":true}"));
+      }
       return;
     case Route::kModelReady:
       finish(route, start, responder,
-             server_->draining() ? json_response(503, not_ready_json_)
-                                 : json_response(200, ready_json_));
+             server_->draining() ? json_response(503, model->not_ready_json)
+                                 : json_response(200, model->ready_json));
       return;
     case Route::kServerMetadata:
       finish(route, start, responder,
@@ -337,11 +473,11 @@ void ReplicaImpl::handle(http::Request&& request, http::Responder&& responder) {
                                     FLOTILLA_VERSION + "\",\"extensions\":[]}"));
       return;
     case Route::kModelMetadata:
-      finish(route, start, responder, json_response(200, metadata_json_));
+      finish(route, start, responder, json_response(200, model->metadata_json));
       return;
     case Route::kPing:
     case Route::kHealth:
-      // MLflow answers "\n" as JSON; 404 would mean "no model", which cannot happen here.
+      // MLflow answers "\n" as JSON once its model is loaded (before: loading, above).
       finish(route, start, responder, json_response(200, "\n"));
       return;
     case Route::kVersion: {
@@ -362,17 +498,19 @@ void ReplicaImpl::handle(http::Request&& request, http::Responder&& responder) {
   }
 }
 
-void ReplicaImpl::execute(runtime::ModelInput&& input, runtime::RunCallback done) {
+void ReplicaImpl::execute(const LoadedModel& model, runtime::ModelInput&& input,
+                          runtime::RunCallback done) {
   const int worker = http::current_worker_index();
-  if (worker >= 0 && worker < static_cast<int>(batchers_.size())) {
-    batchers_[worker]->submit(std::move(input), std::move(done));
+  if (worker >= 0 && worker < static_cast<int>(model.batchers.size())) {
+    model.batchers[worker]->submit(std::move(input), std::move(done));
     return;
   }
   batch_rows_.observe(static_cast<double>(input.rows));
-  runtime_->run(std::move(input), std::move(done));
+  model.runtime->run(std::move(input), std::move(done));
 }
 
-void ReplicaImpl::handle_infer(http::Request&& request, std::shared_ptr<http::Responder> responder,
+void ReplicaImpl::handle_infer(const LoadedModel& model, http::Request&& request,
+                               std::shared_ptr<http::Responder> responder,
                                Clock::time_point start) {
   auto fail = [&](const Status& status) {
     finish(Route::kInfer, start, *responder,
@@ -384,7 +522,7 @@ void ReplicaImpl::handle_infer(http::Request&& request, std::shared_ptr<http::Re
     fail(decoded.status());
     return;
   }
-  const ModelMetadata& metadata = runtime_->metadata();
+  const ModelMetadata& metadata = model.runtime->metadata();
   // Requested outputs, as indices into the runtime's outputs, in the order asked for.
   std::vector<size_t> selected;
   for (const std::string& name : decoded->requested_outputs) {
@@ -400,13 +538,13 @@ void ReplicaImpl::handle_infer(http::Request&& request, std::shared_ptr<http::Re
     }
     selected.push_back(index);
   }
-  Result<runtime::ModelInput> input = runtime_->prepare(*decoded);
+  Result<runtime::ModelInput> input = model.runtime->prepare(*decoded);
   if (!input.is_ok()) {
     fail(input.status());
     return;
   }
-  execute(std::move(input).value(),
-          [this, responder, start, selected = std::move(selected),
+  execute(model, std::move(input).value(),
+          [this, &metadata, responder, start, selected = std::move(selected),
            id = std::move(decoded->id)](Result<std::vector<Tensor>> outputs) mutable {
             if (!outputs.is_ok()) {
               finish(Route::kInfer, start, *responder,
@@ -415,7 +553,7 @@ void ReplicaImpl::handle_infer(http::Request&& request, std::shared_ptr<http::Re
               return;
             }
             InferResponse response;
-            response.model_name = runtime_->metadata().name;
+            response.model_name = metadata.name;
             response.id = std::move(id);
             if (selected.empty()) {
               response.outputs = std::move(outputs).value();
@@ -430,7 +568,7 @@ void ReplicaImpl::handle_infer(http::Request&& request, std::shared_ptr<http::Re
           });
 }
 
-void ReplicaImpl::handle_invocations(http::Request&& request,
+void ReplicaImpl::handle_invocations(const LoadedModel& model, http::Request&& request,
                                      std::shared_ptr<http::Responder> responder,
                                      Clock::time_point start) {
   auto fail = [&](const Status& status, int http_status) {
@@ -450,30 +588,30 @@ void ReplicaImpl::handle_invocations(http::Request&& request,
     fail(decoded.status(), 400);
     return;
   }
-  Result<runtime::ModelInput> input = runtime_->prepare(*decoded);
+  Result<runtime::ModelInput> input = model.runtime->prepare(*decoded);
   if (!input.is_ok()) {
     fail(input.status(), 400);
     return;
   }
-  execute(std::move(input).value(), [this, responder, start](Result<std::vector<Tensor>> outputs) {
-    if (!outputs.is_ok()) {
-      finish(Route::kInvocations, start, *responder,
-             json_response(500, protocol::encode_mlflow_error(outputs.status().code(),
-                                                              outputs.status().message())));
-      return;
-    }
-    http::Response reply;
-    protocol::encode_mlflow_predictions(outputs.value().front(), reply.body);
-    finish(Route::kInvocations, start, *responder, std::move(reply));
-  });
+  execute(model, std::move(input).value(),
+          [this, responder, start](Result<std::vector<Tensor>> outputs) {
+            if (!outputs.is_ok()) {
+              finish(Route::kInvocations, start, *responder,
+                     json_response(500, protocol::encode_mlflow_error(outputs.status().code(),
+                                                                      outputs.status().message())));
+              return;
+            }
+            http::Response reply;
+            protocol::encode_mlflow_predictions(outputs.value().front(), reply.body);
+            finish(Route::kInvocations, start, *responder, std::move(reply));
+          });
 }
 
 }  // namespace
 
-Result<std::unique_ptr<Replica>> Replica::create(std::unique_ptr<runtime::Runtime> runtime,
-                                                 const ReplicaOptions& options,
+Result<std::unique_ptr<Replica>> Replica::listen(const ReplicaOptions& options,
                                                  MetricsRegistry& registry) {
-  auto replica = std::make_unique<ReplicaImpl>(std::move(runtime), options, registry);
+  auto replica = std::make_unique<ReplicaImpl>(options, registry);
   FLOTILLA_RETURN_IF_ERROR(replica->start());
   return std::unique_ptr<Replica>(std::move(replica));
 }

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <chrono>
+#include <functional>
 #include <memory>
 
 #include "common/common.h"
@@ -25,22 +26,48 @@ struct ReplicaOptions {
   http::ServerOptions server;
   BatchingOptions batching;
   std::chrono::milliseconds drain_timeout{30'000};
-  double model_load_seconds = 0;  // reported in /metrics
+  // Runs once, on a server thread, when a drain (SIGTERM, SIGINT or drain()) completes before
+  // serve() installed a model: nothing is left to serve, while the caller may still be busy
+  // fetching or loading it. The CLI exits the process from here, so that a signal during a
+  // long model download ends the process at once. Must not call into the replica. Unset: the
+  // replica only stops answering, and serve() then fails with kUnavailable.
+  std::function<void()> on_drained_while_loading;
 };
 
-// Not thread-safe to construct or run twice; drain() may be called from any thread.
+// A replica has two phases (Kubernetes' liveness vs readiness, see docs/replica.md):
+//   listen()  binds and answers at once, with no model: liveness, /metrics and /v2 answer,
+//             readiness and every model route answer 503 ("loading");
+//   serve()   installs the model; from then on every route answers as usual.
+// run() then blocks until a drain completes.
+//
+// Thread-safety: listen(), serve(), run() and the destructor on one thread (the owner's);
+// port() and drain() from any thread. Requests are answered on the server's own threads from
+// listen() on; serve() publishes the model to them without a lock.
 class Replica {
  public:
-  // Binds the listening sockets. `registry` must outlive the replica.
-  static Result<std::unique_ptr<Replica>> create(std::unique_ptr<runtime::Runtime> runtime,
-                                                 const ReplicaOptions& options,
+  // Binds the listening sockets and starts answering on the server's threads, before this
+  // returns; drains on SIGTERM and SIGINT from then on. Fails with kUnavailable when the
+  // address cannot be bound, kInvalidArgument when it is not an address. `registry` must
+  // outlive the replica.
+  static Result<std::unique_ptr<Replica>> listen(const ReplicaOptions& options,
                                                  MetricsRegistry& registry);
+  // Destroying a replica that run() did not end stops it at once (a drain with no grace time,
+  // unless a drain already runs: that one goes on to its end) and joins its threads.
   virtual ~Replica() = default;
 
   virtual uint16_t port() const = 0;
-  // Serves until a drain (drain() or SIGTERM/SIGINT) completes; blocks. Returns true when
-  // every in-flight request finished in time.
+  // Installs the model and makes the replica ready; `model_load_time` goes to
+  // flotilla_replica_model_load_seconds. Call at most once. Takes `runtime` on success. Fails
+  // with kUnavailable, leaving `runtime` with the caller, when a drain has already begun: the
+  // model is never served, and run() returns as soon as that drain completes (at once when it
+  // has). Does not block on requests.
+  virtual Status serve(std::unique_ptr<runtime::Runtime>&& runtime,
+                       std::chrono::duration<double> model_load_time) = 0;
+  // Blocks until a drain (drain() or SIGTERM/SIGINT) completes; returns at once if one already
+  // has (with or without a model served). Returns true when every in-flight request finished
+  // in time.
   virtual bool run() = 0;
+  // Starts a graceful drain; thread-safe, idempotent.
   virtual void drain() = 0;
 };
 

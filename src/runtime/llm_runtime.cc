@@ -125,6 +125,7 @@ Result<std::unique_ptr<Runtime>> load_llm_runtime(const std::string& path,
   FLOTILLA_ASSIGN_OR_RETURN(load.quantize, parse_quantize(o.quantize));
   load.quantize_attention = o.quantize_attention;
   load.threads = o.threads;
+  load.await_bytes = options.await_bytes;
   FLOTILLA_ASSIGN_OR_RETURN(std::shared_ptr<const llm::Model> model, llm::load_model(path, load));
   std::shared_ptr<const llm::Tokenizer> tokenizer;
   if (!o.skip_tokenizer) {

@@ -67,10 +67,37 @@ Status warm_up(RuntimeKind kind) {
                                                                       : warm_up_xgboost();
 }
 
+namespace {
+
+// Awaits the model's files whole: all of them, or all but the safetensors weights.
+Status await_files(const std::string& model_path, const AwaitBytes& await_bytes,
+                   bool except_safetensors) {
+  std::error_code ec;
+  if (!fs::is_directory(model_path, ec)) {
+    return await_bytes(model_path, 0, UINT64_MAX);
+  }
+  for (const auto& entry : fs::recursive_directory_iterator(model_path, ec)) {
+    if (entry.is_regular_file(ec) &&
+        !(except_safetensors && entry.path().extension() == ".safetensors")) {
+      FLOTILLA_RETURN_IF_ERROR(await_bytes(entry.path().string(), 0, UINT64_MAX));
+    }
+  }
+  return Status::ok();
+}
+
+}  // namespace
+
 Result<std::unique_ptr<Runtime>> load_runtime(RuntimeKind kind, const std::string& model_path,
                                               const RuntimeOptions& options) {
+  if (options.await_bytes) {
+    // What tells the runtime apart (config.json, MLmodel) and what every runtime reads whole.
+    FLOTILLA_RETURN_IF_ERROR(await_files(model_path, options.await_bytes, true));
+  }
   if (kind == RuntimeKind::kAuto) {
     FLOTILLA_ASSIGN_OR_RETURN(kind, detect_runtime(model_path));
+  }
+  if (options.await_bytes && kind != RuntimeKind::kLlm) {
+    FLOTILLA_RETURN_IF_ERROR(await_files(model_path, options.await_bytes, false));
   }
   std::error_code ec;
   if (!fs::exists(model_path, ec)) {

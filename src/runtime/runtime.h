@@ -28,10 +28,19 @@ struct LlmRuntimeOptions {
   llm::EngineOptions engine;
 };
 
+// Blocks until bytes [offset, offset + length) of the model file `path` may be read (a length
+// past the end: up to the end).
+using AwaitBytes = std::function<Status(const std::string& path, uint64_t offset, uint64_t length)>;
+
 struct RuntimeOptions {
   std::string name;         // the model's name in metadata and responses
   int predict_threads = 1;  // threads one predict call may use (XGBoost's nthread)
   LlmRuntimeOptions llm;
+  // Set while the model's files are still downloading (lazy loading; store::LazyArtifact):
+  // load_runtime reads nothing before it has awaited it. The llm runtime awaits safetensors
+  // weights tensor by tensor, so loading overlaps the download; the others await whole files.
+  // Empty: the files are complete.
+  AwaitBytes await_bytes;
 };
 
 // One text generation, as the OpenAI routes ask for it: exactly one of a text prompt, token ids

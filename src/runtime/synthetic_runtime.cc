@@ -1,6 +1,8 @@
 // The synthetic runtime: a model whose cost is configured, not learned — a service-time
 // distribution, CPU burned per request and a saturation point — so the gateway and the
-// autoscaler can be tested on replicas that behave as told (DESIGN.md §7).
+// autoscaler can be tested on replicas that behave as told (DESIGN.md §7). Its load time is
+// configured too (load_ms), so the replica's loading phase can be tested without a network.
+#include <chrono>
 #include <cmath>
 #include <mutex>
 #include <random>
@@ -27,6 +29,7 @@ struct SyntheticSpec {
   int64_t cpu_us = 0;
   int64_t saturation = 0;  // 0: never saturates
   uint64_t seed = 1;
+  double load_ms = 0;  // how long loading takes
 };
 
 Result<SyntheticSpec> parse_spec(const std::string& path) {
@@ -39,7 +42,7 @@ Result<SyntheticSpec> parse_spec(const std::string& path) {
     for (const auto& entry : root) {
       const std::string key = entry.first.as<std::string>();
       if (key != "service_time" && key != "cpu_us" && key != "saturation" && key != "seed" &&
-          key != "runtime") {
+          key != "load_ms" && key != "runtime") {
         return invalid_argument("synthetic model '" + path + "': unknown field '" + key + "'");
       }
     }
@@ -66,6 +69,12 @@ Result<SyntheticSpec> parse_spec(const std::string& path) {
       spec.saturation = root["saturation"].as<int64_t>();
     if (root["seed"])
       spec.seed = root["seed"].as<uint64_t>();
+    if (YAML::Node load = root["load_ms"]) {
+      // decode() rather than as<>(): a non-number must name the field, not "bad conversion".
+      if (!load.IsScalar() || !YAML::convert<double>::decode(load, spec.load_ms)) {
+        spec.load_ms = std::nan("");  // rejected below, with the range
+      }
+    }
   } catch (const std::exception& e) {
     return invalid_argument("cannot read synthetic model '" + path + "': " + e.what());
   }
@@ -82,6 +91,10 @@ Result<SyntheticSpec> parse_spec(const std::string& path) {
   }
   if (spec.saturation < 0) {
     return invalid_argument("synthetic model '" + path + "': saturation must be >= 0");
+  }
+  if (!(spec.load_ms >= 0) || spec.load_ms > 3'600'000) {
+    return invalid_argument("synthetic model '" + path +
+                            "': load_ms must be a number in [0, 3600000]");
   }
   return spec;
 }
@@ -191,6 +204,8 @@ class SyntheticRuntime final : public Runtime {
 Result<std::unique_ptr<Runtime>> load_synthetic_runtime(const std::string& path,
                                                         const RuntimeOptions& options) {
   FLOTILLA_ASSIGN_OR_RETURN(SyntheticSpec spec, parse_spec(path));
+  // Stands for a real model's load: blocks the loading thread, as XGBoost's load does.
+  std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(spec.load_ms));
   return std::unique_ptr<Runtime>(std::make_unique<SyntheticRuntime>(spec, options.name));
 }
 

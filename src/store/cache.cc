@@ -4,14 +4,21 @@
 //   DIR/artifacts/<id>/...        what pull() returns: the files under their names, hard links
 //                                 to blobs (id: "f-" + digest or URL hash for one file,
 //                                 "m-" + the manifest's digest for a directory)
+//   DIR/artifacts/<id>.tmp-<pid>-<n>/  a pull's staging directory: hard links to the partial
+//                                 files while they download (what lazy readers open)
 //   DIR/partial/<key>[.state]     downloads in progress (resumable)
 //   DIR/locks/<id>.fetch|.pin     flock(2) files: one fetch at a time per content; a shared
 //                                 .pin while an artifact is used (eviction skips it)
 //   DIR/locks/pulls               shared by every pull; eviction runs only when it gets it alone
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <thread>
 #include <vector>
 
 #include <fcntl.h>
@@ -94,31 +101,95 @@ void touch(const std::string& path) {
   ::utimensat(AT_FDCWD, path.c_str(), nullptr, 0);  // best effort: only orders eviction
 }
 
+class Cache;
+
+// A pull in progress (or done): the artifact's files staged in artifacts/<id>.tmp-<pid>-<n>/ as
+// hard links to the partial files the downloads write, which become blobs, and the staging
+// directory the artifact, in finish(). Holds the artifact's pin for its whole life.
+class LazyPull final : public LazyArtifact {
+ public:
+  // A complete artifact (cached, or a local path): nothing to fetch.
+  LazyPull(std::string path, std::optional<FileLock> pin)
+      : path_(std::move(path)), pin_(std::move(pin)) {}
+  // One to assemble in `staging`, published as `final_dir` (`name`: the file a single-file
+  // artifact returns, "" for a directory).
+  LazyPull(Cache& cache, std::string staging, std::string final_dir, std::string name, FileLock pin,
+           FileLock pulling, FileLock fetching)
+      : cache_(&cache),
+        path_(name.empty() ? staging : staging + "/" + name),
+        staging_(std::move(staging)),
+        final_dir_(std::move(final_dir)),
+        name_(std::move(name)),
+        pin_(std::move(pin)),
+        pulling_(std::move(pulling)),
+        fetching_(std::move(fetching)) {}
+  ~LazyPull() override;
+
+  const std::string& path() const override { return path_; }
+  Status await(const std::string& file, uint64_t offset, uint64_t length) override;
+  Result<std::string> finish() override;
+
+  // Stages `relative` from the blob if the cache has it, else starts downloading it.
+  Status stage(const std::string& relative, const Url& url,
+               const std::optional<std::string>& expected, const std::string& key,
+               const PullOptions& options);
+
+ private:
+  // One file being downloaded.
+  struct Fetch {
+    std::string relative;
+    Url url;
+    std::optional<std::string> expected;
+    std::string partial;
+    FileLock lock;  // locks/blob-<key>.fetch
+    std::unique_ptr<Download> download;
+    std::optional<Result<Downloaded>> result;
+    std::thread thread;
+  };
+
+  Status link(const std::string& from, const std::string& relative);
+  // Sums one file's progress with the others' for the caller's on_progress.
+  void report(size_t index, const Progress& progress);
+  Status publish_blobs();
+  void abandon();
+
+  Cache* cache_ = nullptr;
+  std::string path_;
+  std::string staging_;
+  std::string final_dir_;
+  std::string name_;
+  std::optional<FileLock> pin_;
+  std::optional<FileLock> pulling_;
+  std::optional<FileLock> fetching_;
+  std::vector<std::unique_ptr<Fetch>> fetches_;
+  std::map<std::string, std::string> staged_;  // digest → the first relative path with it
+  std::function<void(const Progress&)> on_progress_;
+  std::mutex progress_mu_;
+  std::vector<Progress> progress_;  // [fetch]; guarded by progress_mu_
+  bool finished_ = false;
+};
+
 class Cache final : public ArtifactCache {
  public:
   Cache(std::string dir, uint64_t max_bytes) : dir_(std::move(dir)), max_bytes_(max_bytes) {}
 
   Result<std::string> pull(const std::string& uri, const PullOptions& options) override {
+    FLOTILLA_ASSIGN_OR_RETURN(std::unique_ptr<LazyArtifact> artifact, pull_lazy(uri, options));
+    return artifact->finish();
+  }
+
+  Result<std::unique_ptr<LazyArtifact>> pull_lazy(const std::string& uri,
+                                                  const PullOptions& options) override {
     if (!is_url(uri)) {
       std::error_code ec;
       if (!fs::exists(uri, ec)) {
         return not_found("no such file or directory: '" + uri + "'");
       }
-      return fs::absolute(uri).lexically_normal().string();
+      return std::unique_ptr<LazyArtifact>(
+          std::make_unique<LazyPull>(fs::absolute(uri).lexically_normal().string(), std::nullopt));
     }
     FLOTILLA_ASSIGN_OR_RETURN(Url url, parse_url(uri));
-    Result<std::string> path = Status::ok();
-    {
-      // Pulls share this lock; eviction takes it alone, so it never races a pull.
-      FLOTILLA_ASSIGN_OR_RETURN(FileLock pulling,
-                                FileLock::take(dir_ + "/locks/pulls", false, true));
-      path =
-          file_name(url) == kManifestName ? pull_manifest(url, options) : pull_file(url, options);
-    }
-    if (path.is_ok()) {
-      trim();
-    }
-    return path;
+    return file_name(url) == kManifestName ? pull_manifest(url, options) : pull_file(url, options);
   }
 
   uint64_t size_bytes() override {
@@ -141,86 +212,90 @@ class Cache final : public ArtifactCache {
     return Status::ok();
   }
 
- private:
+  const std::string& dir() const { return dir_; }
+
   std::string lock_path(const std::string& id, const char* kind) const {
     return dir_ + "/locks/" + id + "." + kind;
   }
 
-  // The blob with this content: downloaded from `url` unless the cache has it. `key` names the
-  // download (and its lock) when the digest is not known in advance.
-  Result<std::string> ensure_blob(const Url& url, const std::optional<std::string>& expected,
-                                  const std::string& key, const PullOptions& options) {
-    if (expected && fs::exists(dir_ + "/blobs/" + *expected)) {
-      return *expected;
+  // Down to max_bytes: least recently used artifacts first (skipping any pinned or being
+  // pulled), then the blobs no artifact links to. Also removes the staging directories that
+  // pulls of dead processes left.
+  void trim() {
+    if (max_bytes_ == 0 || size_bytes() <= max_bytes_) {
+      return;
     }
-    FLOTILLA_ASSIGN_OR_RETURN(FileLock fetching,
-                              FileLock::take(lock_path("blob-" + key, "fetch"), true, true));
-    if (expected && fs::exists(dir_ + "/blobs/" + *expected)) {
-      return *expected;  // another pull fetched it while this one waited
+    Result<FileLock> alone = FileLock::take(dir_ + "/locks/pulls", true, false);
+    if (!alone.is_ok()) {
+      return;  // another pull runs: the last one to finish trims
     }
-    const std::string partial = dir_ + "/partial/" + key;
-    FLOTILLA_ASSIGN_OR_RETURN(Downloaded got, download(url, partial, options));
-    if (expected && got.sha256 != *expected) {
-      ::unlink(partial.c_str());
-      return Status(StatusCode::kFailedPrecondition,
-                    url.text() + ": content does not match its digest: expected sha256 " +
-                        *expected + ", got " + got.sha256 + " (" + std::to_string(got.size) +
-                        " bytes); nothing was cached");
-    }
-    const std::string blob = dir_ + "/blobs/" + got.sha256;
-    if (::rename(partial.c_str(), blob.c_str()) != 0) {
-      const int error = errno;
-      ::unlink(partial.c_str());
-      return unavailable("cannot move '" + partial + "' to '" + blob +
-                         "': " + std::strerror(error));
-    }
-    return got.sha256;
-  }
-
-  // Publishes a directory of hard links to blobs as artifacts/<id>, atomically.
-  Result<std::string> publish(const std::string& id,
-                              const std::vector<std::pair<std::string, std::string>>& files) {
-    const std::string final_dir = dir_ + "/artifacts/" + id;
-    const std::string staging = final_dir + ".tmp-" + std::to_string(::getpid());
     std::error_code ec;
-    fs::remove_all(staging, ec);
-    for (const auto& [relative, digest] : files) {
-      const fs::path target = fs::path(staging) / relative;
-      fs::create_directories(target.parent_path(), ec);
-      fs::create_hard_link(dir_ + "/blobs/" + digest, target, ec);
-      if (ec) {
-        fs::remove_all(staging, ec);
-        return unavailable("cannot link '" + target.string() + "': " + ec.message());
+    std::vector<std::pair<fs::file_time_type, std::string>> artifacts;
+    for (const auto& entry : fs::directory_iterator(dir_ + "/artifacts", ec)) {
+      const std::string name = entry.path().filename().string();
+      if (name.find(".tmp-") != std::string::npos) {
+        fs::remove_all(entry.path(), ec);  // no pull runs, so no staging directory is in use
+      } else if (entry.is_directory(ec)) {
+        artifacts.emplace_back(entry.last_write_time(ec), name);
       }
     }
-    if (::rename(staging.c_str(), final_dir.c_str()) != 0) {
-      const int error = errno;
-      fs::remove_all(staging, ec);
-      if (!fs::exists(final_dir)) {
-        return unavailable("cannot publish '" + final_dir + "': " + std::strerror(error));
+    std::sort(artifacts.begin(), artifacts.end());
+    remove_unlinked_blobs();
+    for (const auto& [time, id] : artifacts) {
+      if (size_bytes() <= max_bytes_) {
+        break;
       }
+      Result<FileLock> unused = FileLock::take(lock_path(id, "pin"), true, false);
+      if (!unused.is_ok()) {
+        continue;  // being pulled or in use right now
+      }
+      fs::remove_all(dir_ + "/artifacts/" + id, ec);
+      spdlog::info("store: evicted {} (cache over {} bytes)", id, max_bytes_);
+      remove_unlinked_blobs();
     }
-    return final_dir;
   }
 
-  Result<std::string> pull_file(const Url& url, const PullOptions& options) {
+ private:
+  // Takes the locks a pull of artifact `id` holds, in this order (every pull takes them so, so
+  // none waits on another in a cycle): the shared pulls lock, the artifact's pin, its fetch lock.
+  struct PullLocks {
+    FileLock pulling;
+    FileLock pin;
+    FileLock fetching;
+  };
+  Result<PullLocks> lock_artifact(const std::string& id) {
+    FLOTILLA_ASSIGN_OR_RETURN(FileLock pulling, FileLock::take(dir_ + "/locks/pulls", false, true));
+    FLOTILLA_ASSIGN_OR_RETURN(FileLock pin, FileLock::take(lock_path(id, "pin"), false, true));
+    FLOTILLA_ASSIGN_OR_RETURN(FileLock fetching,
+                              FileLock::take(lock_path(id, "fetch"), true, true));
+    return PullLocks{std::move(pulling), std::move(pin), std::move(fetching)};
+  }
+
+  std::string staging_dir(const std::string& id) {
+    static std::atomic<uint64_t> counter{0};
+    return dir_ + "/artifacts/" + id + ".tmp-" + std::to_string(::getpid()) + "-" +
+           std::to_string(counter++);
+  }
+
+  Result<std::unique_ptr<LazyArtifact>> pull_file(const Url& url, const PullOptions& options) {
     const std::string key = url.sha256 ? *url.sha256 : sha256_hex(url.text());
     const std::string id = "f-" + key;
     const std::string name = file_name(url);
-    const std::string path = dir_ + "/artifacts/" + id + "/" + name;
-    FLOTILLA_ASSIGN_OR_RETURN(FileLock pinned, FileLock::take(lock_path(id, "pin"), false, true));
-    FLOTILLA_ASSIGN_OR_RETURN(FileLock fetching,
-                              FileLock::take(lock_path(id, "fetch"), true, true));
-    if (fs::exists(path)) {
-      touch(dir_ + "/artifacts/" + id);
-      return path;
+    const std::string final_dir = dir_ + "/artifacts/" + id;
+    FLOTILLA_ASSIGN_OR_RETURN(PullLocks locks, lock_artifact(id));
+    if (fs::exists(final_dir + "/" + name)) {
+      touch(final_dir);
+      return std::unique_ptr<LazyArtifact>(
+          std::make_unique<LazyPull>(final_dir + "/" + name, std::move(locks.pin)));
     }
-    FLOTILLA_ASSIGN_OR_RETURN(std::string digest, ensure_blob(url, url.sha256, key, options));
-    FLOTILLA_ASSIGN_OR_RETURN(std::string dir, publish(id, {{name, digest}}));
-    return dir + "/" + name;
+    auto pull =
+        std::make_unique<LazyPull>(*this, staging_dir(id), final_dir, name, std::move(locks.pin),
+                                   std::move(locks.pulling), std::move(locks.fetching));
+    FLOTILLA_RETURN_IF_ERROR(pull->stage(name, url, url.sha256, key, options));
+    return std::unique_ptr<LazyArtifact>(std::move(pull));
   }
 
-  Result<std::string> pull_manifest(const Url& url, const PullOptions& options) {
+  Result<std::unique_ptr<LazyArtifact>> pull_manifest(const Url& url, const PullOptions& options) {
     std::string body;
     HttpConnection connection(url, options.io_timeout);
     constexpr size_t kMaxManifest = 16 << 20;
@@ -246,59 +321,33 @@ class Cache final : public ArtifactCache {
       return manifest.status().with_context(url.text());
     }
     const std::string id = "m-" + sha256_hex(body);
-    const std::string dir = dir_ + "/artifacts/" + id;
-    FLOTILLA_ASSIGN_OR_RETURN(FileLock pinned, FileLock::take(lock_path(id, "pin"), false, true));
-    FLOTILLA_ASSIGN_OR_RETURN(FileLock fetching,
-                              FileLock::take(lock_path(id, "fetch"), true, true));
-    if (fs::exists(dir)) {
-      touch(dir);
-      return dir;
+    const std::string final_dir = dir_ + "/artifacts/" + id;
+    FLOTILLA_ASSIGN_OR_RETURN(PullLocks locks, lock_artifact(id));
+    if (fs::exists(final_dir)) {
+      touch(final_dir);
+      return std::unique_ptr<LazyArtifact>(
+          std::make_unique<LazyPull>(final_dir, std::move(locks.pin)));
     }
-    const std::string base = url.target.substr(0, url.target.rfind('/') + 1);
-    std::vector<std::pair<std::string, std::string>> files;
+    auto pull =
+        std::make_unique<LazyPull>(*this, staging_dir(id), final_dir, "", std::move(locks.pin),
+                                   std::move(locks.pulling), std::move(locks.fetching));
+    // Blob locks in digest order, so that two pulls sharing blobs never wait on each other in a
+    // cycle.
+    std::vector<const ManifestFile*> files;
     for (const ManifestFile& file : manifest->files) {
+      files.push_back(&file);
+    }
+    std::sort(files.begin(), files.end(),
+              [](const ManifestFile* a, const ManifestFile* b) { return a->sha256 < b->sha256; });
+    const std::string base = url.target.substr(0, url.target.rfind('/') + 1);
+    for (const ManifestFile* file : files) {
       Url file_url = url;
-      file_url.target = base + url_path(file.path);
-      file_url.sha256 = file.sha256;
-      FLOTILLA_ASSIGN_OR_RETURN(std::string digest,
-                                ensure_blob(file_url, file.sha256, file.sha256, options));
-      files.emplace_back(file.path, digest);
+      file_url.target = base + url_path(file->path);
+      file_url.sha256 = file->sha256;
+      FLOTILLA_RETURN_IF_ERROR(
+          pull->stage(file->path, file_url, file->sha256, file->sha256, options));
     }
-    return publish(id, files);
-  }
-
-  // Down to max_bytes: least recently used artifacts first (skipping any being pulled), then
-  // the blobs no artifact links to any more.
-  void trim() {
-    if (max_bytes_ == 0 || size_bytes() <= max_bytes_) {
-      return;
-    }
-    Result<FileLock> alone = FileLock::take(dir_ + "/locks/pulls", true, false);
-    if (!alone.is_ok()) {
-      return;  // another pull runs: the last one to finish trims
-    }
-    std::error_code ec;
-    std::vector<std::pair<fs::file_time_type, std::string>> artifacts;
-    for (const auto& entry : fs::directory_iterator(dir_ + "/artifacts", ec)) {
-      const std::string name = entry.path().filename().string();
-      if (entry.is_directory(ec) && name.find(".tmp-") == std::string::npos) {
-        artifacts.emplace_back(entry.last_write_time(ec), name);
-      }
-    }
-    std::sort(artifacts.begin(), artifacts.end());
-    remove_unlinked_blobs();
-    for (const auto& [time, id] : artifacts) {
-      if (size_bytes() <= max_bytes_) {
-        break;
-      }
-      Result<FileLock> unused = FileLock::take(lock_path(id, "pin"), true, false);
-      if (!unused.is_ok()) {
-        continue;  // being pulled (or in use) right now
-      }
-      fs::remove_all(dir_ + "/artifacts/" + id, ec);
-      spdlog::info("store: evicted {} (cache over {} bytes)", id, max_bytes_);
-      remove_unlinked_blobs();
-    }
+    return std::unique_ptr<LazyArtifact>(std::move(pull));
   }
 
   void remove_unlinked_blobs() {
@@ -319,6 +368,169 @@ class Cache final : public ArtifactCache {
   std::string dir_;
   uint64_t max_bytes_;
 };
+
+Status LazyPull::link(const std::string& from, const std::string& relative) {
+  const fs::path target = fs::path(staging_) / relative;
+  std::error_code ec;
+  fs::create_directories(target.parent_path(), ec);
+  fs::create_hard_link(from, target, ec);
+  if (ec) {
+    return unavailable("cannot link '" + target.string() + "': " + ec.message());
+  }
+  return Status::ok();
+}
+
+Status LazyPull::stage(const std::string& relative, const Url& url,
+                       const std::optional<std::string>& expected, const std::string& key,
+                       const PullOptions& options) {
+  const std::string& cache_dir = cache_->dir();
+  if (expected) {
+    if (auto same = staged_.find(*expected); same != staged_.end()) {
+      // The same content twice in one manifest: one download (its blob lock is ours already).
+      return link(staging_ + "/" + same->second, relative);
+    }
+    staged_[*expected] = relative;
+  }
+  auto have_blob = [&] {
+    return expected && fs::exists(cache_dir + "/blobs/" + *expected);
+  };
+  if (have_blob()) {
+    return link(cache_dir + "/blobs/" + *expected, relative);
+  }
+  FLOTILLA_ASSIGN_OR_RETURN(FileLock lock,
+                            FileLock::take(cache_->lock_path("blob-" + key, "fetch"), true, true));
+  if (have_blob()) {
+    return link(cache_dir + "/blobs/" + *expected, relative);  // fetched while this one waited
+  }
+  const std::string partial = cache_dir + "/partial/" + key;
+  // Created here (a resume keeps what it has) so that the staged link and the download share
+  // one inode from the start.
+  const int fd = ::open(partial.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  if (fd < 0) {
+    return unavailable("cannot create '" + partial + "': " + std::strerror(errno));
+  }
+  ::close(fd);
+  FLOTILLA_RETURN_IF_ERROR(link(partial, relative));
+  auto fetch = std::unique_ptr<Fetch>(
+      new Fetch{relative, url, expected, partial, std::move(lock), nullptr, std::nullopt, {}});
+  PullOptions file_options = options;
+  if (options.on_progress) {
+    on_progress_ = options.on_progress;
+    const size_t index = fetches_.size();
+    {
+      std::lock_guard lock(progress_mu_);
+      progress_.emplace_back();
+    }
+    file_options.on_progress = [this, index](const Progress& progress) {
+      report(index, progress);
+    };
+  }
+  fetch->download = std::make_unique<Download>(url, partial, file_options);
+  Fetch* raw = fetch.get();
+  fetch->thread = std::thread([raw] { raw->result = raw->download->run(); });
+  fetches_.push_back(std::move(fetch));
+  return Status::ok();
+}
+
+void LazyPull::report(size_t index, const Progress& progress) {
+  std::lock_guard lock(progress_mu_);
+  progress_[index] = progress;
+  Progress total;
+  for (const Progress& file : progress_) {
+    total.done_bytes += file.done_bytes;
+    total.total_bytes += file.total_bytes;
+    total.bytes_per_second += file.bytes_per_second;
+  }
+  on_progress_(total);
+}
+
+Status LazyPull::await(const std::string& file, uint64_t offset, uint64_t length) {
+  const std::string wanted = fs::path(file).lexically_normal().string();
+  for (const auto& fetch : fetches_) {
+    if ((fs::path(staging_) / fetch->relative).lexically_normal().string() == wanted) {
+      return fetch->download->await(offset, length);
+    }
+  }
+  std::error_code ec;
+  if (!fs::is_regular_file(wanted, ec)) {
+    return not_found("'" + file + "' is not a file of the artifact");
+  }
+  return Status::ok();  // complete from the start
+}
+
+// Renames each verified download to its blob. Every download has ended.
+Status LazyPull::publish_blobs() {
+  for (const auto& fetch : fetches_) {
+    if (!fetch->result->is_ok()) {
+      return fetch->result->status();
+    }
+    const Downloaded& got = fetch->result->value();
+    if (fetch->expected && got.sha256 != *fetch->expected) {
+      ::unlink(fetch->partial.c_str());
+      return Status(StatusCode::kFailedPrecondition,
+                    fetch->url.text() + ": content does not match its digest: expected sha256 " +
+                        *fetch->expected + ", got " + got.sha256 + " (" + std::to_string(got.size) +
+                        " bytes); nothing was cached");
+    }
+    const std::string blob = cache_->dir() + "/blobs/" + got.sha256;
+    if (::rename(fetch->partial.c_str(), blob.c_str()) != 0) {
+      const int error = errno;
+      ::unlink(fetch->partial.c_str());
+      return unavailable("cannot move '" + fetch->partial + "' to '" + blob +
+                         "': " + std::strerror(error));
+    }
+  }
+  return Status::ok();
+}
+
+Result<std::string> LazyPull::finish() {
+  FLOTILLA_CHECK(!finished_);
+  finished_ = true;
+  if (!cache_) {
+    return path_;
+  }
+  for (const auto& fetch : fetches_) {
+    fetch->thread.join();
+  }
+  if (Status status = publish_blobs(); !status.is_ok()) {
+    abandon();
+    return status;
+  }
+  std::error_code ec;
+  if (::rename(staging_.c_str(), final_dir_.c_str()) != 0) {
+    const int error = errno;
+    fs::remove_all(staging_, ec);
+    if (!fs::exists(final_dir_)) {
+      return unavailable("cannot publish '" + final_dir_ + "': " + std::strerror(error));
+    }
+  }
+  fetches_.clear();  // releases the blob locks
+  fetching_.reset();
+  pulling_.reset();
+  cache_->trim();  // the pin stays: this artifact is not evicted
+  return name_.empty() ? final_dir_ : final_dir_ + "/" + name_;
+}
+
+// Stops what still runs and removes the staging directory; partial files stay for a resume.
+void LazyPull::abandon() {
+  for (const auto& fetch : fetches_) {
+    fetch->download->cancel();
+  }
+  for (const auto& fetch : fetches_) {
+    if (fetch->thread.joinable()) {
+      fetch->thread.join();
+    }
+  }
+  fetches_.clear();
+  std::error_code ec;
+  fs::remove_all(staging_, ec);
+}
+
+LazyPull::~LazyPull() {
+  if (cache_ && !finished_) {
+    abandon();
+  }
+}
 
 }  // namespace
 

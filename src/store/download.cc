@@ -7,6 +7,7 @@
 #include <cinttypes>
 #include <condition_variable>
 #include <cstring>
+#include <deque>
 #include <fstream>
 #include <mutex>
 #include <thread>
@@ -242,7 +243,7 @@ class PrefixHasher {
 
 // Fetches [first, last] into the file; kFailedPrecondition for what a retry cannot fix.
 Status fetch_range(HttpConnection& connection, const Url& url, int fd, const std::string& path,
-                   uint64_t first, uint64_t last, uint64_t total) {
+                   uint64_t first, uint64_t last, uint64_t total, const std::atomic<bool>& stop) {
   uint64_t got = 0;
   const uint64_t wanted = last - first + 1;
   Status status = connection.get(
@@ -266,6 +267,9 @@ Status fetch_range(HttpConnection& connection, const Url& url, int fd, const std
         return Status::ok();
       },
       [&](const char* data, size_t size) -> Status {
+        if (stop) {
+          return unavailable(url.text() + ": download cancelled");
+        }
         if (got + size > wanted) {
           return Status(StatusCode::kFailedPrecondition,
                         url.text() + ": more bytes than the range asked for");
@@ -285,9 +289,123 @@ Status fetch_range(HttpConnection& connection, const Url& url, int fd, const std
 
 }  // namespace
 
+struct Download::Impl {
+  enum RangeProgress : uint8_t { kMissing, kFetching, kDone };
+
+  Impl(const Url& url_in, std::string partial_in, const PullOptions& options_in)
+      : url(url_in), partial(std::move(partial_in)), options(options_in) {}
+
+  Result<Downloaded> fetch_all();
+  // The next range to fetch: an awaited one first, else the next missing one in file order.
+  std::optional<size_t> claim();
+  void range_done(size_t index);
+  void end(const Status& status);
+
+  const Url url;
+  const std::string partial;
+  const PullOptions options;
+
+  std::mutex mu;
+  std::condition_variable changed;
+  // Guarded by mu:
+  bool ranges_ready = false;  // the size is known, the file sized, the ranges laid out
+  bool ended = false;
+  Status failure = Status::ok();
+  uint64_t size = 0;
+  uint64_t range_bytes = 1;
+  std::vector<RangeProgress> ranges;
+  std::deque<size_t> urgent;  // ranges someone awaits, in the order to fetch them
+  size_t next_in_order = 0;
+
+  std::atomic<bool> stop{false};  // a range failed for good, or cancel()
+};
+
+std::optional<size_t> Download::Impl::claim() {
+  std::lock_guard lock(mu);
+  while (!urgent.empty()) {
+    const size_t index = urgent.front();
+    urgent.pop_front();
+    if (ranges[index] == kMissing) {
+      ranges[index] = kFetching;
+      return index;
+    }
+  }
+  for (; next_in_order < ranges.size(); ++next_in_order) {
+    if (ranges[next_in_order] == kMissing) {
+      ranges[next_in_order] = kFetching;
+      return next_in_order++;
+    }
+  }
+  return std::nullopt;
+}
+
+void Download::Impl::range_done(size_t index) {
+  {
+    std::lock_guard lock(mu);
+    ranges[index] = kDone;
+  }
+  changed.notify_all();
+}
+
+void Download::Impl::end(const Status& status) {
+  {
+    std::lock_guard lock(mu);
+    ended = true;
+    failure = status;
+  }
+  changed.notify_all();
+}
+
+Download::Download(const Url& url, std::string partial, const PullOptions& options)
+    : impl_(std::make_unique<Impl>(url, std::move(partial), options)) {}
+
+Download::~Download() = default;
+
+Result<Downloaded> Download::run() {
+  Result<Downloaded> result = impl_->fetch_all();
+  impl_->end(result.status());
+  return result;
+}
+
+void Download::cancel() {
+  impl_->stop = true;
+}
+
+Status Download::await(uint64_t offset, uint64_t length) {
+  Impl& d = *impl_;
+  std::unique_lock lock(d.mu);
+  d.changed.wait(lock, [&] { return d.ranges_ready || d.ended; });
+  if (d.ended || length == 0 || offset >= d.size) {
+    return d.failure;  // ok once every byte is here
+  }
+  const uint64_t end = length > d.size - offset ? d.size : offset + length;
+  const size_t first = static_cast<size_t>(offset / d.range_bytes);
+  const size_t last = static_cast<size_t>((end - 1) / d.range_bytes);
+  // Ahead of every range awaited before, in file order.
+  for (size_t i = last + 1; i-- > first;) {
+    if (d.ranges[i] == Impl::kMissing) {
+      d.urgent.push_front(i);
+    }
+  }
+  auto present = [&] {
+    for (size_t i = first; i <= last; ++i) {
+      if (d.ranges[i] != Impl::kDone) {
+        return false;
+      }
+    }
+    return true;
+  };
+  d.changed.wait(lock, [&] { return d.ended || present(); });
+  return present() ? Status::ok() : d.failure;
+}
+
 Result<Downloaded> download(const Url& url, const std::string& partial,
                             const PullOptions& options) {
-  const uint64_t range_bytes = std::max<uint64_t>(options.range_bytes, 1);
+  return Download(url, partial, options).run();
+}
+
+Result<Downloaded> Download::Impl::fetch_all() {
+  range_bytes = std::max<uint64_t>(options.range_bytes, 1);
   const int attempts = std::max(options.attempts_per_range, 1);
   const int fd = ::open(partial.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
   if (fd < 0) {
@@ -350,6 +468,9 @@ Result<Downloaded> download(const Url& url, const std::string& partial,
                                       : Status(StatusCode::kFailedPrecondition, message);
         },
         [&](const char* data, size_t size) -> Status {
+          if (stop) {
+            return unavailable(url.text() + ": download cancelled");
+          }
           if (ranged) {
             return Status::ok();  // the probe's byte: fetched again with its range
           }
@@ -360,7 +481,7 @@ Result<Downloaded> download(const Url& url, const std::string& partial,
           return Status::ok();
         });
     // Retry what the network broke (and 5xx); not a 4xx, nor what the disk refused.
-    if (probe.is_ok() || probe.code() != StatusCode::kUnavailable) {
+    if (probe.is_ok() || probe.code() != StatusCode::kUnavailable || stop) {
       break;
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(100 * attempt));
@@ -383,45 +504,49 @@ Result<Downloaded> download(const Url& url, const std::string& partial,
     return Downloaded{streamed, stream_sha->hex_digest()};
   }
 
-  const uint64_t size = *total;
-  meter.set_total(size);
-  const size_t ranges = static_cast<size_t>((size + range_bytes - 1) / range_bytes);
-  std::vector<bool> done = state.load(size, ranges);
+  const uint64_t file_size = *total;
+  meter.set_total(file_size);
+  const size_t range_count = static_cast<size_t>((file_size + range_bytes - 1) / range_bytes);
+  std::vector<bool> done = state.load(file_size, range_count);
   uint64_t resumed = 0;
-  for (size_t i = 0; i < ranges; ++i) {
+  for (size_t i = 0; i < range_count; ++i) {
     if (done[i]) {
-      resumed += std::min(range_bytes, size - i * range_bytes);
+      resumed += std::min(range_bytes, file_size - i * range_bytes);
     }
   }
   if (resumed > 0) {
-    spdlog::info("pull {}: resuming, {} of {} bytes already here", url.text(), resumed, size);
+    spdlog::info("pull {}: resuming, {} of {} bytes already here", url.text(), resumed, file_size);
   }
   meter.resumed(resumed);
-  FLOTILLA_RETURN_IF_ERROR(state.start(size, done));
-  if (::ftruncate(fd, static_cast<off_t>(size)) != 0) {
+  FLOTILLA_RETURN_IF_ERROR(state.start(file_size, done));
+  if (::ftruncate(fd, static_cast<off_t>(file_size)) != 0) {
     return discard(unavailable("cannot size '" + partial + "': " + std::strerror(errno)));
   }
 
-  PrefixHasher hasher(fd, size, range_bytes, done);
-  std::vector<size_t> todo;
-  for (size_t i = 0; i < ranges; ++i) {
-    if (!done[i]) {
-      todo.push_back(i);
+  PrefixHasher hasher(fd, file_size, range_bytes, done);
+  size_t missing = 0;
+  {
+    std::lock_guard lock(mu);
+    size = file_size;
+    ranges.resize(range_count);
+    for (size_t i = 0; i < range_count; ++i) {
+      ranges[i] = done[i] ? kDone : kMissing;
+      missing += done[i] ? 0 : 1;
     }
+    ranges_ready = true;
   }
-  std::atomic<size_t> next{0};
-  std::atomic<bool> stop{false};
+  changed.notify_all();
   std::mutex error_mu;
   Status error = Status::ok();
   auto worker = [&] {
     HttpConnection connection(url, options.io_timeout);
-    for (size_t k = next++; k < todo.size() && !stop; k = next++) {
-      const size_t index = todo[k];
+    for (std::optional<size_t> claimed = claim(); claimed && !stop; claimed = claim()) {
+      const size_t index = *claimed;
       const uint64_t first = index * range_bytes;
-      const uint64_t last = std::min(size, first + range_bytes) - 1;
-      Status status = Status::ok();
+      const uint64_t last = std::min(file_size, first + range_bytes) - 1;
+      Status status = unavailable(url.text() + ": download cancelled");
       for (int attempt = 1; attempt <= attempts && !stop; ++attempt) {
-        status = fetch_range(connection, url, fd, partial, first, last, size);
+        status = fetch_range(connection, url, fd, partial, first, last, file_size, stop);
         if (status.is_ok() || status.code() != StatusCode::kUnavailable) {
           break;
         }
@@ -440,10 +565,11 @@ Result<Downloaded> download(const Url& url, const std::string& partial,
       state.finished(index);
       hasher.finished(index);
       meter.add(last - first + 1);
+      range_done(index);
     }
   };
   const size_t workers =
-      std::min<size_t>(static_cast<size_t>(std::max(options.connections, 1)), todo.size());
+      std::min<size_t>(static_cast<size_t>(std::max(options.connections, 1)), missing);
   std::vector<std::thread> threads;
   for (size_t i = 0; i < workers; ++i) {
     threads.emplace_back(worker);
@@ -458,7 +584,7 @@ Result<Downloaded> download(const Url& url, const std::string& partial,
   FLOTILLA_ASSIGN_OR_RETURN(std::string digest, hasher.digest());
   meter.add(0, /*final=*/true);
   state.remove();
-  return Downloaded{size, std::move(digest)};
+  return Downloaded{file_size, std::move(digest)};
 }
 
 }  // namespace flotilla::store

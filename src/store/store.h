@@ -78,8 +78,32 @@ struct PullOptions {
   uint64_t range_bytes = 4 << 20;                // 4 MiB
   int attempts_per_range = 4;                    // then the download fails
   std::chrono::milliseconds io_timeout{30'000};  // a request that makes no progress this long
-  // Called from download threads at most every 200 ms (and once at the end of each file).
+  // The artifact's progress (every file being downloaded, summed), called from download
+  // threads at most every 200 ms per file and once at the end of each.
   std::function<void(const Progress&)> on_progress;
+};
+
+// An artifact being pulled whose files can be read before the pull ends (lazy loading), and a
+// pin on it: eviction skips it while this object lives.
+class LazyArtifact {
+ public:
+  virtual ~LazyArtifact() = default;
+
+  // Where the files are, complete or not: a file, or a directory of them. Every file has its
+  // final size as soon as await() has returned ok for any part of it. Until finish() the
+  // contents are unverified: read them to prepare, not to serve.
+  virtual const std::string& path() const = 0;
+
+  // Blocks until bytes [offset, offset + length) of `file` (path() or a file under it; a length
+  // past the end means up to the end) are present, fetching them ahead of the background fill.
+  // kNotFound for a file the artifact does not have; the download's error if it fails first.
+  virtual Status await(const std::string& file, uint64_t offset, uint64_t length) = 0;
+
+  // Waits for every byte, verifies every digest and publishes the artifact in the cache;
+  // returns the path pull() would. The files keep their inodes, so open descriptors and
+  // mappings of path() stay valid; path() itself may be gone. On failure nothing is published.
+  // Call once.
+  virtual Result<std::string> finish() = 0;
 };
 
 class ArtifactCache {
@@ -98,6 +122,13 @@ class ArtifactCache {
   // truncated response, a full disk, a bad manifest); nothing partial or unverified is ever
   // placed in blobs/ or artifacts/.
   virtual Result<std::string> pull(const std::string& uri, const PullOptions& options) = 0;
+
+  // The same pull, returned while it runs: what is cached (or local) is complete at once, what
+  // is not is fetched in the background, every file of a directory at the same time, each over
+  // options.connections. Blocks only for the manifest, and while another process downloads the
+  // same content.
+  virtual Result<std::unique_ptr<LazyArtifact>> pull_lazy(const std::string& uri,
+                                                          const PullOptions& options) = 0;
 
   // Bytes held in blobs/ (artifacts/ only links to them).
   virtual uint64_t size_bytes() = 0;

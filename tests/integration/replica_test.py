@@ -1633,6 +1633,153 @@ class Synthetic(ReplicaTestCase):
         self.assertNotIn(b'"listening"', p.stdout)
 
 
+# --------------------------------------------------------------------------- loading
+
+class LoadingReplica:
+    """A `flotilla replica` whose model takes a while to load (a synthetic model with
+    `load_ms`). It answers on its port before the listening line comes (that line means
+    "ready"), so the test picks the port itself."""
+
+    def __init__(self, owner, model, *args):
+        self.port = harness.free_port()
+        self.argv = [FLOTILLA_BIN, "replica", "--model", model, "--runtime", "synthetic",
+                     "--host", "127.0.0.1", "--port", str(self.port), "--workers", "2", *args]
+        self._stderr = tempfile.TemporaryFile()
+        self.proc = subprocess.Popen(self.argv, stdin=subprocess.DEVNULL,
+                                     stdout=subprocess.PIPE, stderr=self._stderr)
+        self.stdout = b""
+        owner.addCleanup(self.close)
+
+    def stderr(self):
+        self._stderr.seek(0)
+        return self._stderr.read().decode("utf-8", "replace")[-4000:]
+
+    def close(self):
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait()
+        self.proc.stdout.close()
+        self._stderr.close()
+
+    def get(self, path):
+        """The response, or None when nothing answers yet (or the connection broke)."""
+        try:
+            return req(self.port, "GET", path, timeout=2)
+        except OSError:
+            return None
+
+    def wait_live(self, test):
+        def live():
+            if self.proc.poll() is not None:
+                test.fail(f"replica exited (rc={self.proc.returncode}) before it answered:\n"
+                          f"{self.stderr()}")
+            r = self.get("/v2/health/live")
+            return r is not None and r.status == 200
+        wait_until(live, STARTUP_DEADLINE_S, what="/v2/health/live to answer 200")
+
+    def stdout_ready(self):
+        """Whether the replica wrote anything on stdout yet (never blocks)."""
+        return bool(select.select([self.proc.stdout], [], [], 0)[0])
+
+    def read_listening(self, deadline_s):
+        fd = self.proc.stdout.fileno()
+        deadline = time.monotonic() + deadline_s
+        while b"\n" not in self.stdout:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise AssertionError(f"no listening line within {deadline_s}s:\n{self.stderr()}")
+            if select.select([fd], [], [], min(left, 0.2))[0]:
+                chunk = os.read(fd, 4096)
+                if not chunk:
+                    raise AssertionError(f"replica exited (rc={self.proc.wait()}) before "
+                                         f"listening:\n{self.stderr()}")
+                self.stdout += chunk
+        return json.loads(self.stdout.split(b"\n", 1)[0])
+
+
+class Loading(ReplicaTestCase):
+    """The replica listens while its model loads: live, /metrics and /v2 answer, readiness
+    and the model routes answer 503 until the model is served (docs/replica.md)."""
+
+    def synthetic(self, name, load_ms):
+        return write_yaml(name, f"load_ms: {load_ms}\nservice_time: {{dist: fixed, mean_ms: 0}}\n")
+
+    def test_answers_while_loading_then_serves(self):
+        rep = LoadingReplica(self, self.synthetic("loading-3s.yaml", 3000))
+        rep.wait_live(self)
+        # Nothing on stdout yet, and (checked after it) still loading: the listening line
+        # comes only once the model is served.
+        no_line_yet = not rep.stdout_ready()
+        r = rep.get("/v2/health/ready")
+        self.assertEqual(r.status, 503, r)
+        self.assertEqual(r.json(), {"ready": False, "state": "loading"})
+        self.assertTrue(no_line_yet, "listening line printed before the model was served")
+
+        r = req(rep.port, "POST", "/invocations", {"instances": [[1.0, 2.0]]})
+        self.assertMlflowError(r, 503, "TEMPORARILY_UNAVAILABLE")
+        self.assertEqual(r.headers.get("retry-after"), "1", r)
+        self.assertIn("loading", r.json()["message"])
+        r = req(rep.port, "POST", "/v2/models/loading-3s/infer",
+                oip_body(np.zeros((1, 2), np.float32)))
+        self.assertOipError(r, 503)
+        self.assertEqual(r.headers.get("retry-after"), "1", r)
+        self.assertIn("loading", r.json()["error"])
+        self.assertEqual(rep.get("/v2/models/loading-3s/ready").status, 503)
+        self.assertEqual(rep.get("/ping").status, 503)
+        self.assertJsonOk(rep.get("/v2"))
+        r = rep.get("/metrics")
+        self.assertEqual(r.status, 200, r)
+        metrics = parse_metrics(r.body.decode())
+        self.assertTrue(any(n.startswith("flotilla_") for n, _ in metrics), metrics)
+        self.assertEqual(metrics[("flotilla_replica_model_load_seconds", frozenset())], 0)
+        r = rep.get("/v2/health/ready")
+        self.assertEqual(r.status, 503, "the model loaded while the test ran: the checks "
+                         "above may have raced it; they assume 3 s of loading")
+
+        info = rep.read_listening(30)
+        self.assertEqual((info["event"], info["port"], info["model"]),
+                         ("listening", rep.port, "loading-3s"), info)
+        self.assertJsonOk(rep.get("/v2/health/ready"))
+        j = self.assertJsonOk(req(rep.port, "POST", "/v2/models/loading-3s/infer",
+                                  oip_body(np.zeros((2, 2), np.float32))))
+        self.assertEqual(flatten(output_by_name(j, "output")["data"]), [0.0, 0.0])
+        r = req(rep.port, "POST", "/invocations", {"instances": [[1.0, 2.0]]})
+        self.assertEqual(r.status, 200, r)
+        metrics = parse_metrics(rep.get("/metrics").body.decode())
+        self.assertGreaterEqual(metrics[("flotilla_replica_model_load_seconds", frozenset())],
+                                3.0)
+        rep.proc.send_signal(signal.SIGTERM)
+        self.assertEqual(rep.proc.wait(timeout=harness.STOP_DEADLINE_S), 0, rep.stderr())
+
+    def test_signal_while_loading_exits_0_at_once(self):
+        # An hour of loading: only a prompt exit, not the end of loading, can pass this.
+        model = self.synthetic("loading-1h.yaml", 3600000)
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            with self.subTest(signal=sig.name):
+                rep = LoadingReplica(self, model)
+                rep.wait_live(self)
+                rep.proc.send_signal(sig)
+                try:
+                    rc = rep.proc.wait(timeout=harness.STOP_DEADLINE_S)
+                except subprocess.TimeoutExpired:
+                    self.fail(f"no exit within {harness.STOP_DEADLINE_S}s of {sig.name} "
+                              f"while loading:\n{rep.stderr()}")
+                self.assertEqual(rc, 0, rep.stderr())
+                self.assertEqual(rep.proc.stdout.read(), b"", "nothing served, nothing printed")
+
+    def test_bad_load_ms_is_a_clear_error(self):
+        for i, value in enumerate(("-1", "soon", "[1, 2]", ".nan", "3600001")):
+            with self.subTest(load_ms=value):
+                model = write_yaml(f"bad-load-{i}.yaml", f"load_ms: {value}\n")
+                p = run_to_exit([FLOTILLA_BIN, "replica", "--model", model, "--runtime",
+                                 "synthetic", "--host", "127.0.0.1", "--port", "0"])
+                err = p.stderr.decode("utf-8", "replace")
+                self.assertEqual(p.returncode, 2, err)
+                self.assertIn("load_ms", err)
+                self.assertIn(f"bad-load-{i}.yaml", err)
+                self.assertNotIn(b"listening", p.stdout)
+
+
 # --------------------------------------------------------------------------- startup
 
 class StartupErrors(ReplicaTestCase):

@@ -27,6 +27,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import harness  # noqa: E402
 
 NGINX = "/usr/sbin/nginx"
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 MIB = 1 << 20
 
 
@@ -411,6 +412,88 @@ class StoreTest(unittest.TestCase):
         self.assertTrue(os.path.exists(small))
         self.assertEqual(os.listdir(os.path.join(d, "cache", "blobs")),
                          [digest(b"0123456789" * 1000)])
+
+
+class LazyLoadTest(unittest.TestCase):
+    """A replica serving a language model from a manifest URL loads it while it downloads
+    (lazy loading, the default) and serves exactly what the local copy serves; bytes that fail
+    their digest fail the replica even though the loader already read them."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.root = tempfile.mkdtemp(prefix="flotilla-lazy-")
+        os.chmod(cls.root, 0o755)
+        cls.addClassCleanup(shutil.rmtree, cls.root, True)
+        www = os.path.join(cls.root, "www")
+        subprocess.run(["/usr/bin/python3", os.path.join(ROOT, "tests/fixtures/make_llm.py"),
+                        www], check=True, capture_output=True)
+        # Sharded, with an index: several files, each awaited by the loader.
+        cls.model = os.path.join(www, "mistral-f16")
+        subprocess.run([harness.FLOTILLA_BIN, "artifact", "pack", cls.model], check=True,
+                       capture_output=True)
+        for base, dirs, files in os.walk(www):
+            for name in dirs:
+                os.chmod(os.path.join(base, name), 0o755)
+            for name in files:
+                os.chmod(os.path.join(base, name), 0o644)
+        with open(os.path.join(cls.model, "reference.json")) as f:
+            cls.reference = json.load(f)
+        cls.nginx = Nginx(www)
+        cls.addClassCleanup(cls.nginx.stop)
+        files = {}
+        for name in os.listdir(cls.model):
+            with open(os.path.join(cls.model, name), "rb") as f:
+                files[name] = f.read()
+        cls.model_bytes = sum(len(data) for name, data in files.items()
+                              if name != "flotilla-manifest.json")
+        cls.faults = FaultServer(files)
+        cls.addClassCleanup(cls.faults.stop)
+
+    def replica(self, model, cache, *flags):
+        return harness.start_process(self, [harness.FLOTILLA_BIN, "replica", "--model", model,
+                                            "--port", "0", "--cache-dir", cache,
+                                            "--skip-tokenizer", "--llm-threads", "1",
+                                            "--dtype", "float32", *flags])
+
+    def greedy(self, port, prompt):
+        r = harness.req(port, "POST", "/v1/completions",
+                        {"prompt": prompt, "max_tokens": len(self.reference["greedy"][0]),
+                         "temperature": 0, "ignore_eos": True, "return_token_ids": True})
+        self.assertEqual(r.status, 200, r)
+        return r.json()["choices"][0]["token_ids"]
+
+    def test_lazy_and_eager_loads_serve_what_the_local_copy_serves(self):
+        url = self.nginx.url("slow/mistral-f16/flotilla-manifest.json")
+        local = self.replica(self.model, tempfile.mkdtemp(dir=self.root))
+        lazy = self.replica(url, tempfile.mkdtemp(dir=self.root))
+        eager = self.replica(url, tempfile.mkdtemp(dir=self.root), "--no-lazy-load")
+        self.assertEqual(lazy.name, "mistral-f16")
+        for prompt, expected in zip(self.reference["prompts"], self.reference["greedy"]):
+            self.assertEqual(self.greedy(local.port, prompt), expected)
+            self.assertEqual(self.greedy(lazy.port, prompt), expected)
+            self.assertEqual(self.greedy(eager.port, prompt), expected)
+        # The download's progress stays in /metrics: every byte of the model's files.
+        text = harness.req(lazy.port, "GET", "/metrics").body.decode()
+        harness.promtool_check_metrics(text)
+        metrics = {name: value for (name, _), value in harness.parse_metrics(text).items()}
+        self.assertEqual(metrics["flotilla_model_download_bytes"], self.model_bytes)
+        self.assertEqual(metrics["flotilla_model_download_size_bytes"], self.model_bytes)
+        self.assertEqual(metrics["flotilla_model_download_eta_seconds"], 0)
+
+    def test_bytes_that_fail_their_digest_fail_the_replica(self):
+        cache = tempfile.mkdtemp(dir=self.root)
+        url = self.faults.url("corrupt", "flotilla-manifest.json")
+        result = harness.run_to_exit([harness.FLOTILLA_BIN, "replica", "--model", url,
+                                      "--port", "0", "--cache-dir", cache, "--skip-tokenizer"],
+                                     deadline_s=30)
+        self.assertEqual(result.returncode, 1, result.stderr)
+        self.assertEqual(result.stdout, b"", "it never said it was serving")
+        self.assertIn(b"cannot fetch model", result.stderr)
+        self.assertIn(b"does not match its digest", result.stderr)
+        self.assertEqual(os.listdir(os.path.join(cache, "artifacts")), [])
+        for blob in os.listdir(os.path.join(cache, "blobs")):  # only verified content, if any
+            with open(os.path.join(cache, "blobs", blob), "rb") as f:
+                self.assertEqual(digest(f.read()), blob)
 
 
 class TlsTest(unittest.TestCase):

@@ -8,6 +8,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <map>
 
 #include <gtest/gtest.h>
 
@@ -322,6 +323,49 @@ TEST(ModelLoaderTest, NamesTheMissingOrMisShapedTensorAndTheBadFile) {
                     std::filesystem::remove(dir + "/model-00002-of-00002.safetensors");
                   }),
       "model-00002-of-00002.safetensors");
+}
+
+// Lazy loading: the loader must read no byte of a safetensors file before it has awaited it,
+// since the rest of the file may still be downloading.
+TEST(ModelLoaderTest, AwaitsEveryHeaderAndTensorBeforeReadingIt) {
+  for (const std::string name : {"llama-gqa", "mistral-f16"}) {
+    std::map<std::string, std::vector<std::pair<uint64_t, uint64_t>>> awaited;  // file → ranges
+    LoadOptions options;
+    options.await_bytes = [&](const std::string& path, uint64_t offset, uint64_t length) {
+      awaited[path].emplace_back(offset, length);
+      return Status::ok();
+    };
+    Result<std::shared_ptr<const Model>> model =
+        load_model(LlmFixtures::get().model(name), options);
+    ASSERT_TRUE(model.is_ok()) << model.status().message();
+    ASSERT_FALSE(awaited.empty());
+    for (auto& [file, ranges] : awaited) {
+      // The header's length, then the header, first; then tensors, which the fixtures' models
+      // use every one of: together they cover the rest of the file exactly once.
+      ASSERT_GE(ranges.size(), 3u) << file;
+      EXPECT_EQ(ranges[0], std::make_pair(uint64_t{0}, uint64_t{8})) << file;
+      EXPECT_EQ(ranges[1].first, 8u) << file;
+      std::sort(ranges.begin() + 2, ranges.end());
+      uint64_t end = 8 + ranges[1].second;
+      for (size_t i = 2; i < ranges.size(); ++i) {
+        EXPECT_EQ(ranges[i].first, end) << file << " tensor " << i;
+        end = ranges[i].first + ranges[i].second;
+      }
+      EXPECT_EQ(end, std::filesystem::file_size(file)) << file;
+    }
+  }
+}
+
+TEST(ModelLoaderTest, AnAwaitFailureFailsTheLoad) {
+  LoadOptions options;
+  options.await_bytes = [](const std::string&, uint64_t offset, uint64_t) {
+    return offset < 1000 ? Status::ok() : unavailable("the download failed");
+  };
+  Result<std::shared_ptr<const Model>> model =
+      load_model(LlmFixtures::get().model("llama-gqa"), options);
+  ASSERT_FALSE(model.is_ok());
+  EXPECT_NE(model.status().message().find("the download failed"), std::string::npos)
+      << model.status().message();
 }
 
 TEST(ModelLoaderTest, DetectsLlmDirectories) {
