@@ -12,42 +12,24 @@ the first 200 from /v1/completions; the cached and local rows show the load alon
     /usr/bin/python3 bench/store/lazy_load_bench.py [--rate-mib 16] [--runs 3]
 """
 import argparse
-import http.client
-import json
 import os
 import shutil
 import statistics
 import subprocess
 import sys
-import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from pull_bench import make_dirs, start_nginx  # noqa: E402
+from url_cold_start import first_request_seconds  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 FLOTILLA = os.environ.get("FLOTILLA_BIN", os.path.join(ROOT, "build/release/flotilla"))
 
 
 def ready_seconds(argv):
-    """Starts a replica (port 0), reads its listening line, then waits for a 200 from
-    /v1/completions; returns (seconds from exec, the model load time it logged), and stops it."""
-    start = time.monotonic()
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        line = proc.stdout.readline()
-        if not line:
-            raise SystemExit(f"replica exited: {argv}\n{proc.stderr.read()}")
-        port = json.loads(line)["port"]
-        body = json.dumps({"model": "bench", "prompt": [1, 2, 3], "max_tokens": 1})
-        while True:
-            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
-            conn.request("POST", "/v1/completions", body, {"Content-Type": "application/json"})
-            if conn.getresponse().status == 200:
-                return time.monotonic() - start
-            time.sleep(0.001)
-    finally:
-        proc.terminate()
-        proc.wait(10)
+    """Seconds from exec to the replica's first 200 from /v1/completions."""
+    return first_request_seconds(argv, "/v1/completions",
+                                 {"model": "bench", "prompt": [1, 2, 3], "max_tokens": 1})
 
 
 def main():

@@ -38,9 +38,10 @@ booster.save_model({path!r})
     subprocess.run(["/usr/bin/python3", "-c", code], check=True)
 
 
-def first_request_seconds(argv):
-    """Starts a replica (port 0), waits for its listening line, then for a 200 from
-    /invocations; returns seconds from exec, and stops the replica."""
+def first_request_seconds(argv, path="/invocations", request=None):
+    """Starts a replica (port 0), waits for its listening line, then for a 200 from POST `path`
+    (default: /invocations with one row of 16 features); returns seconds from exec, and stops
+    the replica."""
     start = time.monotonic()
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     try:
@@ -48,10 +49,10 @@ def first_request_seconds(argv):
         if not line:
             raise SystemExit(f"replica exited: {argv}")
         port = json.loads(line)["port"]
-        body = json.dumps({"instances": [[0.1] * 16]})
+        body = json.dumps(request or {"instances": [[0.1] * 16]})
         while True:
             conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
-            conn.request("POST", "/invocations", body, {"Content-Type": "application/json"})
+            conn.request("POST", path, body, {"Content-Type": "application/json"})
             if conn.getresponse().status == 200:
                 return time.monotonic() - start
             time.sleep(0.001)
