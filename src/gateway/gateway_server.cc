@@ -725,9 +725,13 @@ void GatewayImpl::handle(http::Request&& request, http::Responder&& responder) {
   if (valid_request_id(client_id)) {
     call->request_id = std::string(client_id);
   } else {
-    char id[24];
-    std::snprintf(id, sizeof(id), "%016llx", static_cast<unsigned long long>(state.random->next()));
-    call->request_id = id;
+    // 16 hex digits, by hand: snprintf cost 0.4% of the gateway's CPU.
+    static constexpr char kHex[] = "0123456789abcdef";
+    uint64_t bits = state.random->next();
+    call->request_id.resize(16);
+    for (int i = 15; i >= 0; --i, bits >>= 4) {
+      call->request_id[static_cast<size_t>(i)] = kHex[bits & 0xf];
+    }
   }
   http::ClientRequest& upstream = call->request;
   upstream.method = request.method;

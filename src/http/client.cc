@@ -19,6 +19,8 @@
 
 namespace flotilla::http {
 
+using namespace std::string_view_literals;
+
 namespace {
 
 bool is_hop_by_hop(std::string_view name) {
@@ -365,22 +367,22 @@ void Connection::write() {
   head_.append(method_name(request_.method));
   head_.push_back(' ');
   head_.append(request_.target);
-  head_.append(" HTTP/1.1\r\nHost: ");
+  head_.append(" HTTP/1.1\r\nHost: "sv);
   head_.append(key_);
-  head_.append("\r\n");
+  head_.append("\r\n"sv);
   for (const auto& [name, value] : request_.headers) {
     head_.append(name);
-    head_.append(": ");
+    head_.append(": "sv);
     head_.append(value);
-    head_.append("\r\n");
+    head_.append("\r\n"sv);
   }
   if (!request_.body.empty() || request_.method == Method::kPost ||
       request_.method == Method::kPut) {
-    head_.append("Content-Length: ");
+    head_.append("Content-Length: "sv);
     head_.append(std::to_string(request_.body.size()));
-    head_.append("\r\n");
+    head_.append("\r\n"sv);
   }
-  head_.append("\r\n");
+  head_.append("\r\n"sv);
   // One non-blocking sendmsg sends most requests whole: no asio operation. The response
   // cannot be here yet, and reading now would cost a recv failing with EAGAIN: the read is
   // posted, to start after the completions already due on this loop.
