@@ -161,6 +161,8 @@ class LazyPull final : public LazyArtifact {
   std::optional<FileLock> pin_;
   std::optional<FileLock> pulling_;
   std::optional<FileLock> fetching_;
+  // Ranged requests in flight across the files, options.connections at most.
+  std::unique_ptr<std::counting_semaphore<>> slots_;
   std::vector<std::unique_ptr<Fetch>> fetches_;
   std::map<std::string, std::string> staged_;  // digest → the first relative path with it
   std::function<void(const Progress&)> on_progress_;
@@ -425,7 +427,10 @@ Status LazyPull::stage(const std::string& relative, const Url& url,
       report(index, progress);
     };
   }
-  fetch->download = std::make_unique<Download>(url, partial, file_options);
+  if (!slots_) {
+    slots_ = std::make_unique<std::counting_semaphore<>>(std::max(options.connections, 1));
+  }
+  fetch->download = std::make_unique<Download>(url, partial, file_options, slots_.get());
   Fetch* raw = fetch.get();
   fetch->thread = std::thread([raw] { raw->result = raw->download->run(); });
   fetches_.push_back(std::move(fetch));

@@ -292,8 +292,9 @@ Status fetch_range(HttpConnection& connection, const Url& url, int fd, const std
 struct Download::Impl {
   enum RangeProgress : uint8_t { kMissing, kFetching, kDone };
 
-  Impl(const Url& url_in, std::string partial_in, const PullOptions& options_in)
-      : url(url_in), partial(std::move(partial_in)), options(options_in) {}
+  Impl(const Url& url_in, std::string partial_in, const PullOptions& options_in,
+       std::counting_semaphore<>* slots_in)
+      : url(url_in), partial(std::move(partial_in)), options(options_in), slots(slots_in) {}
 
   Result<Downloaded> fetch_all();
   // The next range to fetch: an awaited one first, else the next missing one in file order.
@@ -304,6 +305,7 @@ struct Download::Impl {
   const Url url;
   const std::string partial;
   const PullOptions options;
+  std::counting_semaphore<>* const slots;  // may be null
 
   std::mutex mu;
   std::condition_variable changed;
@@ -356,8 +358,9 @@ void Download::Impl::end(const Status& status) {
   changed.notify_all();
 }
 
-Download::Download(const Url& url, std::string partial, const PullOptions& options)
-    : impl_(std::make_unique<Impl>(url, std::move(partial), options)) {}
+Download::Download(const Url& url, std::string partial, const PullOptions& options,
+                   std::counting_semaphore<>* slots)
+    : impl_(std::make_unique<Impl>(url, std::move(partial), options, slots)) {}
 
 Download::~Download() = default;
 
@@ -540,7 +543,22 @@ Result<Downloaded> Download::Impl::fetch_all() {
   Status error = Status::ok();
   auto worker = [&] {
     HttpConnection connection(url, options.io_timeout);
-    for (std::optional<size_t> claimed = claim(); claimed && !stop; claimed = claim()) {
+    for (;;) {
+      if (slots) {
+        slots->acquire();
+      }
+      const std::optional<size_t> claimed = stop ? std::nullopt : claim();
+      struct SlotGuard {
+        std::counting_semaphore<>* slots;
+        ~SlotGuard() {
+          if (slots) {
+            slots->release();
+          }
+        }
+      } slot{slots};
+      if (!claimed) {
+        return;
+      }
       const size_t index = *claimed;
       const uint64_t first = index * range_bytes;
       const uint64_t last = std::min(file_size, first + range_bytes) - 1;

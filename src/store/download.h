@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <semaphore>
 #include <string>
 
 #include "common/common.h"
@@ -19,8 +20,11 @@ struct Downloaded {
 class Download {
  public:
   // Downloads `url` into `partial`, resuming the ranges that `partial`.state records as done by
-  // an earlier attempt of the same size.
-  Download(const Url& url, std::string partial, const PullOptions& options);
+  // an earlier attempt of the same size. With `slots`, each ranged request holds one of them
+  // while it runs: downloads that share it (the files of one pull) have at most that many
+  // requests in flight together.
+  Download(const Url& url, std::string partial, const PullOptions& options,
+           std::counting_semaphore<>* slots = nullptr);
   ~Download();
   Download(const Download&) = delete;
   Download& operator=(const Download&) = delete;

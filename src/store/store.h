@@ -74,7 +74,7 @@ struct Progress {
 };
 
 struct PullOptions {
-  int connections = 8;                           // parallel ranged requests per file
+  int connections = 8;                           // parallel ranged requests per pull
   uint64_t range_bytes = 4 << 20;                // 4 MiB
   int attempts_per_range = 4;                    // then the download fails
   std::chrono::milliseconds io_timeout{30'000};  // a request that makes no progress this long
@@ -124,9 +124,9 @@ class ArtifactCache {
   virtual Result<std::string> pull(const std::string& uri, const PullOptions& options) = 0;
 
   // The same pull, returned while it runs: what is cached (or local) is complete at once, what
-  // is not is fetched in the background, every file of a directory at the same time, each over
-  // options.connections. Blocks only for the manifest, and while another process downloads the
-  // same content.
+  // is not is fetched in the background, every file of a directory at the same time, with at
+  // most options.connections ranged requests in flight across them. Blocks only for the
+  // manifest, and while another process downloads the same content.
   virtual Result<std::unique_ptr<LazyArtifact>> pull_lazy(const std::string& uri,
                                                           const PullOptions& options) = 0;
 

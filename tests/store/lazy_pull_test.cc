@@ -63,6 +63,11 @@ class RangeServer {
     std::lock_guard lock(mu_);
     return ranges_;
   }
+  // The most ranged requests the server held unanswered at once.
+  int most_in_flight() {
+    std::lock_guard lock(mu_);
+    return most_in_flight_;
+  }
 
  private:
   void handle(http::Request&& request, http::Responder&& responder) {
@@ -92,6 +97,7 @@ class RangeServer {
     if (!probe) {
       std::lock_guard lock(mu_);
       ranges_.push_back(range->first);
+      most_in_flight_ = std::max(most_in_flight_, ++in_flight_);
     }
     http::Response response{
         206,
@@ -99,13 +105,19 @@ class RangeServer {
         data.substr(range->first, range->second - range->first + 1),
         {{"Content-Range", "bytes " + std::to_string(range->first) + "-" +
                                std::to_string(range->second) + "/" + std::to_string(data.size())}}};
-    if (probe || delay_.count() == 0) {
+    if (probe) {
       responder.send(std::move(response));
       return;
     }
     auto held = std::make_shared<http::Responder>(std::move(responder));
     http::defer_on_current_loop(
-        [held, response = std::move(response)]() mutable { held->send(std::move(response)); },
+        [this, held, response = std::move(response)]() mutable {
+          {
+            std::lock_guard lock(mu_);
+            --in_flight_;
+          }
+          held->send(std::move(response));
+        },
         delay_);
   }
 
@@ -113,6 +125,8 @@ class RangeServer {
   std::chrono::milliseconds delay_;
   std::mutex mu_;
   std::vector<uint64_t> ranges_;
+  int in_flight_ = 0;
+  int most_in_flight_ = 0;
   std::unique_ptr<http::Server> server_;
   std::thread thread_;
 };
@@ -219,6 +233,24 @@ TEST_F(LazyPullTest, ADirectoryIsReadableFileByFileBeforeItIsComplete) {
   EXPECT_EQ((*again)->path(), *path);
   EXPECT_TRUE((*again)->await(*path + "/model.safetensors", 0, 10).is_ok());
   EXPECT_EQ((*again)->finish().value(), *path);
+}
+
+TEST_F(LazyPullTest, TheFilesOfAPullShareItsConnections) {
+  // Three files of 6 ranges each, downloading at the same time, over 2 connections in all.
+  std::map<std::string, std::string> files;
+  Manifest manifest;
+  for (const char* name : {"a.bin", "b.bin", "c.bin"}) {
+    files[name] = random_bytes(6 * kRange, static_cast<uint32_t>(name[0]));
+    manifest.files.push_back({name, files[name].size(), sha256_hex(files[name])});
+  }
+  files[std::string(kManifestName)] = manifest_json(manifest);
+  RangeServer server(files, std::chrono::milliseconds(20));
+  auto cache = open_cache();
+  Result<std::string> path = cache->pull(server.url(std::string(kManifestName)), options(2));
+  ASSERT_TRUE(path.is_ok()) << path.status().message();
+  EXPECT_EQ(read_at(*path + "/c.bin", 0, 6 * kRange), files["c.bin"]);
+  EXPECT_EQ(server.ranges_asked().size(), 18u);
+  EXPECT_LE(server.most_in_flight(), 2);
 }
 
 TEST_F(LazyPullTest, ContentThatFailsItsDigestIsReadableButNeverPublished) {
