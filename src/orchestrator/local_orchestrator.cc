@@ -420,7 +420,13 @@ class LocalOrchestrator final : public Orchestrator {
                           "ready in " +
                               std::to_string(replica.ready_unix_ms - replica.started_unix_ms) +
                               " ms" + (replica.from_warm_pool ? " (from the warm pool)" : "")});
-      } else if (!process.timed_out && Clock::now() - process.started > options_.ready_timeout) {
+      } else if (response.failure == http::UpstreamFailure::kNone &&
+                 replica.state == ReplicaState::kStarting) {
+        // It answers but is not ready: listening while it fetches and loads its model.
+        replica.state = ReplicaState::kLoading;
+      }
+      if (replica.state != ReplicaState::kReady && !process.timed_out &&
+          Clock::now() - process.started > options_.ready_timeout) {
         // Reaped as failed on a later tick; the reason stays this one.
         process.timed_out = true;
         ::kill(static_cast<pid_t>(replica.pid), SIGKILL);

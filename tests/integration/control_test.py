@@ -1747,6 +1747,21 @@ class UrlModels(ControlTestCase):
         up.delete(name)
 
 
+    def test_a_replica_that_answers_while_it_loads_shows_as_loading(self):
+        # The replica listens before it loads its model (here a synthetic load of 3 s, as a
+        # long download would take): the orchestrator sees it answer "not ready" and shows it
+        # as loading until it is ready.
+        up, name = self.up, "slow-load"
+        model = harness.write_yaml(_tmp_root, "synthetic-slow-load.yaml",
+                                   "service_time: {dist: fixed, mean_ms: 1}\nload_ms: 3000\n")
+        up.create(spec(name, served("v1", model, runtime="synthetic")))
+        up.wait_view(name, lambda v: any(r["state"] == "loading" for r in v["replicas"]),
+                     "a loading replica", 20)
+        up.wait_serving(name)
+        self.assertEqual(up.invoke(name).status, 200)
+        up.delete(name)
+
+
 class Shutdown(ControlTestCase):
     NAMES = ("sd-slow", "sd-fast", "sd-stuck")
 
