@@ -19,7 +19,7 @@ import subprocess
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from pull_bench import make_dirs, start_nginx  # noqa: E402
+from pull_bench import make_dirs, start_nginx, stop_nginx  # noqa: E402
 from url_cold_start import first_request_seconds  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -76,9 +76,7 @@ def main():
             print(f"{label:8} {t['eager']:17.2f}s {t['lazy']:7.2f}s {t['eager'] / t['lazy']:13.2f}x "
                   f"{t['cached']:7.2f}s {t['local']:10.2f}s")
     finally:
-        nginx.terminate()
-        nginx.wait()
-        shutil.rmtree(work, ignore_errors=True)
+        stop_nginx(nginx, work)
 
 
 if __name__ == "__main__":

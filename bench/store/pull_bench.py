@@ -59,6 +59,13 @@ http {{
     raise SystemExit("nginx did not start")
 
 
+def stop_nginx(nginx, work):
+    """Stops what start_nginx started and removes the work directory of make_dirs."""
+    nginx.terminate()
+    nginx.wait()
+    shutil.rmtree(work, ignore_errors=True)
+
+
 def make_dirs():
     """A work directory with a www/ directory in it, both readable by nginx's workers."""
     work = tempfile.mkdtemp(prefix="flotilla-store-bench-")
@@ -128,9 +135,7 @@ def main():
                 print(f"{path:8} {f'flotilla pull -c {n}':22} {t:8.2f} {size / t / 2**20:8.1f} "
                       f"{curl / t:8.2f}x", flush=True)
     finally:
-        nginx.terminate()
-        nginx.wait()
-        shutil.rmtree(work, ignore_errors=True)
+        stop_nginx(nginx, work)
 
 
 if __name__ == "__main__":

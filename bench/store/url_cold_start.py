@@ -20,7 +20,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from pull_bench import make_dirs, start_nginx  # noqa: E402
+from pull_bench import make_dirs, start_nginx, stop_nginx  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 FLOTILLA = os.environ.get("FLOTILLA_BIN", os.path.join(ROOT, "build/release/flotilla"))
@@ -98,9 +98,7 @@ def main():
         print(f"{'flotilla replica --model URL, cached':42} {c:8.2f} {d / c:17.2f}x")
         print(f"cached vs not cached: {u / c:.1f}x faster to the first request")
     finally:
-        nginx.terminate()
-        nginx.wait()
-        shutil.rmtree(work, ignore_errors=True)
+        stop_nginx(nginx, work)
 
 
 if __name__ == "__main__":

@@ -69,16 +69,20 @@ Status warm_up(RuntimeKind kind) {
 
 namespace {
 
-// Awaits the model's files whole: all of them, or all but the safetensors weights.
+bool is_weights(const fs::path& path) {
+  return path.extension() == ".safetensors";
+}
+
+// Awaits whole each file of the model (the model itself, or a file under its directory) that
+// `wanted` picks.
 Status await_files(const std::string& model_path, const AwaitBytes& await_bytes,
-                   bool except_safetensors) {
+                   bool (*wanted)(const fs::path&)) {
   std::error_code ec;
   if (!fs::is_directory(model_path, ec)) {
-    return await_bytes(model_path, 0, UINT64_MAX);
+    return wanted(model_path) ? await_bytes(model_path, 0, UINT64_MAX) : Status::ok();
   }
   for (const auto& entry : fs::recursive_directory_iterator(model_path, ec)) {
-    if (entry.is_regular_file(ec) &&
-        !(except_safetensors && entry.path().extension() == ".safetensors")) {
+    if (entry.is_regular_file(ec) && wanted(entry.path())) {
       FLOTILLA_RETURN_IF_ERROR(await_bytes(entry.path().string(), 0, UINT64_MAX));
     }
   }
@@ -91,13 +95,15 @@ Result<std::unique_ptr<Runtime>> load_runtime(RuntimeKind kind, const std::strin
                                               const RuntimeOptions& options) {
   if (options.await_bytes) {
     // What tells the runtime apart (config.json, MLmodel) and what every runtime reads whole.
-    FLOTILLA_RETURN_IF_ERROR(await_files(model_path, options.await_bytes, true));
+    FLOTILLA_RETURN_IF_ERROR(await_files(model_path, options.await_bytes,
+                                         [](const fs::path& path) { return !is_weights(path); }));
   }
   if (kind == RuntimeKind::kAuto) {
     FLOTILLA_ASSIGN_OR_RETURN(kind, detect_runtime(model_path));
   }
   if (options.await_bytes && kind != RuntimeKind::kLlm) {
-    FLOTILLA_RETURN_IF_ERROR(await_files(model_path, options.await_bytes, false));
+    // The llm runtime awaits its weights tensor by tensor; the others read them whole.
+    FLOTILLA_RETURN_IF_ERROR(await_files(model_path, options.await_bytes, is_weights));
   }
   std::error_code ec;
   if (!fs::exists(model_path, ec)) {

@@ -137,7 +137,7 @@ class LazyPull final : public LazyArtifact {
  private:
   // One file being downloaded.
   struct Fetch {
-    std::string relative;
+    std::string path;  // where it is staged, lexically normal: what await() is asked for
     Url url;
     std::optional<std::string> expected;
     std::string partial;
@@ -413,8 +413,15 @@ Status LazyPull::stage(const std::string& relative, const Url& url,
   }
   ::close(fd);
   FLOTILLA_RETURN_IF_ERROR(link(partial, relative));
-  auto fetch = std::unique_ptr<Fetch>(
-      new Fetch{relative, url, expected, partial, std::move(lock), nullptr, std::nullopt, {}});
+  auto fetch =
+      std::unique_ptr<Fetch>(new Fetch{(fs::path(staging_) / relative).lexically_normal().string(),
+                                       url,
+                                       expected,
+                                       partial,
+                                       std::move(lock),
+                                       nullptr,
+                                       std::nullopt,
+                                       {}});
   PullOptions file_options = options;
   if (options.on_progress) {
     on_progress_ = options.on_progress;
@@ -452,7 +459,7 @@ void LazyPull::report(size_t index, const Progress& progress) {
 Status LazyPull::await(const std::string& file, uint64_t offset, uint64_t length) {
   const std::string wanted = fs::path(file).lexically_normal().string();
   for (const auto& fetch : fetches_) {
-    if ((fs::path(staging_) / fetch->relative).lexically_normal().string() == wanted) {
+    if (fetch->path == wanted) {
       return fetch->download->await(offset, length);
     }
   }

@@ -55,6 +55,15 @@ ReplicaOptions test_options() {
   return options;
 }
 
+// test_options() with a drained-while-loading hook that counts its calls in `calls`.
+ReplicaOptions counting_hook_options(std::atomic<int>& calls) {
+  ReplicaOptions options = test_options();
+  options.on_drained_while_loading = [&calls] {
+    calls.fetch_add(1);
+  };
+  return options;
+}
+
 http::ClientResponse send(const Replica& replica, http::Method method, std::string target,
                           std::string body = "") {
   http::ClientRequest request;
@@ -181,10 +190,7 @@ TEST(ReplicaTest, RequestsRacingServeSeeLoadingOrTheModel) {
 TEST(ReplicaTest, DrainWhileLoadingEndsRunAndRefusesTheModel) {
   MetricsRegistry registry;
   std::atomic<int> hook_calls{0};
-  ReplicaOptions options = test_options();
-  options.on_drained_while_loading = [&] {
-    hook_calls.fetch_add(1);
-  };
+  const ReplicaOptions options = counting_hook_options(hook_calls);
   auto replica = Replica::listen(options, registry);
   ASSERT_TRUE(replica.is_ok()) << replica.status().message();
   Replica& r = **replica;
@@ -205,10 +211,7 @@ TEST(ReplicaTest, DrainWhileLoadingEndsRunAndRefusesTheModel) {
 TEST(ReplicaTest, DrainAfterServeIsAnOrdinaryDrain) {
   MetricsRegistry registry;
   std::atomic<int> hook_calls{0};
-  ReplicaOptions options = test_options();
-  options.on_drained_while_loading = [&] {
-    hook_calls.fetch_add(1);
-  };
+  const ReplicaOptions options = counting_hook_options(hook_calls);
   auto replica = Replica::listen(options, registry);
   ASSERT_TRUE(replica.is_ok()) << replica.status().message();
   Replica& r = **replica;
@@ -221,10 +224,7 @@ TEST(ReplicaTest, DrainAfterServeIsAnOrdinaryDrain) {
 TEST(ReplicaTest, DestroyedWhileLoadingStopsWithoutTheHook) {
   MetricsRegistry registry;
   std::atomic<int> hook_calls{0};
-  ReplicaOptions options = test_options();
-  options.on_drained_while_loading = [&] {
-    hook_calls.fetch_add(1);
-  };
+  const ReplicaOptions options = counting_hook_options(hook_calls);
   uint16_t port = 0;
   {
     auto replica = Replica::listen(options, registry);
