@@ -1,12 +1,29 @@
 #include "control/autoscaling.h"
 
 #include <algorithm>
+#include <charconv>
 #include <cmath>
 #include <optional>
 
 #include <nlohmann/json.hpp>
 
 namespace flotilla::control {
+
+std::optional<double> metric_value(std::string_view text, std::string_view name) {
+  while (!text.empty()) {
+    const size_t end = text.find('\n');
+    std::string_view line = text.substr(0, end);
+    text = end == std::string_view::npos ? std::string_view() : text.substr(end + 1);
+    if (line.size() > name.size() && line.starts_with(name) && line[name.size()] == ' ') {
+      line.remove_prefix(name.size() + 1);
+      double value = 0;
+      const auto [rest, error] = std::from_chars(line.data(), line.data() + line.size(), value);
+      const bool ends = rest == line.data() + line.size() || *rest == ' ' || *rest == '\r';
+      return error == std::errc() && ends ? std::optional(value) : std::nullopt;
+    }
+  }
+  return std::nullopt;
+}
 
 ConcurrencyRange target_bounds(const EndpointSpec& spec) {
   ConcurrencyRange bounds{1, 4096};
@@ -180,10 +197,13 @@ void EndpointScaler::add_samples(const std::vector<gateway::EndpointSample>& sam
 
 std::vector<std::string> EndpointScaler::tick(autoscaler::Millis now, int64_t ready,
                                               int64_t pending, int64_t failures,
-                                              const std::function<double()>& cpu_utilization) {
+                                              const std::function<ReplicaUsage()>& usage) {
   std::vector<std::string> changes;
   if (now >= next_vertical_) {
     next_vertical_ = now + options_.vertical_period;
+    // Read on every due tick, idle ones too, so that the first busy cycle has a reading to
+    // difference against (a replica's queue is known from its second reading on).
+    const ReplicaUsage used = ready > 0 ? usage() : ReplicaUsage{};
     if (completions_sum_ > 0 && ready > 0) {
       autoscaler::ReplicaSignals signals;
       signals.latency_ms = latency_weighted_sum_ / completions_sum_;
@@ -192,7 +212,8 @@ std::vector<std::string> EndpointScaler::tick(autoscaler::Millis now, int64_t re
                             static_cast<double>(ready);
       signals.peak_concurrency = peak_concurrency_ / static_cast<double>(ready);
       signals.peak_latency_ms = peak_latency_ms_;
-      signals.cpu_utilization = cpu_utilization();
+      signals.cpu_utilization = used.cpu_utilization;
+      signals.queued_in_replica = used.queued;
       const autoscaler::Decision decision = vertical_->decide_target(signals);
       if (!decision.reason.empty()) {
         changes.push_back("vertical: " + decision.reason);

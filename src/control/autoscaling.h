@@ -11,6 +11,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "autoscaler/autoscaler.h"
@@ -49,6 +50,16 @@ std::optional<LearnedTarget> learned_target_from_json(const std::string& json);
 // and its runtime settings) and its per-replica bounds.
 std::string learned_for(const EndpointSpec& spec);
 
+// The value of the unlabelled sample `name` in a Prometheus text exposition (a line
+// `name value`); nullopt when there is none or its value is not a number.
+std::optional<double> metric_value(std::string_view text, std::string_view name);
+
+// What an endpoint's ready replicas did over an interval, as the vertical policy reads it.
+struct ReplicaUsage {
+  double cpu_utilization = 0;  // mean over the replicas, 0..1 of the cores each may use
+  double queued = 0;  // mean requests waiting inside a replica for its engine (a full batch)
+};
+
 class EndpointScaler {
  public:
   // Starts at `saved`'s target and baseline when it was learned for this spec's models and
@@ -67,12 +78,11 @@ class EndpointScaler {
 
   // Runs whichever policy is due at `now` (the horizontal every horizontal_period, the vertical
   // every vertical_period). `ready`/`pending`: the endpoint's replicas serving and starting;
-  // `failures`: how many of its replicas ever failed (a running count);
-  // `cpu_utilization` is called when the vertical policy is due and returns the ready
-  // replicas' mean CPU use since its previous call, 0..1. Returns the reasons of the decisions
-  // that changed something (to record as events).
+  // `failures`: how many of its replicas ever failed (a running count); `usage` is called when
+  // the vertical policy is due and returns what the ready replicas did since its previous
+  // call. Returns the reasons of the decisions that changed something (to record as events).
   std::vector<std::string> tick(autoscaler::Millis now, int64_t ready, int64_t pending,
-                                int64_t failures, const std::function<double()>& cpu_utilization);
+                                int64_t failures, const std::function<ReplicaUsage()>& usage);
 
   // Scale from zero: a request waits for an endpoint with no ready replica. Asks for one at
   // once; true when that changed the scale.

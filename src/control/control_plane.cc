@@ -291,34 +291,48 @@ void ControlPlaneImpl::request_capacity(const std::string& endpoint) {
   wake_.notify_all();
 }
 
-double ControlPlaneImpl::cpu_utilization(const std::vector<orchestrator::Replica>& replicas) {
+ReplicaUsage ControlPlaneImpl::replica_usage(const std::vector<orchestrator::Replica>& replicas) {
   const double machine_cores = std::max(1u, std::thread::hardware_concurrency());
-  const auto now = std::chrono::steady_clock::now();
-  double sum = 0;
-  int measured = 0;
+  double cpu_sum = 0;
+  double queued_sum = 0;
+  int cpu_measured = 0;
+  int queue_measured = 0;
   for (const orchestrator::Replica& replica : replicas) {
-    const double cpu_seconds = orchestrator::process_cpu_seconds(replica.pid);
-    if (cpu_seconds < 0) {
-      continue;
+    UsageReading reading;
+    reading.cpu_seconds = orchestrator::process_cpu_seconds(replica.pid);
+    http::ClientRequest request;
+    request.method = http::Method::kGet;
+    request.target = "/metrics";
+    // Blocks this thread: one short request per ready replica and vertical period.
+    const http::ClientResponse response =
+        http::fetch(replica.host, replica.port, std::move(request), std::chrono::milliseconds(500));
+    if (response.failure == http::UpstreamFailure::kNone && response.status == 200) {
+      reading.queue_wait_seconds =
+          metric_value(response.body, "flotilla_replica_queue_wait_seconds_total");
     }
-    auto previous = cpu_readings_.find(replica.pid);
-    if (previous != cpu_readings_.end()) {
-      const double wall = std::chrono::duration<double>(now - previous->second.at).count();
+    reading.at = std::chrono::steady_clock::now();
+    auto previous = usage_readings_.find(replica.pid);
+    if (previous != usage_readings_.end()) {
+      const UsageReading& before = previous->second;
+      const double wall = std::chrono::duration<double>(reading.at - before.at).count();
       const double cores = replica.deployment.cpus > 0
                                ? std::min(replica.deployment.cpus, machine_cores)
                                : machine_cores;
-      if (wall > 0) {
-        sum += (cpu_seconds - previous->second.cpu_seconds) / wall / cores;
-        measured += 1;
+      if (wall > 0 && reading.cpu_seconds >= 0 && before.cpu_seconds >= 0) {
+        cpu_sum += (reading.cpu_seconds - before.cpu_seconds) / wall / cores;
+        cpu_measured += 1;
+      }
+      if (wall > 0 && reading.queue_wait_seconds && before.queue_wait_seconds) {
+        queued_sum += std::max(0.0, *reading.queue_wait_seconds - *before.queue_wait_seconds) / wall;
+        queue_measured += 1;
       }
     }
-    cpu_readings_[replica.pid] = CpuReading{cpu_seconds, now};
+    usage_readings_[replica.pid] = reading;
   }
-  std::erase_if(cpu_readings_, [&](const auto& entry) {
-    return std::none_of(replicas.begin(), replicas.end(),
-                        [&](const auto& replica) { return replica.pid == entry.first; });
-  });
-  return measured > 0 ? std::clamp(sum / measured, 0.0, 1.0) : 0.0;
+  ReplicaUsage usage;
+  usage.cpu_utilization = cpu_measured > 0 ? std::clamp(cpu_sum / cpu_measured, 0.0, 1.0) : 0.0;
+  usage.queued = queue_measured > 0 ? queued_sum / queue_measured : 0.0;
+  return usage;
 }
 
 void ControlPlaneImpl::autoscale(const std::vector<orchestrator::Replica>& replicas) {
@@ -376,13 +390,18 @@ void ControlPlaneImpl::autoscale(const std::vector<orchestrator::Replica>& repli
     scaler->add_samples(gateway_.samples(name, 30));
     std::vector<std::string> changes =
         scaler->tick(now, static_cast<int64_t>(ready.size()), pending, failures[name],
-                     [&] { return cpu_utilization(ready); });
+                     [&] { return replica_usage(ready); });
     if (requests.contains(name) && scaler->request_capacity()) {
       changes.push_back("scale from zero: 0 -> 1 replica, a request is waiting");
     }
     decisions[name] = {scaler->scale(), std::move(changes)};
     save_learned(name, scaler->learned());
   }
+  // Only now: each endpoint's pass reads its own replicas, and must not forget the others'.
+  std::erase_if(usage_readings_, [&](const auto& entry) {
+    return std::none_of(replicas.begin(), replicas.end(),
+                        [&](const auto& replica) { return replica.pid == entry.first; });
+  });
   std::lock_guard lock(mu_);
   for (auto& [name, decision] : decisions) {
     auto it = endpoints_.find(name);

@@ -6,6 +6,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <string>
 #include <thread>
@@ -89,8 +90,9 @@ class ControlPlaneImpl final : public ControlPlane, public gateway::CapacityRequ
   void autoscale(const std::vector<orchestrator::Replica>& replicas);
   // Stores what an endpoint's autoscaler learned when it changed since the last save.
   void save_learned(const std::string& endpoint, const LearnedTarget& learned);
-  // Mean CPU use (0..1 of the cores a replica may use) of `replicas` since the last call.
-  double cpu_utilization(const std::vector<orchestrator::Replica>& replicas);
+  // What `replicas` did since their previous reading: mean CPU use (from /proc) and mean
+  // requests queued inside them (from each one's /metrics, one request per replica).
+  ReplicaUsage replica_usage(const std::vector<orchestrator::Replica>& replicas);
 
   const ControlOptions options_;
   std::unique_ptr<Store> store_;
@@ -119,11 +121,12 @@ class ControlPlaneImpl final : public ControlPlane, public gateway::CapacityRequ
   // What each endpoint's autoscaler learned, as last saved to the store (loaded at start);
   // reconciler thread only after start().
   std::map<std::string, LearnedTarget> learned_;
-  struct CpuReading {
-    double cpu_seconds = 0;
+  struct UsageReading {
+    double cpu_seconds = -1;                  // -1: unreadable
+    std::optional<double> queue_wait_seconds;  // none: the replica does not report it
     std::chrono::steady_clock::time_point at;
   };
-  std::map<int64_t, CpuReading> cpu_readings_;  // by pid; reconciler thread only
+  std::map<int64_t, UsageReading> usage_readings_;  // by pid; reconciler thread only
   // Every deployment ensured with replicas, by key (reconciler thread only).
   std::map<std::string, orchestrator::Deployment> ensured_;
   std::string new_admin_token_;

@@ -121,6 +121,7 @@ class EngineImpl final : public Engine {
         std::move(request.on_event), sequence->prompt_length, SteadyClock::now());
     uint64_t id = sequence->id;
     incoming_.push_back(std::move(sequence));
+    account_waiting();
     ++stats_.waiting;
     wake_.notify_one();
     return id;
@@ -136,7 +137,9 @@ class EngineImpl final : public Engine {
 
   EngineStats stats() const override {
     std::lock_guard lock(mutex_);
-    return stats_;
+    EngineStats stats = stats_;
+    stats.queue_wait_seconds += stats_.waiting * seconds_since(waiting_counted_until_);
+    return stats;
   }
 
   const ModelConfig& config() const override { return model_->config; }
@@ -144,6 +147,17 @@ class EngineImpl final : public Engine {
  private:
   int blocks_for(int tokens) const {
     return (tokens + cache_.block_tokens() - 1) / cache_.block_tokens();
+  }
+
+  static double seconds_since(SteadyClock::time_point then) {
+    return std::chrono::duration<double>(SteadyClock::now() - then).count();
+  }
+
+  // Adds the waiting count times the time since it last changed to the integral; called under
+  // mutex_ before each change of stats_.waiting.
+  void account_waiting() {
+    stats_.queue_wait_seconds += stats_.waiting * seconds_since(waiting_counted_until_);
+    waiting_counted_until_ = SteadyClock::now();
   }
 
   // Gives `sequence` blocks for its first `tokens` positions; false when the cache is short.
@@ -174,6 +188,7 @@ class EngineImpl final : public Engine {
     {
       std::lock_guard lock(mutex_);
       stats_.running = static_cast<int>(running_.size());
+      account_waiting();
       stats_.waiting = static_cast<int>(waiting_.size() + incoming_.size());
       stats_.kv_blocks_used = cache_.total_blocks() - cache_.free_blocks();
       stats_.preemptions = preemptions_;
@@ -445,6 +460,7 @@ class EngineImpl final : public Engine {
   uint64_t last_id_ = 0;
   bool stopping_ = false;
   EngineStats stats_;
+  SteadyClock::time_point waiting_counted_until_ = SteadyClock::now();  // see account_waiting
 
   std::mutex stop_mutex_;
   std::vector<uint64_t> stopped_by_output_;

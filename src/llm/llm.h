@@ -158,6 +158,9 @@ struct EngineStats {
   int64_t generated_tokens = 0;  // cumulative
   int64_t steps = 0;
   int64_t preemptions = 0;
+  // The integral of `waiting` over time, in request-seconds, up to the stats() call: its rate
+  // is the mean number of requests waiting (runtime::Runtime::queue_wait_seconds).
+  double queue_wait_seconds = 0;
 };
 
 // Runs generation requests on one model. One engine thread owns the batch and the KV cache;

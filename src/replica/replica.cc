@@ -328,6 +328,15 @@ Status ReplicaImpl::serve(std::unique_ptr<runtime::Runtime>&& runtime,
   model->runtime = std::move(runtime);
   loaded_ = std::move(model);
   model_.store(loaded_.get(), std::memory_order_release);
+  // Read by the control plane's vertical autoscaler (in-replica queueing). Like the llm
+  // gauges, it reads the runtime at scrape time: the registry must not render after the
+  // replica is gone (the CLI's registry lives as long as the process, the replica too).
+  registry_.callback("flotilla_replica_queue_wait_seconds_total",
+                     "Seconds requests waited inside the runtime for the engine to take them "
+                     "(its rate is the mean number waiting).",
+                     "counter", [runtime = loaded_->runtime.get()] {
+                       return runtime->queue_wait_seconds();
+                     });
   return Status::ok();
 }
 

@@ -108,6 +108,7 @@ class LlmRuntime final : public Runtime, public Generator {
   }
 
   llm::EngineStats stats() const override { return engine_->stats(); }
+  double queue_wait_seconds() const override { return engine_->stats().queue_wait_seconds; }
 
  private:
   ModelMetadata metadata_;

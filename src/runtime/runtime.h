@@ -95,6 +95,12 @@ class Runtime {
   virtual void run(ModelInput&& input, RunCallback done) = 0;
   // The text-generation interface of a language model; null for tensor models.
   virtual Generator* generator() { return nullptr; }
+  // Seconds requests have waited inside the runtime for the engine to take them (a full batch,
+  // busy slots), summed over requests, the waits still going on included: its increase over
+  // an interval, divided by the interval, is the mean number of requests waiting then
+  // (Little's law). What the vertical autoscaler reads as in-replica queueing. 0 for a runtime
+  // that never queues (xgboost runs each call on the thread that asked).
+  virtual double queue_wait_seconds() const { return 0; }
 };
 
 // The runtime `auto` picks for an artifact: an MLflow directory with an xgboost flavor or an

@@ -2,8 +2,12 @@
 // distribution, CPU burned per request and a saturation point — so the gateway and the
 // autoscaler can be tested on replicas that behave as told (DESIGN.md §7). Its load time is
 // configured too (load_ms), so the replica's loading phase can be tested without a network.
+// With max_concurrency it serves that many requests at once and queues the rest inside the
+// replica, as a batched engine with a full batch does: the in-replica queueing the vertical
+// autoscaler watches (queue_wait_seconds).
 #include <chrono>
 #include <cmath>
+#include <deque>
 #include <mutex>
 #include <random>
 #include <thread>
@@ -27,7 +31,8 @@ struct SyntheticSpec {
   double mean_ms = 0;
   double sigma = 0.5;  // lognormal only
   int64_t cpu_us = 0;
-  int64_t saturation = 0;  // 0: never saturates
+  int64_t saturation = 0;       // 0: never saturates
+  int64_t max_concurrency = 0;  // requests served at once, the rest queue; 0: no limit
   uint64_t seed = 1;
   double load_ms = 0;  // how long loading takes
 };
@@ -42,7 +47,7 @@ Result<SyntheticSpec> parse_spec(const std::string& path) {
     for (const auto& entry : root) {
       const std::string key = entry.first.as<std::string>();
       if (key != "service_time" && key != "cpu_us" && key != "saturation" && key != "seed" &&
-          key != "load_ms" && key != "runtime") {
+          key != "load_ms" && key != "max_concurrency" && key != "runtime") {
         return invalid_argument("synthetic model '" + path + "': unknown field '" + key + "'");
       }
     }
@@ -67,6 +72,8 @@ Result<SyntheticSpec> parse_spec(const std::string& path) {
       spec.cpu_us = root["cpu_us"].as<int64_t>();
     if (root["saturation"])
       spec.saturation = root["saturation"].as<int64_t>();
+    if (root["max_concurrency"])
+      spec.max_concurrency = root["max_concurrency"].as<int64_t>();
     if (root["seed"])
       spec.seed = root["seed"].as<uint64_t>();
     if (YAML::Node load = root["load_ms"]) {
@@ -91,6 +98,9 @@ Result<SyntheticSpec> parse_spec(const std::string& path) {
   }
   if (spec.saturation < 0) {
     return invalid_argument("synthetic model '" + path + "': saturation must be >= 0");
+  }
+  if (spec.max_concurrency < 0) {
+    return invalid_argument("synthetic model '" + path + "': max_concurrency must be >= 0");
   }
   if (!(spec.load_ms >= 0) || spec.load_ms > 3'600'000) {
     return invalid_argument("synthetic model '" + path +
@@ -146,6 +156,41 @@ class SyntheticRuntime final : public Runtime {
   }
 
   void run(ModelInput&& input, RunCallback done) override {
+    {
+      std::lock_guard lock(queue_mutex_);
+      if (spec_.max_concurrency > 0 && serving_ >= spec_.max_concurrency) {
+        account_waiting(Clock::now());
+        queue_.push_back(Waiting{input.rows, std::move(done)});
+        return;
+      }
+      ++serving_;
+    }
+    start(input.rows, std::move(done));
+  }
+
+  double queue_wait_seconds() const override {
+    std::lock_guard lock(queue_mutex_);
+    return waited_seconds_ + static_cast<double>(queue_.size()) *
+                                 std::chrono::duration<double>(Clock::now() - counted_until_).count();
+  }
+
+ private:
+  using Clock = std::chrono::steady_clock;
+  struct Waiting {
+    int64_t rows = 0;
+    RunCallback done;
+  };
+
+  // Adds the time since the queue last changed, times its length, to waited_seconds_: the
+  // integral of the queue's length over time. Called under queue_mutex_ before each change.
+  void account_waiting(Clock::time_point now) {
+    waited_seconds_ +=
+        static_cast<double>(queue_.size()) * std::chrono::duration<double>(now - counted_until_).count();
+    counted_until_ = now;
+  }
+
+  // Serves one request that holds a slot (counted in serving_).
+  void start(int64_t rows, RunCallback done) {
     const int64_t in_flight = in_flight_.fetch_add(1) + 1;
     burn_cpu(spec_.cpu_us);
     double wait_ms = draw_service_ms();
@@ -157,17 +202,33 @@ class SyntheticRuntime final : public Runtime {
     auto timer = std::make_shared<asio::steady_timer>(
         context_, std::chrono::microseconds(static_cast<int64_t>(wait_ms * 1000)));
     timer->async_wait(
-        [this, timer, rows = input.rows, done = std::move(done)](const boost::system::error_code&) {
+        [this, timer, rows, done = std::move(done)](const boost::system::error_code&) {
           in_flight_.fetch_sub(1);
           Tensor output{"output", DataType::kFp32, {rows}, {}};
           output.data.resize(static_cast<size_t>(rows) * sizeof(float));
           std::vector<Tensor> outputs;
           outputs.push_back(std::move(output));
           done(std::move(outputs));
+          serve_next();
         });
   }
 
- private:
+  // A slot freed: the longest-waiting request takes it.
+  void serve_next() {
+    Waiting next;
+    {
+      std::lock_guard lock(queue_mutex_);
+      if (queue_.empty()) {
+        --serving_;
+        return;
+      }
+      account_waiting(Clock::now());
+      next = std::move(queue_.front());
+      queue_.pop_front();
+    }
+    start(next.rows, std::move(next.done));
+  }
+
   double draw_service_ms() {
     std::lock_guard lock(random_mutex_);
     switch (spec_.distribution) {
@@ -194,6 +255,11 @@ class SyntheticRuntime final : public Runtime {
   std::mutex random_mutex_;
   std::mt19937_64 random_;  // guarded by random_mutex_
   std::atomic<int64_t> in_flight_{0};
+  mutable std::mutex queue_mutex_;
+  int64_t serving_ = 0;          // requests holding a slot; guarded by queue_mutex_
+  std::deque<Waiting> queue_;    // waiting for a slot, oldest first; guarded by queue_mutex_
+  double waited_seconds_ = 0;    // the queue length's integral up to counted_until_; guarded
+  Clock::time_point counted_until_ = Clock::now();  // guarded by queue_mutex_
   asio::io_context context_{1};
   asio::executor_work_guard<asio::io_context::executor_type> guard_{context_.get_executor()};
   std::thread timer_thread_;

@@ -47,8 +47,8 @@ std::vector<gateway::EndpointSample> steady(int64_t from_ms, int seconds, double
   return samples;
 }
 
-double no_cpu() {
-  return 0.1;
+ReplicaUsage light_usage() {
+  return {.cpu_utilization = 0.1, .queued = 0};
 }
 
 TEST(ReplicaRangeTest, SumsServedModelsOverTheTarget) {
@@ -100,7 +100,7 @@ TEST(EndpointScalerTest, NoScaleDownWhileNothingIsReady) {
   EndpointScaler scaler(endpoint({spec}), fast_options(), 0, Millis(0));
   scaler.add_samples(steady(0, 61, 0));
   ASSERT_TRUE(scaler.request_capacity());
-  scaler.tick(Millis(61'000), 0, 1, 0, no_cpu);  // the replica is still starting
+  scaler.tick(Millis(61'000), 0, 1, 0, light_usage);  // the replica is still starting
   EXPECT_EQ(scaler.scale().replicas, 1);
 }
 
@@ -108,8 +108,8 @@ TEST(EndpointScalerTest, ScalesUpOnTheBusiestSecondAtTheNextDecision) {
   EndpointScaler scaler(endpoint({served(1, 256)}), fast_options(), 1, Millis(0));
   EXPECT_EQ(scaler.scale(), (Scale{1, 16}));
   scaler.add_samples(steady(0, 4, 40));
-  EXPECT_TRUE(scaler.tick(Millis(4'000), 1, 0, 0, no_cpu).empty());  // not due yet
-  const auto changes = scaler.tick(Millis(5'000), 1, 0, 0, no_cpu);
+  EXPECT_TRUE(scaler.tick(Millis(4'000), 1, 0, 0, light_usage).empty());  // not due yet
+  const auto changes = scaler.tick(Millis(5'000), 1, 0, 0, light_usage);
   ASSERT_EQ(changes.size(), 1u);
   EXPECT_NE(changes[0].find("1 -> 3 replicas"), std::string::npos) << changes[0];
   EXPECT_EQ(scaler.scale().replicas, 3);  // ceil(40 / 16)
@@ -119,9 +119,9 @@ TEST(EndpointScalerTest, ScalesDownOnlyAfterTheWholeDownWindowAsksForFewer) {
   EndpointScaler scaler(endpoint({served(1, 256)}), fast_options(), 4, Millis(0));
   EXPECT_EQ(scaler.scale().replicas, 4);  // what runs after a restart stays
   scaler.add_samples(steady(0, 30, 1));
-  EXPECT_TRUE(scaler.tick(Millis(30'000), 4, 0, 0, no_cpu).empty());  // window not covered
+  EXPECT_TRUE(scaler.tick(Millis(30'000), 4, 0, 0, light_usage).empty());  // window not covered
   scaler.add_samples(steady(30'000, 31, 1));
-  const auto changes = scaler.tick(Millis(61'000), 4, 0, 0, no_cpu);
+  const auto changes = scaler.tick(Millis(61'000), 4, 0, 0, light_usage);
   ASSERT_EQ(changes.size(), 1u);
   EXPECT_EQ(scaler.scale().replicas, 3);  // at most -25% per cycle
 }
@@ -129,7 +129,7 @@ TEST(EndpointScalerTest, ScalesDownOnlyAfterTheWholeDownWindowAsksForFewer) {
 TEST(EndpointScalerTest, StaysWithinTheSpecRange) {
   EndpointScaler scaler(endpoint({served(1, 32)}), fast_options(), 1, Millis(0));
   scaler.add_samples(steady(0, 5, 500));
-  scaler.tick(Millis(5'000), 1, 0, 0, no_cpu);
+  scaler.tick(Millis(5'000), 1, 0, 0, light_usage);
   EXPECT_EQ(scaler.scale().replicas, 2);  // 32 / 16
   scaler.update_spec(endpoint({served(1, 16)}));
   EXPECT_EQ(scaler.scale().replicas, 1);
@@ -148,10 +148,10 @@ TEST(EndpointScalerTest, ScaleFromZeroAsksForOneReplicaAtOnce) {
 TEST(EndpointScalerTest, VerticalLowersTheTargetOnOverloadAndTheCapFollows) {
   EndpointScaler scaler(endpoint({served(1, 256)}), fast_options(), 2, Millis(0));
   scaler.add_samples(steady(0, 30, 20, 10));  // baseline: 10 ms
-  scaler.tick(Millis(30'000), 2, 0, 0, no_cpu);
+  scaler.tick(Millis(30'000), 2, 0, 0, light_usage);
   EXPECT_EQ(scaler.scale().target, 16);
   scaler.add_samples(steady(30'000, 30, 32, 25));  // 2.5x the baseline
-  const auto changes = scaler.tick(Millis(60'000), 2, 0, 0, no_cpu);
+  const auto changes = scaler.tick(Millis(60'000), 2, 0, 0, light_usage);
   ASSERT_FALSE(changes.empty());
   EXPECT_NE(changes[0].find("vertical: target 16.00 -> 12.00"), std::string::npos) << changes[0];
   EXPECT_EQ(scaler.scale().target, 12);
@@ -161,10 +161,10 @@ TEST(EndpointScalerTest, TrafficChangeKeepsTheLearnedBaseline) {
   EndpointScaler scaler(endpoint({served(1, 256, 50), served(1, 256, 50)}), fast_options(), 2,
                         Millis(0));
   scaler.add_samples(steady(0, 30, 20, 10));  // baseline: 10 ms
-  scaler.tick(Millis(30'000), 2, 0, 0, no_cpu);
+  scaler.tick(Millis(30'000), 2, 0, 0, light_usage);
   scaler.update_spec(endpoint({served(1, 256, 50), served(1, 200, 50)}));  // concurrency only
   scaler.add_samples(steady(30'000, 30, 32, 25));  // 2.5x the baseline learned before
-  const auto changes = scaler.tick(Millis(60'000), 2, 0, 0, no_cpu);
+  const auto changes = scaler.tick(Millis(60'000), 2, 0, 0, light_usage);
   ASSERT_FALSE(changes.empty());
   EXPECT_NE(changes[0].find("overload"), std::string::npos) << changes[0];
 }
@@ -173,9 +173,9 @@ TEST(EndpointScalerTest, TrafficChangeKeepsTheLearnedBaseline) {
 TEST(EndpointScalerTest, StartsFromASavedTargetLearnedForTheSameModels) {
   EndpointScaler learning(endpoint({served(1, 256)}), fast_options(), 2, Millis(0));
   learning.add_samples(steady(0, 30, 20, 10));  // baseline: 10 ms
-  learning.tick(Millis(30'000), 2, 0, 0, no_cpu);
+  learning.tick(Millis(30'000), 2, 0, 0, light_usage);
   learning.add_samples(steady(30'000, 30, 32, 25));
-  learning.tick(Millis(60'000), 2, 0, 0, no_cpu);  // 16 -> 12
+  learning.tick(Millis(60'000), 2, 0, 0, light_usage);  // 16 -> 12
   const LearnedTarget saved = learning.learned();
   EXPECT_EQ(saved.target, 12);
   EXPECT_EQ(saved.baseline_ms, 10);
@@ -189,7 +189,7 @@ TEST(EndpointScalerTest, StartsFromASavedTargetLearnedForTheSameModels) {
   EXPECT_EQ(restarted.learned(), saved);
   // The baseline came along: 25 ms is overload at once, without relearning 10 ms first.
   restarted.add_samples(steady(0, 30, 24, 25));
-  const auto changes = restarted.tick(Millis(30'000), 2, 0, 0, no_cpu);
+  const auto changes = restarted.tick(Millis(30'000), 2, 0, 0, light_usage);
   ASSERT_FALSE(changes.empty());
   EXPECT_NE(changes[0].find("target 12.00 -> 9.00"), std::string::npos) << changes[0];
 
@@ -214,19 +214,50 @@ TEST(EndpointScalerTest, UnreadableSavedStateIsRefused) {
   EXPECT_TRUE(learned_target_from_json(R"({"models": "m", "target": 2})").has_value());
 }
 
-TEST(EndpointScalerTest, CpuIsReadOnlyWhenTheVerticalPolicyIsDue) {
+TEST(EndpointScalerTest, UsageIsReadOnlyWhenTheVerticalPolicyIsDue) {
   EndpointScaler scaler(endpoint({served(1, 256)}), fast_options(), 1, Millis(0));
   int reads = 0;
-  auto cpu = [&] {
+  auto usage = [&] {
     ++reads;
-    return 0.5;
+    return ReplicaUsage{.cpu_utilization = 0.5, .queued = 0};
   };
   scaler.add_samples(steady(0, 29, 4));
-  scaler.tick(Millis(29'000), 1, 0, 0, cpu);
+  scaler.tick(Millis(29'000), 1, 0, 0, usage);
   EXPECT_EQ(reads, 0);
   scaler.add_samples(steady(29'000, 1, 4));
-  scaler.tick(Millis(30'000), 1, 0, 0, cpu);
+  scaler.tick(Millis(30'000), 1, 0, 0, usage);
   EXPECT_EQ(reads, 1);
+}
+
+// Requests queued inside the replicas are overload even when latency stays under the
+// threshold (a replica with a full batch and one request waiting: latency 1.25x).
+TEST(EndpointScalerTest, VerticalLowersTheTargetOnInReplicaQueueing) {
+  EndpointScaler scaler(endpoint({served(1, 256)}), fast_options(), 2, Millis(0));
+  scaler.add_samples(steady(0, 30, 20, 10));  // baseline: 10 ms
+  scaler.tick(Millis(30'000), 2, 0, 0, light_usage);
+  scaler.add_samples(steady(30'000, 30, 32, 12.5));
+  const auto queued = [] { return ReplicaUsage{.cpu_utilization = 0.1, .queued = 1.5}; };
+  const auto changes = scaler.tick(Millis(60'000), 2, 0, 0, queued);
+  ASSERT_FALSE(changes.empty());
+  EXPECT_NE(changes[0].find("target 16.00 -> 12.00"), std::string::npos) << changes[0];
+  EXPECT_NE(changes[0].find("queued 1.5"), std::string::npos) << changes[0];
+}
+
+TEST(MetricValueTest, ReadsAnUnlabelledSample) {
+  const std::string text =
+      "# HELP flotilla_replica_queue_wait_seconds_total Seconds.\n"
+      "# TYPE flotilla_replica_queue_wait_seconds_total counter\n"
+      "flotilla_replica_queue_wait_seconds_total_other 7\n"
+      "flotilla_replica_queue_wait_seconds_total{route=\"x\"} 5\n"
+      "flotilla_replica_queue_wait_seconds_total 12.5\n"
+      "process_open_fds 9";
+  EXPECT_EQ(metric_value(text, "flotilla_replica_queue_wait_seconds_total"), 12.5);
+  EXPECT_EQ(metric_value(text, "process_open_fds"), 9);  // the last line, with no newline
+  EXPECT_EQ(metric_value("a 1 1700000000000\r\n", "a"), 1);  // with a timestamp, CRLF
+  EXPECT_FALSE(metric_value(text, "flotilla_missing").has_value());
+  EXPECT_FALSE(metric_value("a lots\n", "a").has_value());
+  EXPECT_FALSE(metric_value("a 1x\n", "a").has_value());
+  EXPECT_FALSE(metric_value("", "a").has_value());
 }
 
 }  // namespace

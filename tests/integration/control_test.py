@@ -1927,6 +1927,37 @@ class Autoscaling(ControlTestCase):
         self.assertLessEqual(abs(target - saturation), 0.2 * saturation,
                              [e["message"] for e in self.autoscaler_events(name)])
 
+    def test_vertical_target_falls_when_requests_queue_inside_replicas(self):
+        up, name = self.up, "queueing"
+        # Each replica serves 6 requests at once and queues the rest inside; at the starting
+        # target of 8, 2 wait in each replica and latency is 50 x 8/6 = 67 ms, 1.33x the
+        # 50 ms a request takes: under the latency threshold (1.5x), so only the replicas'
+        # queue (flotilla_replica_queue_wait_seconds_total, read by the control plane) shows
+        # the overload. Without it the target would rise (67 ms would be the baseline).
+        model = harness.write_yaml(_tmp_root, "synthetic-queueing.yaml",
+                                   "service_time: {dist: fixed, mean_ms: 50}\n"
+                                   "max_concurrency: 6\nseed: 1\n")
+        up.create(spec(name, served("v1", model, runtime="synthetic",
+                                    concurrency={"min": 1, "max": 16},
+                                    per_replica_concurrency={"min": 1, "max": 8})))
+        up.wait_view(name, lambda v: v["state"]["ready"] == "READY", "ready")
+        self.assertEqual(up.view(name)["autoscaler"]["target_concurrency"], 8)
+        load = Load(up, name, threads=24, total=1000000, deadline_s=60,
+                    label=synthetic_label).start()
+        self.addCleanup(load.stop)
+
+        def queue_events():
+            return [e["message"] for e in self.autoscaler_events(name)
+                    if "vertical: target 8.00 ->" in e["message"]]
+        up.wait_view(name, lambda v: queue_events(), "the target lowered from 8",
+                     deadline_s=30)
+        load.stop()
+        self.assertNoFailures(load, "load while queueing")
+        first = queue_events()[0]
+        self.assertIn("overload", first)
+        queued = float(re.search(r"queued ([0-9.]+)", first).group(1))
+        self.assertGreaterEqual(queued, 1.0, first)
+
     def test_learned_target_survives_a_restart(self):
         flags = ("--autoscale-period-ms", "500", "--vertical-period-ms", "1000")
         data_dir = fresh_dir("learned-restart")

@@ -263,6 +263,7 @@ TEST(EngineTest, AFullQueueRefusesMoreUntilItDrains) {
   // Submitted far faster than one sequence at a time drains them: most are refused, none of
   // the accepted ones is lost.
   int accepted = 0, refused = 0;
+  const auto start = std::chrono::steady_clock::now();
   for (int i = 0; i < 200; ++i) {
     Result<uint64_t> id = (*engine)->submit({{5, 6, 7}, greedy(20), collector.callback(accepted)});
     if (id.is_ok()) {
@@ -276,6 +277,12 @@ TEST(EngineTest, AFullQueueRefusesMoreUntilItDrains) {
   EXPECT_GE(accepted, 3);
   EXPECT_GT(refused, 0);
   EXPECT_EQ(static_cast<int>(collector.outcomes().size()), accepted);
+  // The queue's integral: the accepted requests but the first waited, none longer than the run.
+  const double waited = (*engine)->stats().queue_wait_seconds;
+  const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  EXPECT_GT(waited, 0);
+  EXPECT_LE(waited, (accepted - 1) * wall);
+  EXPECT_EQ((*engine)->stats().queue_wait_seconds, waited);  // nothing waits any more
   // Drained: accepted again.
   EXPECT_TRUE((*engine)->submit({{5, 6, 7}, greedy(4), collector.callback(accepted)}).is_ok());
   ASSERT_TRUE(collector.wait_for(accepted + 1));

@@ -1,3 +1,4 @@
+#include <algorithm>
 #include <atomic>
 #include <condition_variable>
 #include <fstream>
@@ -54,6 +55,36 @@ TEST(SyntheticRuntimeTest, AnswersOneZeroPerRow) {
   ASSERT_TRUE(done.wait_for(lock, std::chrono::seconds(30), [&] { return completed == 8; }));
 }
 
+// With max_concurrency 2, six 50 ms requests run in three waves, the later ones queued inside
+// the runtime; the queue's integral counts their waits (at least 2 x 50 ms + 2 x 100 ms).
+TEST(SyntheticRuntimeTest, QueuesPastMaxConcurrencyInArrivalOrder) {
+  auto runtime = load_spec("service_time: {dist: fixed, mean_ms: 50}\nmax_concurrency: 2\n");
+  ASSERT_TRUE(runtime.is_ok()) << runtime.status().message();
+  EXPECT_EQ((*runtime)->queue_wait_seconds(), 0);
+  std::mutex mutex;
+  std::condition_variable done;
+  std::vector<int> finished;
+  for (int i = 0; i < 6; ++i) {
+    (*runtime)->run(ModelInput{1, 0, {}}, [&, i](Result<std::vector<Tensor>> result) {
+      EXPECT_TRUE(result.is_ok());
+      std::lock_guard lock(mutex);
+      finished.push_back(i);
+      done.notify_all();
+    });
+  }
+  std::unique_lock lock(mutex);
+  ASSERT_TRUE(done.wait_for(lock, std::chrono::seconds(30), [&] { return finished.size() == 6; }));
+  // Timers fire in deadline order on one thread: each wave ends before the next one's.
+  for (size_t wave = 0; wave < 3; ++wave) {
+    std::vector<int> members(finished.begin() + 2 * wave, finished.begin() + 2 * wave + 2);
+    std::sort(members.begin(), members.end());
+    EXPECT_EQ(members, (std::vector<int>{2 * int(wave), 2 * int(wave) + 1})) << wave;
+  }
+  const double waited = (*runtime)->queue_wait_seconds();
+  EXPECT_GE(waited, 0.3);
+  EXPECT_EQ((*runtime)->queue_wait_seconds(), waited);  // nothing waits any more
+}
+
 TEST(SyntheticRuntimeTest, RejectsBadSpecs) {
   EXPECT_THAT(load_spec("service_time: {dist: uniform, mean_ms: 1}\n").status().message(),
               HasSubstr("not fixed, exponential or lognormal"));
@@ -64,6 +95,8 @@ TEST(SyntheticRuntimeTest, RejectsBadSpecs) {
   EXPECT_THAT(load_spec("colour: red\n").status().message(), HasSubstr("unknown field 'colour'"));
   EXPECT_THAT(load_spec("- 1\n- 2\n").status().message(), HasSubstr("YAML mapping"));
   EXPECT_THAT(load_spec("saturation: -3\n").status().message(), HasSubstr("saturation"));
+  EXPECT_THAT(load_spec("max_concurrency: -1\n").status().message(),
+              HasSubstr("max_concurrency must be >= 0"));
   EXPECT_THAT(
       load_spec("service_time: {dist: lognormal, mean_ms: 1, sigma: 0}\n").status().message(),
       HasSubstr("sigma"));
