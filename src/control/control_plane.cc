@@ -323,7 +323,8 @@ ReplicaUsage ControlPlaneImpl::replica_usage(const std::vector<orchestrator::Rep
         cpu_measured += 1;
       }
       if (wall > 0 && reading.queue_wait_seconds && before.queue_wait_seconds) {
-        queued_sum += std::max(0.0, *reading.queue_wait_seconds - *before.queue_wait_seconds) / wall;
+        queued_sum +=
+            std::max(0.0, *reading.queue_wait_seconds - *before.queue_wait_seconds) / wall;
         queue_measured += 1;
       }
     }

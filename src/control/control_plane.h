@@ -122,7 +122,7 @@ class ControlPlaneImpl final : public ControlPlane, public gateway::CapacityRequ
   // reconciler thread only after start().
   std::map<std::string, LearnedTarget> learned_;
   struct UsageReading {
-    double cpu_seconds = -1;                  // -1: unreadable
+    double cpu_seconds = -1;                   // -1: unreadable
     std::optional<double> queue_wait_seconds;  // none: the replica does not report it
     std::chrono::steady_clock::time_point at;
   };

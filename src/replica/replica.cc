@@ -334,9 +334,8 @@ Status ReplicaImpl::serve(std::unique_ptr<runtime::Runtime>&& runtime,
   registry_.callback("flotilla_replica_queue_wait_seconds_total",
                      "Seconds requests waited inside the runtime for the engine to take them "
                      "(its rate is the mean number waiting).",
-                     "counter", [runtime = loaded_->runtime.get()] {
-                       return runtime->queue_wait_seconds();
-                     });
+                     "counter",
+                     [runtime = loaded_->runtime.get()] { return runtime->queue_wait_seconds(); });
   return Status::ok();
 }
 

@@ -170,8 +170,9 @@ class SyntheticRuntime final : public Runtime {
 
   double queue_wait_seconds() const override {
     std::lock_guard lock(queue_mutex_);
-    return waited_seconds_ + static_cast<double>(queue_.size()) *
-                                 std::chrono::duration<double>(Clock::now() - counted_until_).count();
+    return waited_seconds_ +
+           static_cast<double>(queue_.size()) *
+               std::chrono::duration<double>(Clock::now() - counted_until_).count();
   }
 
  private:
@@ -184,8 +185,8 @@ class SyntheticRuntime final : public Runtime {
   // Adds the time since the queue last changed, times its length, to waited_seconds_: the
   // integral of the queue's length over time. Called under queue_mutex_ before each change.
   void account_waiting(Clock::time_point now) {
-    waited_seconds_ +=
-        static_cast<double>(queue_.size()) * std::chrono::duration<double>(now - counted_until_).count();
+    waited_seconds_ += static_cast<double>(queue_.size()) *
+                       std::chrono::duration<double>(now - counted_until_).count();
     counted_until_ = now;
   }
 
@@ -256,9 +257,9 @@ class SyntheticRuntime final : public Runtime {
   std::mt19937_64 random_;  // guarded by random_mutex_
   std::atomic<int64_t> in_flight_{0};
   mutable std::mutex queue_mutex_;
-  int64_t serving_ = 0;          // requests holding a slot; guarded by queue_mutex_
-  std::deque<Waiting> queue_;    // waiting for a slot, oldest first; guarded by queue_mutex_
-  double waited_seconds_ = 0;    // the queue length's integral up to counted_until_; guarded
+  int64_t serving_ = 0;        // requests holding a slot; guarded by queue_mutex_
+  std::deque<Waiting> queue_;  // waiting for a slot, oldest first; guarded by queue_mutex_
+  double waited_seconds_ = 0;  // the queue length's integral up to counted_until_; guarded
   Clock::time_point counted_until_ = Clock::now();  // guarded by queue_mutex_
   asio::io_context context_{1};
   asio::executor_work_guard<asio::io_context::executor_type> guard_{context_.get_executor()};

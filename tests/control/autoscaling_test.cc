@@ -236,7 +236,9 @@ TEST(EndpointScalerTest, VerticalLowersTheTargetOnInReplicaQueueing) {
   scaler.add_samples(steady(0, 30, 20, 10));  // baseline: 10 ms
   scaler.tick(Millis(30'000), 2, 0, 0, light_usage);
   scaler.add_samples(steady(30'000, 30, 32, 12.5));
-  const auto queued = [] { return ReplicaUsage{.cpu_utilization = 0.1, .queued = 1.5}; };
+  const auto queued = [] {
+    return ReplicaUsage{.cpu_utilization = 0.1, .queued = 1.5};
+  };
   const auto changes = scaler.tick(Millis(60'000), 2, 0, 0, queued);
   ASSERT_FALSE(changes.empty());
   EXPECT_NE(changes[0].find("target 16.00 -> 12.00"), std::string::npos) << changes[0];
@@ -252,7 +254,7 @@ TEST(MetricValueTest, ReadsAnUnlabelledSample) {
       "flotilla_replica_queue_wait_seconds_total 12.5\n"
       "process_open_fds 9";
   EXPECT_EQ(metric_value(text, "flotilla_replica_queue_wait_seconds_total"), 12.5);
-  EXPECT_EQ(metric_value(text, "process_open_fds"), 9);  // the last line, with no newline
+  EXPECT_EQ(metric_value(text, "process_open_fds"), 9);      // the last line, with no newline
   EXPECT_EQ(metric_value("a 1 1700000000000\r\n", "a"), 1);  // with a timestamp, CRLF
   EXPECT_FALSE(metric_value(text, "flotilla_missing").has_value());
   EXPECT_FALSE(metric_value("a lots\n", "a").has_value());

@@ -279,7 +279,8 @@ TEST(EngineTest, AFullQueueRefusesMoreUntilItDrains) {
   EXPECT_EQ(static_cast<int>(collector.outcomes().size()), accepted);
   // The queue's integral: the accepted requests but the first waited, none longer than the run.
   const double waited = (*engine)->stats().queue_wait_seconds;
-  const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  const double wall =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   EXPECT_GT(waited, 0);
   EXPECT_LE(waited, (accepted - 1) * wall);
   EXPECT_EQ((*engine)->stats().queue_wait_seconds, waited);  // nothing waits any more
