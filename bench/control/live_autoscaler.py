@@ -13,7 +13,12 @@ grows in proportion beyond, under 40 clients; the per-replica target starts at t
 runtime's default (8) and is printed each decision period (shortened from 30 s to 5 s); the
 result is compared with the true saturation point.
 
-Usage: bench/control/live_autoscaler.py   (needs build/release/flotilla; about 3 minutes)
+Queueing: a synthetic model that serves 6 requests at once per replica and queues the rest
+inside (max_concurrency), so latency grows by 1/6 per queued request and stays under the 1.5x
+overload threshold until 3 queue: only the replicas' queue (flotilla_replica_queue_wait_seconds_total)
+shows the overload. Same 40 clients, target printed each period, compared with the 6 slots.
+
+Usage: bench/control/live_autoscaler.py   (needs build/release/flotilla; about 4 minutes)
 """
 import http.client
 import json
@@ -109,11 +114,11 @@ def p99(values):
     return values[min(len(values) - 1, int(len(values) * 0.99))] if values else 0.0
 
 
-def synthetic(workdir, name, saturation):
+def synthetic(workdir, name, saturation, max_concurrency=0):
     path = os.path.join(workdir, name + ".yaml")
     with open(path, "w") as f:
         f.write(f"service_time: {{dist: fixed, mean_ms: 50}}\ncpu_us: 0\n"
-                f"saturation: {saturation}\nseed: 1\n")
+                f"saturation: {saturation}\nmax_concurrency: {max_concurrency}\nseed: 1\n")
     return path
 
 
@@ -180,11 +185,10 @@ def horizontal(up, workdir):
           f"(down window 30 s)" if first_down else "no scale-down within 50 s")
 
 
-def vertical(up, workdir):
-    name = "learn"
-    deploy(up, name, synthetic(workdir, name, 12), {"min": 1, "max": 24}, {"min": 1, "max": 32})
+def vertical(up, workdir, name, model, truth, what):
+    deploy(up, name, model, {"min": 1, "max": 24}, {"min": 1, "max": 32})
     clients = Clients(up, name, 40)
-    print("\n== vertical: 40 clients; latency flat up to 12 in flight per replica")
+    print(f"\n== vertical: 40 clients; {what}")
     print(f"{'t s':>5}{'target':>8}{'ready':>7}")
     t0 = time.time()
     targets = []
@@ -195,8 +199,8 @@ def vertical(up, workdir):
         time.sleep(5)
     clients.stop()
     final = statistics.median(targets[-4:])
-    print(f"learned target (median of the last 4 readings) {final:.2f} vs saturation 12: "
-          f"{final / 12:.2f}x; errors {sum(clients.errors.values())}")
+    print(f"learned target (median of the last 4 readings) {final:.2f} vs {truth}: "
+          f"{final / truth:.2f}x; errors {sum(clients.errors.values())}")
 
 
 def main():
@@ -205,7 +209,10 @@ def main():
                 "--vertical-period-ms", "5000")
         try:
             horizontal(up, workdir)
-            vertical(up, workdir)
+            vertical(up, workdir, "learn", synthetic(workdir, "learn", 12), 12,
+                     "latency flat up to 12 in flight per replica")
+            vertical(up, workdir, "queue", synthetic(workdir, "queue", 100000, 6), 6,
+                     "6 served at once per replica, the rest queued inside")
         finally:
             up.stop()
     return 0

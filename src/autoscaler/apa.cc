@@ -31,10 +31,11 @@ class ApaPolicy final : public Policy {
     }
     // A standing queue with no capacity on its way is demand too: closed-loop clients keep a
     // queue that Little's law on arrivals and completions does not see. Counted only when it
-    // held through the whole last period without shrinking (not a burst, not a backlog being
-    // served) and nothing is starting (while replicas start, the queue is theirs).
+    // held through the whole standing window without shrinking (not a burst, not a backlog
+    // being served) and nothing is starting (while replicas start, the queue is theirs).
+    const Millis standing = std::min(options_.standing_window, options_.up_window);
     const double waiting =
-        fleet.pending == 0 ? samples.standing_demand(now, options_.period).value_or(0) : 0;
+        fleet.pending == 0 ? samples.standing_demand(now, standing).value_or(0) : 0;
     // A trend counts past the tolerance only: noise in the arrivals is not a ramp.
     double growth =
         samples.arrival_growth(now, options_.up_window, options_.lead_time).value_or(1.0);

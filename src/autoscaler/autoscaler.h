@@ -118,6 +118,9 @@ struct ApaOptions {
   // meets (a decision period plus a cold start).
   Millis lead_time{10'000};
   double trend_tolerance = 0.1;  // growth over lead_time below this is noise
+  // A queue that held this long (at most up_window) without shrinking, with nothing starting,
+  // is demand. Not the period: a shorter period must not read a one-second queue as standing.
+  Millis standing_window{5'000};
   ReplicaRange range;
 };
 

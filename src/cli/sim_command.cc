@@ -19,6 +19,9 @@ struct SimFlags {
   uint64_t seed = 1;
   bool round_robin = false;
   int64_t static_replicas = 0;
+  double queue_timeout_s = 0;
+  int64_t apa_period_ms = 0;
+  double apa_max_up_factor = 0;
   std::string csv;
   std::string output = "text";
   bool list = false;
@@ -60,8 +63,13 @@ int run_sim(const SimFlags& flags) {
       sim::scale_rate(scenario, flags.rate_scale);
     }
   }
+  if (flags.queue_timeout_s > 0) {
+    scenario.queue_timeout_s = flags.queue_timeout_s;
+  }
   sim::SimOptions options;
   options.policy = *policy;
+  options.apa_period_ms = flags.apa_period_ms;
+  options.apa_max_up_factor = flags.apa_max_up_factor;
   options.seed = flags.seed;
   options.round_robin = flags.round_robin;
   options.static_replicas = flags.static_replicas;
@@ -130,6 +138,16 @@ std::function<int()> add_sim_command(CLI::App& app) {
   cmd->add_option("--static-replicas", flags->static_replicas,
                   "Replicas for --policy static (0: provision for the peak)")
       ->capture_default_str();
+  // What-if knobs: what each of DESIGN.md §4's limits costs (bench/sim/spike_limits.py).
+  cmd->add_option("--queue-timeout-s", flags->queue_timeout_s,
+                  "The gateway queue's deadline instead of the scenario's")
+      ->check(CLI::Range(0.001, 3600.0));
+  cmd->add_option("--apa-period-ms", flags->apa_period_ms,
+                  "APA's horizontal decision period instead of DESIGN.md's 5000")
+      ->check(CLI::Range(int64_t{100}, int64_t{3'600'000}));
+  cmd->add_option("--apa-max-up-factor", flags->apa_max_up_factor,
+                  "APA's scale-up cap per decision instead of DESIGN.md's x2")
+      ->check(CLI::Range(1.0, 1e6));
   cmd->add_option("--csv", flags->csv, "Write per-second rows to this CSV file");
   cmd->add_option("-o,--output", flags->output, "text or json")
       ->check(CLI::IsMember({"text", "json"}))

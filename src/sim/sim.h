@@ -84,6 +84,10 @@ struct SimOptions {
   bool round_robin = false;  // the gateway's round robin instead of power of two choices
   uint64_t seed = 1;
   int64_t static_replicas = 0;  // for kStatic; 0: provision for the scenario's peak
+  // What-if overrides of APA's scale-up limits (0: DESIGN.md §4's 5 s period and x2 cap), to
+  // measure what each costs; never the defaults.
+  int64_t apa_period_ms = 0;
+  double apa_max_up_factor = 0;
 };
 
 // One simulated second.

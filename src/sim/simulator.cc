@@ -187,6 +187,12 @@ class Simulator {
       case PolicyKind::kApa: {
         autoscaler::ApaOptions options;
         options.range = range;
+        if (options_.apa_period_ms > 0) {
+          options.period = Millis(options_.apa_period_ms);
+        }
+        if (options_.apa_max_up_factor > 0) {
+          options.max_up_factor = options_.apa_max_up_factor;
+        }
         policy_ = autoscaler::make_apa_policy(options, vertical_.target_ptr());
         break;
       }

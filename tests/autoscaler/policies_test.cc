@@ -128,6 +128,25 @@ TEST(ApaHorizontalTest, StandingQueueIsDemandWhenNothingIsStarting) {
   EXPECT_LT(policy->decide(sec(5), draining, Fleet{1, 0, 1}).desired, 6);
 }
 
+// With decisions every second, a queue must still stand for the standing window (5 s), not
+// one period: a queue that appeared a second ago is what the replicas just started serve.
+TEST(ApaHorizontalTest, StandingMeansTheStandingWindowNotThePeriod) {
+  double target = 4;
+  ApaOptions options;
+  options.period = sec(1);
+  options.min_up_step = 100;
+  auto policy = make_apa_policy(options, &target);
+  SampleWindow window;
+  for (int64_t s = 1; s <= 5; ++s) {
+    window.add(Sample{sec(s), 4, s >= 4 ? 20.0 : 0.0, 80, 80});
+  }
+  EXPECT_LT(policy->decide(sec(5), window, Fleet{1, 0, 1}).desired, 6);
+  for (int64_t s = 6; s <= 9; ++s) {
+    window.add(Sample{sec(s), 4, 20, 80, 80});
+  }
+  EXPECT_EQ(policy->decide(sec(9), window, Fleet{1, 0, 1}).desired, 6);  // stood 5 s now
+}
+
 TEST(SampleWindowTest, ArrivalGrowthFollowsARampButNotAStep) {
   // Arrivals 1000 + 100/s: in 10 s the rate grows from 3000 to 4000.
   SampleWindow ramp;

@@ -68,6 +68,19 @@ TEST(SimulatorTest, ApaAbsorbsASpikeBetterThanHpa) {
   EXPECT_LT(apa.replica_seconds, hpa.replica_seconds);
 }
 
+// The what-if overrides reach the policy: a shorter decision period or a looser per-decision
+// cap scales up sooner, so fewer requests miss.
+TEST(SimulatorTest, ApaWhatIfOverridesLoosenItsScaleUpLimits) {
+  const Scenario scenario = small_spike();
+  SimOptions options;
+  const double design = simulate(scenario, options).summary.over_slo_pct;
+  options.apa_period_ms = 1000;
+  EXPECT_LT(simulate(scenario, options).summary.over_slo_pct, design);
+  options.apa_period_ms = 0;
+  options.apa_max_up_factor = 100;
+  EXPECT_LT(simulate(scenario, options).summary.over_slo_pct, design);
+}
+
 // A batched engine alone: each request takes its steps at the single-item step time.
 TEST(SimulatorTest, BatchedReplicaStepsAtItsBatchsStepTime) {
   Scenario scenario = *find_scenario("batched");
