@@ -204,7 +204,7 @@ std::vector<std::string> EndpointScaler::tick(autoscaler::Millis now, int64_t re
     // Read on every due tick, idle ones too, so that the first busy cycle has a reading to
     // difference against (a replica's queue is known from its second reading on).
     const ReplicaUsage used = ready > 0 ? usage() : ReplicaUsage{};
-    if (completions_sum_ > 0 && ready > 0) {
+    if (completions_sum_ > 0 && ready > 0 && used.queued) {
       autoscaler::ReplicaSignals signals;
       signals.latency_ms = latency_weighted_sum_ / completions_sum_;
       signals.concurrency = concurrency_sum_ /
@@ -213,7 +213,7 @@ std::vector<std::string> EndpointScaler::tick(autoscaler::Millis now, int64_t re
       signals.peak_concurrency = peak_concurrency_ / static_cast<double>(ready);
       signals.peak_latency_ms = peak_latency_ms_;
       signals.cpu_utilization = used.cpu_utilization;
-      signals.queued_in_replica = used.queued;
+      signals.queued_in_replica = *used.queued;
       const autoscaler::Decision decision = vertical_->decide_target(signals);
       if (!decision.reason.empty()) {
         changes.push_back("vertical: " + decision.reason);

@@ -57,7 +57,10 @@ std::optional<double> metric_value(std::string_view text, std::string_view name)
 // What an endpoint's ready replicas did over an interval, as the vertical policy reads it.
 struct ReplicaUsage {
   double cpu_utilization = 0;  // mean over the replicas, 0..1 of the cores each may use
-  double queued = 0;  // mean requests waiting inside a replica for its engine (a full batch)
+  // Mean requests waiting inside a replica for its engine (a full batch); nullopt when the
+  // replicas report a queue but none has been read twice yet (unknown, not zero). Replicas
+  // that report none (an external server) count as 0.
+  std::optional<double> queued = 0;
 };
 
 class EndpointScaler {
@@ -80,7 +83,8 @@ class EndpointScaler {
   // every vertical_period). `ready`/`pending`: the endpoint's replicas serving and starting;
   // `failures`: how many of its replicas ever failed (a running count); `usage` is called when
   // the vertical policy is due and returns what the ready replicas did since its previous
-  // call. Returns the reasons of the decisions that changed something (to record as events).
+  // call (a cycle whose queue is unknown decides nothing: its latency may be queueing). Returns the
+  // reasons of the decisions that changed something (to record as events).
   std::vector<std::string> tick(autoscaler::Millis now, int64_t ready, int64_t pending,
                                 int64_t failures, const std::function<ReplicaUsage()>& usage);
 

@@ -297,6 +297,7 @@ ReplicaUsage ControlPlaneImpl::replica_usage(const std::vector<orchestrator::Rep
   double queued_sum = 0;
   int cpu_measured = 0;
   int queue_measured = 0;
+  int queue_unknown = 0;  // replicas that report a queue, read once so far
   for (const orchestrator::Replica& replica : replicas) {
     UsageReading reading;
     reading.cpu_seconds = orchestrator::process_cpu_seconds(replica.pid);
@@ -312,6 +313,10 @@ ReplicaUsage ControlPlaneImpl::replica_usage(const std::vector<orchestrator::Rep
     }
     reading.at = std::chrono::steady_clock::now();
     auto previous = usage_readings_.find(replica.pid);
+    if (reading.queue_wait_seconds &&
+        (previous == usage_readings_.end() || !previous->second.queue_wait_seconds)) {
+      queue_unknown += 1;
+    }
     if (previous != usage_readings_.end()) {
       const UsageReading& before = previous->second;
       const double wall = std::chrono::duration<double>(reading.at - before.at).count();
@@ -332,7 +337,11 @@ ReplicaUsage ControlPlaneImpl::replica_usage(const std::vector<orchestrator::Rep
   }
   ReplicaUsage usage;
   usage.cpu_utilization = cpu_measured > 0 ? std::clamp(cpu_sum / cpu_measured, 0.0, 1.0) : 0.0;
-  usage.queued = queue_measured > 0 ? queued_sum / queue_measured : 0.0;
+  if (queue_measured > 0) {
+    usage.queued = queued_sum / queue_measured;
+  } else if (queue_unknown > 0) {
+    usage.queued = std::nullopt;
+  }
   return usage;
 }
 

@@ -245,6 +245,26 @@ TEST(EndpointScalerTest, VerticalLowersTheTargetOnInReplicaQueueing) {
   EXPECT_NE(changes[0].find("queued 1.5"), std::string::npos) << changes[0];
 }
 
+// The first busy cycle after a replica came: its queue is not known yet (one reading), so
+// its latency may be queueing and must not become the baseline. Without the wait the target
+// would rise (66 ms learned as the baseline is headroom) before the queue showed.
+TEST(EndpointScalerTest, VerticalWaitsForAQueueReading) {
+  EndpointScaler scaler(endpoint({served(1, 256)}), fast_options(), 2, Millis(0));
+  scaler.add_samples(steady(0, 30, 32, 66));
+  const auto unknown = [] {
+    return ReplicaUsage{.cpu_utilization = 0.1, .queued = std::nullopt};
+  };
+  EXPECT_TRUE(scaler.tick(Millis(30'000), 2, 0, 0, unknown).empty());
+  EXPECT_FALSE(scaler.learned().baseline_ms.has_value());
+  scaler.add_samples(steady(30'000, 30, 32, 66));
+  const auto queued = [] {
+    return ReplicaUsage{.cpu_utilization = 0.1, .queued = 2};
+  };
+  const auto changes = scaler.tick(Millis(60'000), 2, 0, 0, queued);
+  ASSERT_FALSE(changes.empty());
+  EXPECT_NE(changes[0].find("target 16.00 -> 12.00: overload"), std::string::npos) << changes[0];
+}
+
 TEST(MetricValueTest, ReadsAnUnlabelledSample) {
   const std::string text =
       "# HELP flotilla_replica_queue_wait_seconds_total Seconds.\n"
