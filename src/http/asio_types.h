@@ -14,6 +14,8 @@
 #include <sys/socket.h>
 #include <sys/uio.h>
 
+#include "http/block_cache.h"
+
 namespace flotilla::http {
 
 namespace asio = boost::asio;
@@ -26,6 +28,14 @@ using Resolver = asio::ip::basic_resolver<tcp, asio::io_context::executor_type>;
 using SteadyTimer = asio::basic_waitable_timer<std::chrono::steady_clock,
                                                asio::wait_traits<std::chrono::steady_clock>,
                                                asio::io_context::executor_type>;
+
+// Parsers whose header fields live in a connection's BlockCache (see there why), made with
+// std::piecewise_construct, std::make_tuple(), std::make_tuple(FieldsAllocator(&cache)).
+using FieldsAllocator = CachedAllocator<char>;
+template <class Body>
+using RequestParser = bhttp::request_parser<Body, FieldsAllocator>;
+template <class Body>
+using ResponseParser = bhttp::response_parser<Body, FieldsAllocator>;
 
 // A Beast parse error: the bytes are not HTTP (as opposed to the stream ending early).
 inline bool is_malformed_http(const beast::error_code& ec) {

@@ -133,10 +133,11 @@ class Connection : public std::enable_shared_from_this<Connection> {
   ClientPool::Callback done_;
   std::string head_;
   beast::flat_buffer buffer_;
-  std::optional<bhttp::response_parser<bhttp::string_body>> parser_;
+  BlockCache fields_cache_;  // before the parsers: it outlives the blocks they hold
+  std::optional<ResponseParser<bhttp::string_body>> parser_;
   // An event-stream response after its head: the body is read piece by piece into
   // stream_buffer_ and handed on, never accumulated.
-  std::optional<bhttp::response_parser<bhttp::buffer_body>> stream_parser_;
+  std::optional<ResponseParser<bhttp::buffer_body>> stream_parser_;
   std::unique_ptr<char[]> stream_buffer_;
   bool head_delivered_ = false;
 };
@@ -412,7 +413,8 @@ void Connection::write() {
 }
 
 void Connection::read() {
-  parser_.emplace();
+  parser_.emplace(std::piecewise_construct, std::make_tuple(),
+                  std::make_tuple(FieldsAllocator(&fields_cache_)));
   parser_->body_limit(pool_->options().max_response_bytes);
   parser_->eager(true);
   parser_->skip(request_.method == Method::kHead);  // a HEAD response has no body
@@ -528,14 +530,19 @@ void Connection::on_read(beast::error_code ec) {
     fail_read(ec);
     return;
   }
-  auto message = parser_->release();
-  parser_.reset();
   ClientResponse response;
-  response.status = static_cast<int>(message.result_int());
-  copy_headers(message, response);
-  response.body = std::move(message.body());
-  // Bytes past the response on a request/response connection mean a confused upstream.
-  finish(std::move(response), message.keep_alive() && buffer_.size() == 0);
+  bool keep = false;
+  {
+    // Gone before finish(): its fields' blocks go back to fields_cache_ while it exists.
+    auto message = parser_->release();
+    response.status = static_cast<int>(message.result_int());
+    copy_headers(message, response);
+    response.body = std::move(message.body());
+    // Bytes past the response on a request/response connection mean a confused upstream.
+    keep = message.keep_alive() && buffer_.size() == 0;
+  }
+  parser_.reset();
+  finish(std::move(response), keep);
 }
 
 void Connection::fail_read(beast::error_code ec) {

@@ -298,7 +298,8 @@ class Session : public std::enable_shared_from_this<Session> {
   // and reads the rest asynchronously only when something is missing: most requests then
   // cost no extra event-loop pass and no timer update.
   void start_request() {
-    parser_.emplace();
+    parser_.emplace(std::piecewise_construct, std::make_tuple(),
+                    std::make_tuple(FieldsAllocator(&fields_cache_)));
     parser_->header_limit(static_cast<uint32_t>(server_.options().max_header_bytes));
     parser_->body_limit(server_.options().max_body_bytes);
     parser_->eager(true);
@@ -438,22 +439,26 @@ class Session : public std::enable_shared_from_this<Session> {
 
   void dispatch() {
     deadline_ = TimePoint::max();
-    auto message = parser_->release();
-    parser_.reset();
-    keep_alive_ = message.keep_alive();
-    request_version_ = message.version();
-    head_request_ = message.method() == bhttp::verb::head;
     Request request;
-    request.method = to_method(message.method());
-    request.target = std::string(message.target());
-    request.content_type = std::string(message[bhttp::field::content_type]);
-    request.body = std::move(message.body());
-    if (server_.options().capture_headers) {
-      request.headers.reserve(16);
-      for (const auto& field : message) {
-        request.headers.emplace_back(std::string(field.name_string()), std::string(field.value()));
+    {
+      // Gone before the handler runs: its fields' blocks go back to fields_cache_.
+      auto message = parser_->release();
+      keep_alive_ = message.keep_alive();
+      request_version_ = message.version();
+      head_request_ = message.method() == bhttp::verb::head;
+      request.method = to_method(message.method());
+      request.target = std::string(message.target());
+      request.content_type = std::string(message[bhttp::field::content_type]);
+      request.body = std::move(message.body());
+      if (server_.options().capture_headers) {
+        request.headers.reserve(16);
+        for (const auto& field : message) {
+          request.headers.emplace_back(std::string(field.name_string()),
+                                       std::string(field.value()));
+        }
       }
     }
+    parser_.reset();
     auto exchange = std::make_shared<detail::Exchange>(shared_from_this(), request_version_ >= 11,
                                                        !head_request_);
     try {
@@ -540,7 +545,8 @@ class Session : public std::enable_shared_from_this<Session> {
   ServerImpl& server_;
   Worker& worker_;
   beast::flat_buffer buffer_;
-  std::optional<bhttp::request_parser<bhttp::string_body>> parser_;
+  BlockCache fields_cache_;  // before parser_: it outlives the blocks the parser holds
+  std::optional<RequestParser<bhttp::string_body>> parser_;
   std::optional<bhttp::response<bhttp::empty_body>> continue_;
   std::string head_;  // the response head being written, reused across responses
   std::string body_;
