@@ -5,7 +5,9 @@
 #include <array>
 #include <cerrno>
 #include <chrono>
+#include <optional>
 #include <string_view>
+#include <tuple>
 #include <utility>  // Boost 1.74 asio uses std::exchange without including it
 
 #include <boost/asio.hpp>
@@ -29,13 +31,19 @@ using SteadyTimer = asio::basic_waitable_timer<std::chrono::steady_clock,
                                                asio::wait_traits<std::chrono::steady_clock>,
                                                asio::io_context::executor_type>;
 
-// Parsers whose header fields live in a connection's BlockCache (see there why), made with
-// std::piecewise_construct, std::make_tuple(), std::make_tuple(FieldsAllocator(&cache)).
+// Parsers whose header fields live in a connection's BlockCache (see there why).
 using FieldsAllocator = CachedAllocator<char>;
 template <class Body>
 using RequestParser = bhttp::request_parser<Body, FieldsAllocator>;
 template <class Body>
 using ResponseParser = bhttp::response_parser<Body, FieldsAllocator>;
+
+// Starts a fresh parser in `parser` whose fields come from `cache`.
+template <class Parser>
+void emplace_parser(std::optional<Parser>& parser, BlockCache& cache) {
+  parser.emplace(std::piecewise_construct, std::make_tuple(),
+                 std::make_tuple(FieldsAllocator(&cache)));
+}
 
 // A Beast parse error: the bytes are not HTTP (as opposed to the stream ending early).
 inline bool is_malformed_http(const beast::error_code& ec) {

@@ -413,8 +413,7 @@ void Connection::write() {
 }
 
 void Connection::read() {
-  parser_.emplace(std::piecewise_construct, std::make_tuple(),
-                  std::make_tuple(FieldsAllocator(&fields_cache_)));
+  emplace_parser(parser_, fields_cache_);
   parser_->body_limit(pool_->options().max_response_bytes);
   parser_->eager(true);
   parser_->skip(request_.method == Method::kHead);  // a HEAD response has no body

@@ -298,8 +298,7 @@ class Session : public std::enable_shared_from_this<Session> {
   // and reads the rest asynchronously only when something is missing: most requests then
   // cost no extra event-loop pass and no timer update.
   void start_request() {
-    parser_.emplace(std::piecewise_construct, std::make_tuple(),
-                    std::make_tuple(FieldsAllocator(&fields_cache_)));
+    emplace_parser(parser_, fields_cache_);
     parser_->header_limit(static_cast<uint32_t>(server_.options().max_header_bytes));
     parser_->body_limit(server_.options().max_body_bytes);
     parser_->eager(true);

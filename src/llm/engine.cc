@@ -138,7 +138,7 @@ class EngineImpl final : public Engine {
   EngineStats stats() const override {
     std::lock_guard lock(mutex_);
     EngineStats stats = stats_;
-    stats.queue_wait_seconds += stats_.waiting * seconds_since(waiting_counted_until_);
+    stats.queue_wait_seconds = waiting_integral();
     return stats;
   }
 
@@ -149,14 +149,17 @@ class EngineImpl final : public Engine {
     return (tokens + cache_.block_tokens() - 1) / cache_.block_tokens();
   }
 
-  static double seconds_since(SteadyClock::time_point then) {
-    return std::chrono::duration<double>(SteadyClock::now() - then).count();
+  // The integral of stats_.waiting over time up to now: what was accounted, plus the current
+  // count since it last changed. Under mutex_.
+  double waiting_integral() const {
+    const double since =
+        std::chrono::duration<double>(SteadyClock::now() - waiting_counted_until_).count();
+    return stats_.queue_wait_seconds + stats_.waiting * since;
   }
 
-  // Adds the waiting count times the time since it last changed to the integral; called under
-  // mutex_ before each change of stats_.waiting.
+  // Brings the integral up to now; called under mutex_ before each change of stats_.waiting.
   void account_waiting() {
-    stats_.queue_wait_seconds += stats_.waiting * seconds_since(waiting_counted_until_);
+    stats_.queue_wait_seconds = waiting_integral();
     waiting_counted_until_ = SteadyClock::now();
   }
 

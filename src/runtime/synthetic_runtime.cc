@@ -170,9 +170,7 @@ class SyntheticRuntime final : public Runtime {
 
   double queue_wait_seconds() const override {
     std::lock_guard lock(queue_mutex_);
-    return waited_seconds_ +
-           static_cast<double>(queue_.size()) *
-               std::chrono::duration<double>(Clock::now() - counted_until_).count();
+    return queue_integral(Clock::now());
   }
 
  private:
@@ -182,11 +180,16 @@ class SyntheticRuntime final : public Runtime {
     RunCallback done;
   };
 
-  // Adds the time since the queue last changed, times its length, to waited_seconds_: the
-  // integral of the queue's length over time. Called under queue_mutex_ before each change.
+  // The integral of the queue's length over time up to `now`: what was accounted, plus the
+  // current length since it last changed. Under queue_mutex_.
+  double queue_integral(Clock::time_point now) const {
+    return waited_seconds_ + static_cast<double>(queue_.size()) *
+                                 std::chrono::duration<double>(now - counted_until_).count();
+  }
+
+  // Brings the integral up to `now`; called under queue_mutex_ before each change of queue_.
   void account_waiting(Clock::time_point now) {
-    waited_seconds_ += static_cast<double>(queue_.size()) *
-                       std::chrono::duration<double>(now - counted_until_).count();
+    waited_seconds_ = queue_integral(now);
     counted_until_ = now;
   }
 
