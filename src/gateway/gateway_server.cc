@@ -289,8 +289,8 @@ struct ProxyCall : std::enable_shared_from_this<ProxyCall> {
 
   http::Responder responder;
   http::Loop loop;  // the worker that owns the client connection
-  // Callbacks capture only the call (16 bytes: std::function keeps it inline, no allocation)
-  // and reach the gateway through it.
+  // Callbacks capture only the call and reach the gateway through it. (A std::function still
+  // allocates for a shared_ptr capture: libstdc++ keeps only trivially copyable ones inline.)
   GatewayImpl* gateway = nullptr;
   http::Method method = http::Method::kPost;
   std::string path;  // as the client sent it, for the log
@@ -725,12 +725,17 @@ void GatewayImpl::handle(http::Request&& request, http::Responder&& responder) {
   if (valid_request_id(client_id)) {
     call->request_id = std::string(client_id);
   } else {
-    // 16 hex digits, by hand: snprintf cost 0.4% of the gateway's CPU.
-    static constexpr char kHex[] = "0123456789abcdef";
-    uint64_t bits = state.random->next();
-    call->request_id.resize(16);
-    for (int i = 15; i >= 0; --i, bits >>= 4) {
-      call->request_id[static_cast<size_t>(i)] = kHex[bits & 0xf];
+    // 15 base-32 digits (75 random bits), by hand: snprintf cost 0.4% of the gateway's CPU.
+    // 15 characters fit in std::string's own buffer, so the three copies (the call's, the
+    // replica's header, the client's header) cost no allocation.
+    static constexpr char kDigits[] = "0123456789abcdefghijklmnopqrstuv";
+    call->request_id.resize(15);
+    uint64_t bits = 0;
+    for (size_t i = 0; i < 15; ++i, bits >>= 5) {
+      if (i % 12 == 0) {
+        bits = state.random->next();  // 12 digits of 5 bits a draw
+      }
+      call->request_id[i] = kDigits[bits & 0x1f];
     }
   }
   http::ClientRequest& upstream = call->request;
@@ -1004,12 +1009,9 @@ void GatewayImpl::on_upstream(const std::shared_ptr<ProxyCall>& call,
 
   if (response.failure == http::UpstreamFailure::kNone) {
     record_answer(call, response.status);
-    http::Response out;
-    out.status = response.status;
-    out.content_type = std::move(response.content_type);
-    out.body = std::move(response.body);
-    out.headers = std::move(response.headers);
-    respond(*call, std::move(out));
+    // Every field given: a default Content-Type would be built only to be replaced.
+    respond(*call, http::Response{response.status, std::move(response.content_type),
+                                  std::move(response.body), std::move(response.headers)});
     return;
   }
   if (response.failure == http::UpstreamFailure::kCancelled) {

@@ -8,6 +8,7 @@
 #include <optional>
 #include <string_view>
 #include <tuple>
+#include <type_traits>
 #include <utility>  // Boost 1.74 asio uses std::exchange without including it
 
 #include <boost/asio.hpp>
@@ -38,11 +39,15 @@ using RequestParser = bhttp::request_parser<Body, FieldsAllocator>;
 template <class Body>
 using ResponseParser = bhttp::response_parser<Body, FieldsAllocator>;
 
-// Starts a fresh parser in `parser` whose fields come from `cache`.
+// Starts a fresh parser in `parser` whose fields come from `cache` and whose string body (if
+// it has one) from the thread's BodyRecycler.
 template <class Parser>
 void emplace_parser(std::optional<Parser>& parser, BlockCache& cache) {
   parser.emplace(std::piecewise_construct, std::make_tuple(),
                  std::make_tuple(FieldsAllocator(&cache)));
+  if constexpr (std::is_same_v<typename Parser::value_type::body_type, bhttp::string_body>) {
+    parser->get().body() = BodyRecycler::take();
+  }
 }
 
 // A Beast parse error: the bytes are not HTTP (as opposed to the stream ending early).

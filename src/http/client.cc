@@ -596,6 +596,7 @@ void Connection::finish(ClientResponse&& response, bool keep) {
   predecessor_.reset();
   auto done = std::move(done_);
   done_ = nullptr;
+  BodyRecycler::give(std::move(request_.body));  // written: the next parse on this loop takes it
   request_ = {};
   if (keep) {
     pool_->release(shared_from_this());

@@ -15,6 +15,8 @@
 #include <utility>
 #include <vector>
 
+#include <boost/container/small_vector.hpp>
+
 #include "common/common.h"
 
 namespace flotilla::http {
@@ -49,7 +51,9 @@ enum class Method { kGet, kHead, kPost, kPut, kDelete, kOther };
 
 std::string_view method_name(Method method);  // "GET", ...; "" for kOther
 
-using Headers = std::vector<std::pair<std::string, std::string>>;
+// Inline room for the usual handful of headers: a request's headers cost no allocation of
+// their own (the strings in them still may).
+using Headers = boost::container::small_vector<std::pair<std::string, std::string>, 8>;
 
 // The value of header `name` (case-insensitive) in `headers`, or "" when absent.
 std::string_view find_header(const Headers& headers, std::string_view name);
@@ -67,7 +71,7 @@ struct Response {
   int status = 200;
   std::string content_type = "application/json";
   std::string body;
-  std::vector<std::pair<std::string, std::string>> headers;
+  Headers headers;
 };
 
 namespace detail {

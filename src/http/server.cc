@@ -194,6 +194,7 @@ class Session : public std::enable_shared_from_this<Session> {
     // While draining, requests the client already pipelined behind this one are still served;
     // the connection closes after the last of them.
     keep_alive_ = keep_alive_ && (!server_.draining() || buffer_.size() > 0);
+    BodyRecycler::give(std::move(body_));  // the previous response's, long written
     body_ = std::move(response.body);
     begin_head(response.status, response.content_type, response.headers);
     if (head_request_) {
@@ -450,7 +451,6 @@ class Session : public std::enable_shared_from_this<Session> {
       request.content_type = std::string(message[bhttp::field::content_type]);
       request.body = std::move(message.body());
       if (server_.options().capture_headers) {
-        request.headers.reserve(16);
         for (const auto& field : message) {
           request.headers.emplace_back(std::string(field.name_string()),
                                        std::string(field.value()));
