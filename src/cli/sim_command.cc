@@ -123,8 +123,10 @@ std::function<int()> add_sim_command(CLI::App& app) {
       "sim", "Simulate an endpoint's fleet under an autoscaling policy (discrete events).");
   cmd->add_option("scenario", flags->scenario, "Scenario name (--list shows them)");
   cmd->add_flag("--list", flags->list, "List the scenarios");
-  cmd->add_option("--policy", flags->policy, "apa, hpa, kpa, ray or static")
-      ->check(CLI::IsMember({"apa", "hpa", "kpa", "ray", "static"}))
+  cmd->add_option("--policy", flags->policy,
+                  "apa, hpa, kpa, ray or static; or oracle: knows the load to come and keeps "
+                  "APA's scale-up limits (a bound on any policy within them, not a policy)")
+      ->check(CLI::IsMember({"apa", "hpa", "kpa", "ray", "static", "oracle"}))
       ->capture_default_str();
   cmd->add_option("--trace", flags->trace,
                   "Replay a CSV trace (first column: request timestamps) instead of a scenario");

@@ -228,8 +228,10 @@ Result<PolicyKind> parse_policy_kind(std::string_view name) {
     return PolicyKind::kRay;
   if (name == "static")
     return PolicyKind::kStatic;
+  if (name == "oracle")
+    return PolicyKind::kOracle;
   return invalid_argument("unknown policy '" + std::string(name) +
-                          "' (use apa, hpa, kpa, ray or static)");
+                          "' (use apa, hpa, kpa, ray, static or oracle)");
 }
 
 std::string_view policy_name(PolicyKind kind) {
@@ -244,6 +246,8 @@ std::string_view policy_name(PolicyKind kind) {
       return "ray";
     case PolicyKind::kStatic:
       return "static";
+    case PolicyKind::kOracle:
+      return "oracle";
   }
   return "";
 }

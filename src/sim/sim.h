@@ -75,7 +75,10 @@ Result<Scenario> trace_scenario(const std::string& path, double rate_scale);
 // Multiplies the offered load, and the starting and maximum replica counts with it.
 void scale_rate(Scenario& scenario, double factor);
 
-enum class PolicyKind { kApa, kHpa, kKpa, kRay, kStatic };
+// kOracle is not a production policy: it knows the scenario's future load and sizes the fleet
+// for it within APA's scale-up limits (period and cap), to bound what any policy under those
+// limits could reach.
+enum class PolicyKind { kApa, kHpa, kKpa, kRay, kStatic, kOracle };
 Result<PolicyKind> parse_policy_kind(std::string_view name);
 std::string_view policy_name(PolicyKind kind);
 
@@ -85,7 +88,7 @@ struct SimOptions {
   uint64_t seed = 1;
   int64_t static_replicas = 0;  // for kStatic; 0: provision for the scenario's peak
   // What-if overrides of APA's scale-up limits (0: DESIGN.md §4's 5 s period and x2 cap), to
-  // measure what each costs; never the defaults.
+  // measure what each costs; never the defaults. kOracle obeys them too.
   int64_t apa_period_ms = 0;
   double apa_max_up_factor = 0;
 };

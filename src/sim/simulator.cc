@@ -19,6 +19,8 @@
 #include <cmath>
 #include <queue>
 
+#include <fmt/format.h>
+
 #include "autoscaler/autoscaler.h"
 #include "gateway/gateway.h"
 #include "sim/sim.h"
@@ -122,6 +124,48 @@ double throughput_per_replica(const ReplicaModel& model, double concurrency) {
   return concurrency * 1000 / (model.service_ms * std::max(1.0, concurrency / model.saturation));
 }
 
+// Knows the replicas' true capacity and the load to come (the scenario's shape) as far ahead as
+// a decision acts on it, and sizes the fleet for the busiest moment that replicas asked for now
+// will serve: from their cold start to the cold start of those the next decision asks for. It
+// keeps APA's scale-up limits (a decision per period, at most x max_up_factor or +min_up_step
+// a decision) and scales down freely. Not a production policy: a bound on what a policy that
+// reacts to measurements (and so sees nothing ahead) can reach within those limits.
+class OraclePolicy final : public autoscaler::Policy {
+ public:
+  OraclePolicy(const Scenario& scenario, const autoscaler::ApaOptions& limits)
+      : scenario_(scenario),
+        limits_(limits),
+        per_replica_(throughput_per_replica(scenario.replica, scenario.replica.saturation)) {}
+
+  std::string_view name() const override { return "oracle"; }
+  autoscaler::Millis period() const override { return limits_.period; }
+
+  autoscaler::Decision decide(autoscaler::Millis now, const autoscaler::SampleWindow&,
+                              const autoscaler::Fleet& fleet) override {
+    const double from = static_cast<double>(now.count()) / 1000 + scenario_.replica.cold_start_s;
+    const double to = from + static_cast<double>(limits_.period.count()) / 1000;
+    double peak = 0;
+    for (double t = from; t <= to; t += 0.1) {
+      peak = std::max(peak, scenario_.load.rate_at(t));
+    }
+    const auto needed = static_cast<int64_t>(std::ceil(peak / per_replica_));
+    const int64_t current = std::max(fleet.desired, fleet.ready + fleet.pending);
+    const int64_t limit =
+        std::max(static_cast<int64_t>(std::ceil(static_cast<double>(current) *
+                                                limits_.max_up_factor)),
+                 current + limits_.min_up_step);
+    const int64_t desired =
+        std::clamp(std::min(needed, limit), limits_.range.min, limits_.range.max);
+    return {desired, fmt::format("peak {:.0f} req/s in [{:.0f}, {:.0f}] s needs {}", peak, from,
+                                 to, needed)};
+  }
+
+ private:
+  const Scenario& scenario_;
+  autoscaler::ApaOptions limits_;
+  double per_replica_;
+};
+
 class Simulator {
  public:
   Simulator(const Scenario& scenario, const SimOptions& options)
@@ -183,19 +227,21 @@ class Simulator {
     const autoscaler::ReplicaRange range{scenario_.min_replicas, scenario_.max_replicas,
                                          scenario_.min_replicas == 0};
     const double per_replica = scenario_.configured_concurrency;
+    autoscaler::ApaOptions apa;
+    apa.range = range;
+    if (options_.apa_period_ms > 0) {
+      apa.period = Millis(options_.apa_period_ms);
+    }
+    if (options_.apa_max_up_factor > 0) {
+      apa.max_up_factor = options_.apa_max_up_factor;
+    }
     switch (options_.policy) {
-      case PolicyKind::kApa: {
-        autoscaler::ApaOptions options;
-        options.range = range;
-        if (options_.apa_period_ms > 0) {
-          options.period = Millis(options_.apa_period_ms);
-        }
-        if (options_.apa_max_up_factor > 0) {
-          options.max_up_factor = options_.apa_max_up_factor;
-        }
-        policy_ = autoscaler::make_apa_policy(options, vertical_.target_ptr());
+      case PolicyKind::kApa:
+        policy_ = autoscaler::make_apa_policy(apa, vertical_.target_ptr());
         break;
-      }
+      case PolicyKind::kOracle:
+        policy_ = std::make_unique<OraclePolicy>(scenario_, apa);
+        break;
       case PolicyKind::kHpa: {
         autoscaler::HpaOptions options;
         options.range = range;

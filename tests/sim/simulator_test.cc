@@ -81,6 +81,28 @@ TEST(SimulatorTest, ApaWhatIfOverridesLoosenItsScaleUpLimits) {
   EXPECT_LT(simulate(scenario, options).summary.over_slo_pct, design);
 }
 
+// The oracle knows the load to come but keeps APA's scale-up limits: it never more than
+// doubles (or adds 4) at a decision, misses no more than APA within the same limits, and
+// misses less once the cap is lifted (behind a queue that sheds at the SLO, where a backlog
+// cannot blur the comparison).
+TEST(SimulatorTest, OracleKeepsApasLimitsAndBoundsIt) {
+  Scenario scenario = small_spike();
+  scenario.queue_timeout_s = scenario.slo_ms / 1000;
+  SimOptions options;
+  options.policy = PolicyKind::kOracle;
+  const SimResult oracle = simulate(scenario, options);
+  for (size_t i = 1; i < oracle.seconds.size(); ++i) {
+    const int64_t before = oracle.seconds[i - 1].ready + oracle.seconds[i - 1].pending;
+    const int64_t after = oracle.seconds[i].ready + oracle.seconds[i].pending;
+    EXPECT_LE(after, std::max(2 * before, before + 4)) << "second " << i;
+  }
+  options.policy = PolicyKind::kApa;
+  EXPECT_LE(oracle.summary.over_slo_pct, simulate(scenario, options).summary.over_slo_pct);
+  options.policy = PolicyKind::kOracle;
+  options.apa_max_up_factor = 100;
+  EXPECT_LT(simulate(scenario, options).summary.over_slo_pct, oracle.summary.over_slo_pct);
+}
+
 // A batched engine alone: each request takes its steps at the single-item step time.
 TEST(SimulatorTest, BatchedReplicaStepsAtItsBatchsStepTime) {
   Scenario scenario = *find_scenario("batched");
@@ -159,7 +181,7 @@ TEST(SimulatorTest, KnowsItsScenariosAndPolicies) {
     EXPECT_TRUE(find_scenario(name).has_value()) << name;
   }
   EXPECT_FALSE(find_scenario("nope").has_value());
-  for (const char* name : {"apa", "hpa", "kpa", "ray", "static"}) {
+  for (const char* name : {"apa", "hpa", "kpa", "ray", "static", "oracle"}) {
     auto kind = parse_policy_kind(name);
     ASSERT_TRUE(kind.is_ok());
     EXPECT_EQ(policy_name(*kind), name);
