@@ -150,14 +150,13 @@ class OraclePolicy final : public autoscaler::Policy {
     }
     const auto needed = static_cast<int64_t>(std::ceil(peak / per_replica_));
     const int64_t current = std::max(fleet.desired, fleet.ready + fleet.pending);
-    const int64_t limit =
-        std::max(static_cast<int64_t>(std::ceil(static_cast<double>(current) *
-                                                limits_.max_up_factor)),
-                 current + limits_.min_up_step);
+    const int64_t limit = std::max(
+        static_cast<int64_t>(std::ceil(static_cast<double>(current) * limits_.max_up_factor)),
+        current + limits_.min_up_step);
     const int64_t desired =
         std::clamp(std::min(needed, limit), limits_.range.min, limits_.range.max);
-    return {desired, fmt::format("peak {:.0f} req/s in [{:.0f}, {:.0f}] s needs {}", peak, from,
-                                 to, needed)};
+    return {desired, fmt::format("peak {:.0f} req/s in [{:.0f}, {:.0f}] s needs {}", peak, from, to,
+                                 needed)};
   }
 
  private:
