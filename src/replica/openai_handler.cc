@@ -22,13 +22,6 @@ std::string response_id(bool chat) {
   return (chat ? "chatcmpl-" : "cmpl-") + std::string(hex);
 }
 
-http::Response json_response(int status, std::string body) {
-  http::Response response;
-  response.status = status;
-  response.body = std::move(body);
-  return response;
-}
-
 // An OpenAI error; a full queue (429) says when to come back, as the gateway's 429s do.
 http::Response error_response(int status, const std::string& message) {
   http::Response response = json_response(status, protocol::encode_openai_error(status, message));

@@ -6,12 +6,22 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <utility>
 
 #include "common/common.h"
 #include "http/http.h"
 #include "runtime/runtime.h"
 
 namespace flotilla::replica {
+
+// A response with a JSON body (http::Response's default content type); the replica's routes
+// and the OpenAI handler answer with it.
+inline http::Response json_response(int status, std::string body) {
+  http::Response response;
+  response.status = status;
+  response.body = std::move(body);
+  return response;
+}
 
 class OpenAiHandler {
  public:

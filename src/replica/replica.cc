@@ -151,13 +151,6 @@ RouteMatch match_route(std::string_view path) {
   return {};
 }
 
-http::Response json_response(int status, std::string body) {
-  http::Response response;
-  response.status = status;
-  response.body = std::move(body);
-  return response;
-}
-
 // What serve() installs: built on the owner's thread, then published to the workers once
 // (ReplicaImpl::model_) and read-only from then on, except each batcher, which its worker's
 // thread alone uses. Members are destroyed bottom-up: the batchers and the OpenAI handler
