@@ -75,9 +75,9 @@ Result<Scenario> trace_scenario(const std::string& path, double rate_scale);
 // Multiplies the offered load, and the starting and maximum replica counts with it.
 void scale_rate(Scenario& scenario, double factor);
 
-// kOracle is not a production policy: it knows the scenario's future load and sizes the fleet
-// for it within APA's scale-up limits (period and cap), to bound what any policy under those
-// limits could reach.
+// kOracle is not a production policy: it sees the scenario's load a cold start plus a period
+// ahead and sizes the fleet for it within APA's scale-up limits (period and cap), to bound what
+// a policy that only reacts to measurements can reach under those limits.
 enum class PolicyKind { kApa, kHpa, kKpa, kRay, kStatic, kOracle };
 Result<PolicyKind> parse_policy_kind(std::string_view name);
 std::string_view policy_name(PolicyKind kind);
