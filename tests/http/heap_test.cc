@@ -3,18 +3,17 @@
 // operator new, which is why this test is a binary of its own. The bound is what the path costs
 // now (the exchange, and the content type strings past std::string's own buffer); a change that
 // allocates per request again (a parser, a header list, a body) goes over it.
-#include <arpa/inet.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
-#include <unistd.h>
-
 #include <atomic>
 #include <cstdlib>
 #include <new>
 #include <string>
 #include <thread>
 
+#include <arpa/inet.h>
 #include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include "http/http.h"
 
@@ -36,12 +35,24 @@ void* allocate(std::size_t size) {
 
 }  // namespace
 
-void* operator new(std::size_t size) { return allocate(size); }
-void* operator new[](std::size_t size) { return allocate(size); }
-void operator delete(void* block) noexcept { std::free(block); }
-void operator delete[](void* block) noexcept { std::free(block); }
-void operator delete(void* block, std::size_t) noexcept { std::free(block); }
-void operator delete[](void* block, std::size_t) noexcept { std::free(block); }
+void* operator new(std::size_t size) {
+  return allocate(size);
+}
+void* operator new[](std::size_t size) {
+  return allocate(size);
+}
+void operator delete(void* block) noexcept {
+  std::free(block);
+}
+void operator delete[](void* block) noexcept {
+  std::free(block);
+}
+void operator delete(void* block, std::size_t) noexcept {
+  std::free(block);
+}
+void operator delete[](void* block, std::size_t) noexcept {
+  std::free(block);
+}
 
 namespace flotilla::http {
 namespace {
@@ -107,9 +118,10 @@ TEST(ServerHeapTest, AWarmKeepAliveRequestCostsAtMostThreeAllocations) {
   KeepAliveClient client(running->port());
   ASSERT_TRUE(client.connected());
   const std::string body = R"({"instances": [[0.1, 0.2, 0.3, 0.4]], "padding": "past the SSO"})";
-  const std::string request = "POST /invocations HTTP/1.1\r\nHost: x\r\nContent-Type: "
-                              "application/json\r\nContent-Length: " +
-                              std::to_string(body.size()) + "\r\n\r\n" + body;
+  const std::string request =
+      "POST /invocations HTTP/1.1\r\nHost: x\r\nContent-Type: "
+      "application/json\r\nContent-Length: " +
+      std::to_string(body.size()) + "\r\n\r\n" + body;
   for (int i = 0; i < 50; ++i) {  // warm: buffers, caches, the event loop's recycled handlers
     ASSERT_TRUE(client.exchange(request));
   }
