@@ -9,33 +9,16 @@
 # Usage: bash bench/gateway/heap_allocs.sh      Environment: CONNS (8), SECS (4), FLOTILLA_BIN.
 set -euo pipefail
 
-HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-REPO=$(cd "$HERE/../.." && pwd)
-PEERS_DIR=$(cd "$REPO/../shared/bench/peers" && pwd)
-BIN=${FLOTILLA_BIN:-$REPO/build/release/flotilla}
+source "$(dirname "${BASH_SOURCE[0]}")/backends.sh"
 CONNS=${CONNS:-8}
 SECS=${SECS:-4}
 PORT=18090
 LIBC=$(ldd "$BIN" | awk '/libc.so.6/ {print $3}')
-WORK=$(mktemp -d)
-[[ -x $BIN ]] || { echo "build first: bash scripts/build.sh ($BIN missing)" >&2; exit 1; }
 command -v perf >/dev/null || { echo "needs perf (apt-get install -y linux-perf)" >&2; exit 1; }
 
-pids=()
-cleanup() {
-  for pid in "${pids[@]}"; do kill -TERM -- -"$pid" 2>/dev/null || true; done
-  sleep 1  # run-peers.sh stops its backends on TERM
-  rm -rf "$WORK"
-}
-trap cleanup EXIT
-
-MODE=serve PEERS=haproxy-lc SERVE_SECS=600 setsid "$PEERS_DIR/run-peers.sh" >"$WORK/serve.log" 2>&1 &
-pids+=($!)
-for _ in $(seq 50); do grep -q "serving:" "$WORK/serve.log" 2>/dev/null && break; sleep 0.2; done
-grep -q "serving:" "$WORK/serve.log" || { cat "$WORK/serve.log"; exit 1; }
-
+start_backends
 setsid "$BIN" gateway --listen 127.0.0.1:$PORT --workers 1 --log-level warn --balancer p2c \
-  --upstreams 127.0.0.1:18081,127.0.0.1:18082,127.0.0.1:18083,127.0.0.1:18084 \
+  --upstreams "$UPSTREAMS" \
   >"$WORK/gateway.log" 2>&1 &
 gateway=$!
 pids+=("$gateway")

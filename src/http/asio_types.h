@@ -5,10 +5,7 @@
 #include <array>
 #include <cerrno>
 #include <chrono>
-#include <optional>
 #include <string_view>
-#include <tuple>
-#include <type_traits>
 #include <utility>  // Boost 1.74 asio uses std::exchange without including it
 
 #include <boost/asio.hpp>
@@ -17,7 +14,7 @@
 #include <sys/socket.h>
 #include <sys/uio.h>
 
-#include "http/block_cache.h"
+#include "http/body_recycler.h"
 
 namespace flotilla::http {
 
@@ -31,24 +28,6 @@ using Resolver = asio::ip::basic_resolver<tcp, asio::io_context::executor_type>;
 using SteadyTimer = asio::basic_waitable_timer<std::chrono::steady_clock,
                                                asio::wait_traits<std::chrono::steady_clock>,
                                                asio::io_context::executor_type>;
-
-// Parsers whose header fields live in a connection's BlockCache (see there why).
-using FieldsAllocator = CachedAllocator<char>;
-template <class Body>
-using RequestParser = bhttp::request_parser<Body, FieldsAllocator>;
-template <class Body>
-using ResponseParser = bhttp::response_parser<Body, FieldsAllocator>;
-
-// Starts a fresh parser in `parser` whose fields come from `cache` and whose string body (if
-// it has one) from the thread's BodyRecycler.
-template <class Parser>
-void emplace_parser(std::optional<Parser>& parser, BlockCache& cache) {
-  parser.emplace(std::piecewise_construct, std::make_tuple(),
-                 std::make_tuple(FieldsAllocator(&cache)));
-  if constexpr (std::is_same_v<typename Parser::value_type::body_type, bhttp::string_body>) {
-    parser->get().body() = BodyRecycler::take();
-  }
-}
 
 // A Beast parse error: the bytes are not HTTP (as opposed to the stream ending early).
 inline bool is_malformed_http(const beast::error_code& ec) {

@@ -16,27 +16,11 @@
 
 #include "http/asio_types.h"
 #include "http/http.h"
+#include "http/message_readers.h"
 
 namespace flotilla::http {
 
 using namespace std::string_view_literals;
-
-namespace {
-
-bool is_hop_by_hop(std::string_view name) {
-  static constexpr std::string_view kHopByHop[] = {
-      "connection", "keep-alive", "proxy-connection", "transfer-encoding",
-      "te",         "trailer",    "upgrade",          "content-length",
-      "host"};
-  for (std::string_view hop : kHopByHop) {
-    if (equals_ignore_case(name, hop)) {
-      return true;
-    }
-  }
-  return false;
-}
-
-}  // namespace
 
 std::string_view failure_name(UpstreamFailure failure) {
   switch (failure) {
@@ -133,31 +117,11 @@ class Connection : public std::enable_shared_from_this<Connection> {
   ClientPool::Callback done_;
   std::string head_;
   beast::flat_buffer buffer_;
-  BlockCache fields_cache_;  // before the parsers: it outlives the blocks they hold
-  std::optional<ResponseParser<bhttp::string_body>> parser_;
-  // An event-stream response after its head: the body is read piece by piece into
-  // stream_buffer_ and handed on, never accumulated.
-  std::optional<ResponseParser<bhttp::buffer_body>> stream_parser_;
-  std::unique_ptr<char[]> stream_buffer_;
+  std::optional<ResponseReader> reader_;
   bool head_delivered_ = false;
 };
 
 namespace {
-
-constexpr size_t kStreamBufferBytes = 16 * 1024;
-
-// The end-to-end headers of a response, with Content-Type apart.
-template <class Fields>
-void copy_headers(const Fields& fields, ClientResponse& response) {
-  for (const auto& field : fields) {
-    const auto name = field.name_string();
-    if (field.name() == bhttp::field::content_type) {
-      response.content_type = std::string(field.value());
-    } else if (!is_hop_by_hop(std::string_view(name.data(), name.size()))) {
-      response.headers.emplace_back(std::string(name), std::string(field.value()));
-    }
-  }
-}
 
 bool is_event_stream(std::string_view content_type) {
   constexpr std::string_view kEventStream = "text/event-stream";
@@ -413,21 +377,21 @@ void Connection::write() {
 }
 
 void Connection::read() {
-  emplace_parser(parser_, fields_cache_);
-  parser_->body_limit(pool_->options().max_response_bytes);
-  parser_->eager(true);
-  parser_->skip(request_.method == Method::kHead);  // a HEAD response has no body
+  reader_.emplace();
+  reader_->body_limit(pool_->options().max_response_bytes);
+  reader_->eager(true);
+  reader_->skip(request_.method == Method::kHead);  // a HEAD response has no body
   if (request_.stream.on_head && request_.method != Method::kHead) {
-    // The head first, to choose between streaming and reading whole. Not eager: the body must
-    // not be started, so the parser can still change to a buffer body.
-    parser_->eager(false);
+    // The head first, to choose between streaming and reading whole. Not eager: no body byte
+    // is parsed before that choice.
+    reader_->eager(false);
     bhttp::async_read_header(
-        socket_, buffer_, *parser_,
+        socket_, buffer_, *reader_,
         [self = shared_from_this()](beast::error_code ec, size_t) { self->on_read_header(ec); });
     return;
   }
   bhttp::async_read(
-      socket_, buffer_, *parser_,
+      socket_, buffer_, *reader_,
       [self = shared_from_this()](beast::error_code ec, size_t) { self->on_read(ec); });
 }
 
@@ -436,48 +400,38 @@ void Connection::on_read_header(beast::error_code ec) {
     fail_read(ec);
     return;
   }
-  const auto& head = parser_->get();
-  const auto content_type = head[bhttp::field::content_type];
-  if (parser_->is_done() ||
-      !is_event_stream(std::string_view(content_type.data(), content_type.size()))) {
+  const ClientResponse& head = reader_->response();
+  if (reader_->is_done() || !is_event_stream(head.content_type)) {
     // Not a stream: the rest as usual, whole. The body is usually in the buffer already:
     // parsed here, it costs no further asynchronous hop.
-    parser_->eager(true);
-    if (!parser_->is_done() && buffer_.size() > 0) {
+    reader_->eager(true);
+    if (!reader_->is_done() && buffer_.size() > 0) {
       beast::error_code put_ec;
-      buffer_.consume(parser_->put(buffer_.data(), put_ec));
+      buffer_.consume(reader_->put(buffer_.data(), put_ec));
       if (put_ec && put_ec != bhttp::error::need_more) {
         fail_read(put_ec);
         return;
       }
     }
-    if (parser_->is_done()) {
+    if (reader_->is_done()) {
       on_read({});
       return;
     }
     bhttp::async_read(
-        socket_, buffer_, *parser_,
+        socket_, buffer_, *reader_,
         [self = shared_from_this()](beast::error_code ec, size_t) { self->on_read(ec); });
     return;
   }
-  // The parser has read no body byte (not eager, not done), so the change of body type cannot
-  // throw.
-  stream_parser_.emplace(std::move(*parser_));
-  parser_.reset();
-  stream_parser_->body_limit(boost::none);  // nothing accumulates
+  reader_->stream_pieces();
+  reader_->body_limit(boost::none);  // nothing accumulates
   // Not eager: an eager parser that meets the CRLF ending a chunk goes on to the next chunk's
   // header, gets need_more, and the read waits for the next event, holding this one back.
-  stream_parser_->eager(false);
-  if (!stream_buffer_) {
-    stream_buffer_ = std::make_unique<char[]>(kStreamBufferBytes);
-  }
-  ClientResponse response;
-  copy_headers(stream_parser_->get(), response);
+  reader_->eager(false);
   head_delivered_ = true;
   // From here the timeout bounds each wait for the next piece, not the whole stream.
   deadline_ = std::chrono::steady_clock::now() + timeout_;
-  request_.stream.on_head(static_cast<int>(stream_parser_->get().result_int()),
-                          std::move(response.content_type), std::move(response.headers));
+  // Copies: the response handed to finish() at the end carries the head too.
+  request_.stream.on_head(head.status, std::string(head.content_type), Headers(head.headers));
   read_stream();
 }
 
@@ -487,28 +441,22 @@ void Connection::read_stream() {
     fail(UpstreamFailure::kCancelled, "cancelled");
     return;
   }
-  auto& body = stream_parser_->get().body();
-  body.data = stream_buffer_.get();
-  body.size = kStreamBufferBytes;
   bhttp::async_read_some(
-      socket_, buffer_, *stream_parser_,
+      socket_, buffer_, *reader_,
       [self = shared_from_this()](beast::error_code ec, size_t) { self->on_read_stream(ec); });
 }
 
 void Connection::on_read_stream(beast::error_code ec) {
-  if (ec == bhttp::error::need_buffer) {
-    ec = {};  // the piece filled the buffer
-  }
   if (ec) {
     fail_read(ec);
     return;
   }
-  const size_t got = kStreamBufferBytes - stream_parser_->get().body().size;
-  if (got > 0) {
+  std::string piece = reader_->take_piece();
+  if (!piece.empty()) {
     deadline_ = std::chrono::steady_clock::now() + timeout_;
-    request_.stream.on_body(std::string(stream_buffer_.get(), got));
+    request_.stream.on_body(std::move(piece));
   }
-  if (!stream_parser_->is_done()) {
+  if (!reader_->is_done()) {
     read_stream();
     return;
   }
@@ -516,12 +464,7 @@ void Connection::on_read_stream(beast::error_code ec) {
     fail(UpstreamFailure::kCancelled, "cancelled");
     return;
   }
-  ClientResponse response;
-  response.status = static_cast<int>(stream_parser_->get().result_int());
-  copy_headers(stream_parser_->get(), response);
-  const bool keep = stream_parser_->get().keep_alive() && buffer_.size() == 0;
-  stream_parser_.reset();
-  finish(std::move(response), keep);
+  on_read({});
 }
 
 void Connection::on_read(beast::error_code ec) {
@@ -529,18 +472,10 @@ void Connection::on_read(beast::error_code ec) {
     fail_read(ec);
     return;
   }
-  ClientResponse response;
-  bool keep = false;
-  {
-    // Gone before finish(): its fields' blocks go back to fields_cache_ while it exists.
-    auto message = parser_->release();
-    response.status = static_cast<int>(message.result_int());
-    copy_headers(message, response);
-    response.body = std::move(message.body());
-    // Bytes past the response on a request/response connection mean a confused upstream.
-    keep = message.keep_alive() && buffer_.size() == 0;
-  }
-  parser_.reset();
+  // Bytes past the response on a request/response connection mean a confused upstream.
+  const bool keep = reader_->keep_alive() && buffer_.size() == 0;
+  ClientResponse response = std::move(reader_->response());
+  reader_.reset();
   finish(std::move(response), keep);
 }
 
@@ -558,7 +493,7 @@ void Connection::fail_read(beast::error_code ec) {
   } else if (ec == bhttp::error::body_limit || ec == bhttp::error::header_limit ||
              is_malformed_http(ec)) {
     fail(UpstreamFailure::kBadResponse, "bad response: " + ec.message());
-  } else if (!parser_->got_some() && buffer_.size() == 0) {
+  } else if (!reader_->got_some() && buffer_.size() == 0) {
     fail(UpstreamFailure::kClosedBeforeResponse, "closed before responding: " + ec.message());
   } else {
     fail(UpstreamFailure::kClosedDuringResponse, "closed mid-response: " + ec.message());
@@ -568,7 +503,7 @@ void Connection::fail_read(beast::error_code ec) {
 void Connection::fail(UpstreamFailure failure, const std::string& error) {
   connected_ = false;
   buffer_.clear();
-  stream_parser_.reset();
+  reader_.reset();
   beast::error_code ignored;
   socket_.close(ignored);
   if (reused_ && failure == UpstreamFailure::kClosedBeforeResponse && !cancelled_) {

@@ -22,6 +22,7 @@
 
 #include "http/asio_types.h"
 #include "http/http.h"
+#include "http/message_readers.h"
 
 namespace flotilla::http {
 
@@ -49,23 +50,6 @@ namespace {
 // The event loop and index of the worker thread running now; null and -1 on other threads.
 thread_local asio::io_context* current_loop = nullptr;
 thread_local int current_worker = -1;
-
-Method to_method(bhttp::verb verb) {
-  switch (verb) {
-    case bhttp::verb::get:
-      return Method::kGet;
-    case bhttp::verb::head:
-      return Method::kHead;
-    case bhttp::verb::post:
-      return Method::kPost;
-    case bhttp::verb::put:
-      return Method::kPut;
-    case bhttp::verb::delete_:
-      return Method::kDelete;
-    default:
-      return Method::kOther;
-  }
-}
 
 Response error_response(const ServerOptions& options, int status, std::string_view message) {
   Response response;
@@ -299,13 +283,13 @@ class Session : public std::enable_shared_from_this<Session> {
   // and reads the rest asynchronously only when something is missing: most requests then
   // cost no extra event-loop pass and no timer update.
   void start_request() {
-    emplace_parser(parser_, fields_cache_);
-    parser_->header_limit(static_cast<uint32_t>(server_.options().max_header_bytes));
-    parser_->body_limit(server_.options().max_body_bytes);
-    parser_->eager(true);
+    reader_.emplace(server_.options().capture_headers);
+    reader_->header_limit(static_cast<uint32_t>(server_.options().max_header_bytes));
+    reader_->body_limit(server_.options().max_body_bytes);
+    reader_->eager(true);
     beast::error_code ec;
-    while (buffer_.size() > 0 && !parser_->is_done()) {
-      const size_t used = parser_->put(buffer_.data(), ec);
+    while (buffer_.size() > 0 && !reader_->is_done()) {
+      const size_t used = reader_->put(buffer_.data(), ec);
       buffer_.consume(used);
       if (ec == bhttp::error::need_more) {
         ec = {};
@@ -317,9 +301,9 @@ class Session : public std::enable_shared_from_this<Session> {
     }
     if (ec) {
       fail(ec);
-    } else if (parser_->is_done()) {
+    } else if (reader_->is_done()) {
       dispatch();
-    } else if (parser_->is_header_done()) {
+    } else if (reader_->is_header_done()) {
       on_header({});
     } else {
       read_header();
@@ -329,7 +313,7 @@ class Session : public std::enable_shared_from_this<Session> {
   void read_header() {
     deadline_ = std::chrono::steady_clock::now() + server_.options().header_timeout;
     bhttp::async_read_header(
-        socket_, buffer_, *parser_,
+        socket_, buffer_, *reader_,
         [self = shared_from_this()](beast::error_code ec, size_t) { self->on_header(ec); });
   }
 
@@ -338,8 +322,7 @@ class Session : public std::enable_shared_from_this<Session> {
       fail(ec);
       return;
     }
-    auto& request = parser_->get();
-    if (beast::iequals(request[bhttp::field::expect], "100-continue") && !parser_->is_done()) {
+    if (reader_->expects_continue() && !reader_->is_done()) {
       continue_.emplace(bhttp::status::continue_, 11);
       bhttp::async_write(socket_, *continue_,
                          [self = shared_from_this()](beast::error_code ec, size_t) {
@@ -356,7 +339,7 @@ class Session : public std::enable_shared_from_this<Session> {
 
   void read_body() {
     deadline_ = std::chrono::steady_clock::now() + server_.options().body_timeout;
-    bhttp::async_read(socket_, buffer_, *parser_,
+    bhttp::async_read(socket_, buffer_, *reader_,
                       [self = shared_from_this()](beast::error_code ec, size_t) {
                         if (ec) {
                           self->fail(ec);
@@ -439,25 +422,11 @@ class Session : public std::enable_shared_from_this<Session> {
 
   void dispatch() {
     deadline_ = TimePoint::max();
-    Request request;
-    {
-      // Gone before the handler runs: its fields' blocks go back to fields_cache_.
-      auto message = parser_->release();
-      keep_alive_ = message.keep_alive();
-      request_version_ = message.version();
-      head_request_ = message.method() == bhttp::verb::head;
-      request.method = to_method(message.method());
-      request.target = std::string(message.target());
-      request.content_type = std::string(message[bhttp::field::content_type]);
-      request.body = std::move(message.body());
-      if (server_.options().capture_headers) {
-        for (const auto& field : message) {
-          request.headers.emplace_back(std::string(field.name_string()),
-                                       std::string(field.value()));
-        }
-      }
-    }
-    parser_.reset();
+    keep_alive_ = reader_->keep_alive();
+    request_version_ = reader_->version();
+    head_request_ = reader_->verb() == bhttp::verb::head;
+    Request request = std::move(reader_->request());
+    reader_.reset();
     auto exchange = std::make_shared<detail::Exchange>(shared_from_this(), request_version_ >= 11,
                                                        !head_request_);
     try {
@@ -544,8 +513,7 @@ class Session : public std::enable_shared_from_this<Session> {
   ServerImpl& server_;
   Worker& worker_;
   beast::flat_buffer buffer_;
-  BlockCache fields_cache_;  // before parser_: it outlives the blocks the parser holds
-  std::optional<RequestParser<bhttp::string_body>> parser_;
+  std::optional<RequestReader> reader_;
   std::optional<bhttp::response<bhttp::empty_body>> continue_;
   std::string head_;  // the response head being written, reused across responses
   std::string body_;

@@ -1,0 +1,25 @@
+# Sourced by the bench/gateway scripts that measure one proxy at a time: paths, a scratch
+# directory, and the 4 static nginx backends of ../shared/bench/peers (127.0.0.1:18081-18084,
+# started with MODE=serve), all stopped on exit.
+HERE=$(cd "$(dirname "${BASH_SOURCE[1]}")" && pwd)
+REPO=$(cd "$HERE/../.." && pwd)
+PEERS_DIR=$(cd "$REPO/../shared/bench/peers" && pwd)
+BIN=${FLOTILLA_BIN:-$REPO/build/release/flotilla}
+UPSTREAMS=127.0.0.1:18081,127.0.0.1:18082,127.0.0.1:18083,127.0.0.1:18084
+WORK=$(mktemp -d)
+[[ -x $BIN ]] || { echo "build first: bash scripts/build.sh ($BIN missing)" >&2; exit 1; }
+
+pids=()
+cleanup() {
+  for pid in "${pids[@]}"; do kill -TERM -- -"$pid" 2>/dev/null || true; done
+  sleep 1  # run-peers.sh stops its backends on TERM
+  rm -rf "$WORK"
+}
+trap cleanup EXIT
+
+start_backends() {
+  MODE=serve PEERS=haproxy-lc SERVE_SECS=900 setsid "$PEERS_DIR/run-peers.sh" >"$WORK/serve.log" 2>&1 &
+  pids+=($!)
+  for _ in $(seq 50); do grep -q "serving:" "$WORK/serve.log" 2>/dev/null && break; sleep 0.2; done
+  grep -q "serving:" "$WORK/serve.log" || { cat "$WORK/serve.log"; exit 1; }
+}
