@@ -14,8 +14,8 @@ PACKAGES=(
   # tests, fixtures and benchmarks
   python3 python3-xgboost python3-sklearn python3-numpy python3-aiohttp python3-matplotlib python3-regex
   prometheus wrk curl
-  # peer proxies and load generators for bench/gateway (../shared/bench/peers)
-  nginx haproxy hey
+  # peer proxies, load generators and callgrind for bench/gateway (../shared/bench/peers)
+  nginx haproxy hey valgrind
 )
 
 missing=()
