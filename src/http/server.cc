@@ -566,12 +566,17 @@ class Exchange : public std::enable_shared_from_this<Exchange> {
       FLOTILLA_BUG("a response was sent twice, or sent after start_stream()");
       return;
     }
-    auto executor = session_->executor();
-    // Inline when already on the connection's loop (the usual case), else queued to it.
-    asio::dispatch(executor,
-                   [session = std::move(session_), response = std::move(response)]() mutable {
-                     session->write(std::move(response));
-                   });
+    auto session = std::move(session_);
+    auto executor = session->executor();
+    // Inline when already on the connection's loop (the usual case), else queued to it. Inline
+    // without asio::dispatch, whose handler would move the response (headers one by one) twice.
+    if (executor.running_in_this_thread()) {
+      session->write(std::move(response));
+      return;
+    }
+    asio::post(executor, [session = std::move(session), response = std::move(response)]() mutable {
+      session->write(std::move(response));
+    });
   }
   void on_client_gone(std::function<void()> on_gone) {
     FLOTILLA_DCHECK(current_loop != nullptr);
