@@ -493,7 +493,7 @@ void Connection::fail_read(beast::error_code ec) {
   } else if (ec == bhttp::error::body_limit || ec == bhttp::error::header_limit ||
              is_malformed_http(ec)) {
     fail(UpstreamFailure::kBadResponse, "bad response: " + ec.message());
-  } else if (!reader_->got_some() && buffer_.size() == 0) {
+  } else if ((!reader_ || !reader_->got_some()) && buffer_.size() == 0) {
     fail(UpstreamFailure::kClosedBeforeResponse, "closed before responding: " + ec.message());
   } else {
     fail(UpstreamFailure::kClosedDuringResponse, "closed mid-response: " + ec.message());
