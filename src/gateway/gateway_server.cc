@@ -1023,10 +1023,10 @@ void GatewayImpl::on_upstream(const std::shared_ptr<ProxyCall>& call,
                          response.failure == http::UpstreamFailure::kClosedBeforeResponse;
   spdlog::debug("request {}: replica {} of '{}' failed ({}): {}", call->request_id, replica.id,
                 replica.endpoint, http::failure_name(response.failure), response.error);
-  if (retryable && call->attempts == 1 && !call->client_gone) {
+  if (retryable && response.unsent && call->attempts == 1 && !call->client_gone) {
     call->endpoint->retries.inc();
     call->excluded = call->replica.get();
-    call->request = std::move(response.unsent);
+    call->request = std::move(*response.unsent);
     admit(call);
     return;
   }

@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -236,8 +237,8 @@ struct ClientResponse {
   std::string content_type;
   std::string body;
   // The request, handed back when failure is kConnect or kClosedBeforeResponse so the caller
-  // can send it elsewhere.
-  ClientRequest unsent;
+  // can send it elsewhere. Optional: an empty one costs nothing to move.
+  std::optional<ClientRequest> unsent;
 };
 
 // A pool of keep-alive HTTP/1.1 connections to any number of upstreams, confined to one event
