@@ -5,8 +5,9 @@
 // proxied request's CPU. Private to the http module.
 #pragma once
 
-#include <algorithm>
+#include <cstdint>
 #include <string>
+#include <utility>
 
 #include "http/asio_types.h"
 #include "http/http.h"
