@@ -23,7 +23,6 @@ class RequestReader final : public bhttp::basic_parser<true> {
   }
 
   Request& request() { return request_; }
-  bhttp::verb verb() const { return verb_; }
   int version() const { return version_; }
   bool expects_continue() const { return expects_continue_; }
 
@@ -47,7 +46,6 @@ class RequestReader final : public bhttp::basic_parser<true> {
 
   void on_request_impl(bhttp::verb method, beast::string_view, beast::string_view target,
                        int version, beast::error_code&) override {
-    verb_ = method;
     version_ = version;
     request_.method = to_method(method);
     request_.target.assign(target.data(), target.size());
@@ -88,7 +86,6 @@ class RequestReader final : public bhttp::basic_parser<true> {
 
   const bool capture_headers_;
   Request request_;
-  bhttp::verb verb_ = bhttp::verb::unknown;
   int version_ = 11;
   bool content_type_seen_ = false;
   bool expects_continue_ = false;

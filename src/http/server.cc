@@ -424,8 +424,8 @@ class Session : public std::enable_shared_from_this<Session> {
     deadline_ = TimePoint::max();
     keep_alive_ = reader_->keep_alive();
     request_version_ = reader_->version();
-    head_request_ = reader_->verb() == bhttp::verb::head;
     Request request = std::move(reader_->request());
+    head_request_ = request.method == Method::kHead;
     reader_.reset();
     auto exchange = std::make_shared<detail::Exchange>(shared_from_this(), request_version_ >= 11,
                                                        !head_request_);
