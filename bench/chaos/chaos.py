@@ -27,6 +27,9 @@ One run, bounded in time and requests, on 127.0.0.1 only:
      run still alive (a process whose stdout/stderr is under the run's dir: every replica and
      warm-pool standby logs there; or whose argv names it). Target: 0.
 
+A request unanswered for --request-timeout-s (20 s, below the gateway's 60 s upstream timeout) is
+a client timeout: requests stuck at a hung replica show up as timeouts, not as 504s.
+
 Every request is recorded (start, latency, endpoint, status or error kind) and is assigned to the
 phase of the last chaos action started before it: warmup (first 3 s, not counted in latency),
 steady, kill, rollout, sigstop, up-restart, recovery. Reported as a table on stdout and as JSON
@@ -617,6 +620,7 @@ class Run:
         e["process_gone_after_s"] = None
         e["state_at_end"] = None
         while not self.stop_chaos.is_set():
+            e["watched_s"] = round(self.now() - e["t"], 3)
             if e["process_gone_after_s"] is None and \
                     harness.process_start_ticks(pid) != ticks:
                 e["process_gone_after_s"] = round(self.now() - e["t"], 3)
@@ -863,6 +867,15 @@ class Run:
         in_window = collections.Counter()
         out_window = collections.Counter()
         first_ok_after_kill = {}
+        # While the SIGSTOPped replica is still listed ready, every failure of its endpoint
+        # (whatever the phase label says) is counted here too: that is the hung replica's cost.
+        stop_ev = next((e for e in self.events if e["kind"] == "sigstop"), None)
+        stop_span = None
+        if stop_ev is not None:
+            left = stop_ev.get("left_ready_after_s")
+            stop_span = (stop_ev["t"], stop_ev["t"] + left if left is not None else float("inf"),
+                         names.index(stop_ev["endpoint"]))
+        stop_failures = collections.Counter()
         for i in range(len(rec.code)):
             t, lat, ep, code = rec.start[i], rec.latency[i], rec.endpoint[i], rec.code[i]
             ph = phase_of(t)
@@ -883,6 +896,9 @@ class Run:
                     in_window[KIND_NAMES[code]] += 1
                 else:
                     out_window[KIND_NAMES[code]] += 1
+            if stop_span and ep == stop_span[2] and stop_span[0] <= t < stop_span[1] and \
+                    not 200 <= code < 300:
+                stop_failures[str(code) if code > 0 else KIND_NAMES[code]] += 1
             if window and 200 <= code < 300 and t >= window[0]:
                 first_ok_after_kill.setdefault(names[ep], round(t + lat - window[0], 3))
 
@@ -936,6 +952,7 @@ class Run:
                 "conn_errors_inside_window": dict(in_window),
                 "conn_errors_outside_window": dict(out_window),
                 "first_2xx_after_kill_s": first_ok_after_kill},
+            "sigstop_failures_while_listed": dict(stop_failures),
             "kills": {n: {"count": sum(1 for e in kills if e["endpoint"] == n),
                           "replaced_after_s": [e.get("replaced_after_s") for e in kills
                                                if e["endpoint"] == n]} for n in names},
@@ -981,9 +998,13 @@ def print_table(r):
               f"answers {r['answers']}")
     st = next((e for e in r["events"] if e["kind"] == "sigstop"), None)
     if st:
-        print(f"SIGSTOP {st['replica']}: left the ready set after {st.get('left_ready_after_s')} s,"
-              f" process gone after {st.get('process_gone_after_s')} s, state at the end "
-              f"{st.get('state_at_end')}; at shutdown {r.get('sigstop_end')}")
+        def after(k):
+            v = st.get(k)
+            return f"after {v} s" if v is not None else f"never (watched {st.get('watched_s')} s)"
+        print(f"SIGSTOP {st['replica']}: left the ready set {after('left_ready_after_s')}, "
+              f"process gone {after('process_gone_after_s')}, state at the end "
+              f"{st.get('state_at_end')}; failures of {st['endpoint']} while it was listed ready "
+              f"{r.get('sigstop_failures_while_listed') or 0}; at shutdown {r.get('sigstop_end')}")
     sd = r.get("shutdown", {})
     if sd:
         print(f"shutdown: flotilla up exit {sd['up_exit_status']} after {sd['up_stop_s']} s; "
