@@ -352,7 +352,7 @@ class EngineImpl final : public Engine {
       }
       TokenLogprob logprob;
       int32_t token = sampler_.sample(logits.subspan(static_cast<size_t>(row++) * vocab, vocab),
-                                      s.sampling, s.rng, &logprob);
+                                      s.sampling, s.rng, &logprob, {s.tokens, s.prompt_length});
       s.tokens.push_back(token);
       ++generated;
       FinishReason finish = FinishReason::kNone;
