@@ -589,6 +589,9 @@ Result<CompletionRequest> decode_completion_request(std::string& body, bool chat
   if (!chat && !request.prompt_text && request.prompt_tokens.empty()) {
     return field_error("prompt", "is required");
   }
+  if (chat && request.logprobs > 0 && !request.want_logprobs) {
+    return field_error("top_logprobs", "needs \"logprobs\": true");  // as OpenAI and vLLM
+  }
   if (request.include_usage && !request.stream) {
     return field_error("stream_options", "is only allowed with stream: true");
   }

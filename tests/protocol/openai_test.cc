@@ -174,6 +174,8 @@ TEST(OpenAiDecodeTest, UnsupportedFieldsAreRefusedByNameUnlessNeutral) {
       {R"({"audio":{"voice":"alloy"}})", "'audio'"},
       {R"({"prediction":{"type":"content","content":"x"}})", "'prediction'"},
   };
+  EXPECT_THAT(error_of(R"({"messages":[{"role":"user","content":"hi"}],"top_logprobs":2})", true),
+              HasSubstr("'top_logprobs' needs \"logprobs\": true"));
   for (const auto& [extra, field] : chat_refused) {
     std::string body = R"({"messages":[{"role":"user","content":"hi"}],)" + std::string(extra + 1);
     EXPECT_THAT(error_of(body, true), HasSubstr(field)) << body;
