@@ -107,6 +107,8 @@ struct SamplingParams {
   // occurrence (frequency). 0: off.
   double presence_penalty = 0.0;
   double frequency_penalty = 0.0;
+  // OpenAI: added to the logits of these token ids before anything else, each in [-100, 100].
+  std::vector<std::pair<int32_t, float>> logit_bias;
   std::optional<uint64_t> seed;
   int max_tokens = 16;
   bool ignore_eos = false;

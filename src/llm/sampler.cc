@@ -59,6 +59,11 @@ Status validate(const SamplingParams& params) {
   if (!(params.frequency_penalty >= -2) || params.frequency_penalty > 2) {
     return invalid_argument("frequency_penalty must be in [-2, 2]");
   }
+  for (const auto& [token, bias] : params.logit_bias) {
+    if (token < 0 || !(bias >= -100 && bias <= 100)) {
+      return invalid_argument("logit_bias must map token ids to values in [-100, 100]");
+    }
+  }
   if (params.max_tokens < 1) {
     return invalid_argument("max_tokens must be at least 1");
   }
@@ -76,13 +81,20 @@ Status validate(const SamplingParams& params) {
 std::span<const float> Sampler::penalize(std::span<const float> logits,
                                          const SamplingParams& params,
                                          const SamplingContext& context) {
-  const bool repetition = params.repetition_penalty != 1;
-  const bool output = params.presence_penalty != 0 || params.frequency_penalty != 0;
-  if ((!repetition && !output) || context.tokens.empty()) {
+  const bool repetition = params.repetition_penalty != 1 && !context.tokens.empty();
+  const bool output = (params.presence_penalty != 0 || params.frequency_penalty != 0) &&
+                      static_cast<int>(context.tokens.size()) > context.prompt_length;
+  if (!repetition && !output && params.logit_bias.empty()) {
     return logits;
   }
   const auto vocab = static_cast<int32_t>(logits.size());
   penalized_.assign(logits.begin(), logits.end());
+  // vLLM's order: the bias first, then the penalties read the biased logits.
+  for (const auto& [token, bias] : params.logit_bias) {
+    if (token >= 0 && token < vocab) {  // the engine refuses ids outside the vocabulary
+      penalized_[token] += bias;
+    }
+  }
   // Both stay all zero between calls: each pass below undoes what it marked.
   output_counts_.resize(logits.size());
   seen_.resize(logits.size());

@@ -23,8 +23,9 @@ struct SamplingContext {
 class Sampler {
  public:
   // The distribution sample() draws from: candidate tokens and their probabilities (summing
-  // to 1), after, in this order (vLLM's): the repetition penalty over prompt and output, the
-  // frequency and presence penalties over the output, temperature, min-p, top-k and top-p.
+  // to 1), after, in this order (vLLM's): the logit bias, the repetition penalty over prompt
+  // and output, the frequency and presence penalties over the output, temperature, min-p,
+  // top-k and top-p.
   // Greedy (temperature 0 or top_k 1): the one most likely token of the penalized logits.
   // Candidates come most likely first when top-k or top-p truncates, else in id order. The
   // spans stay valid until the next call.
@@ -42,7 +43,8 @@ class Sampler {
                  TokenLogprob* logprob, const SamplingContext& context = {});
 
  private:
-  // `logits` with the penalties applied, in penalized_; `logits` itself when none applies.
+  // `logits` with the bias and penalties applied, in penalized_; `logits` itself when none
+  // applies.
   std::span<const float> penalize(std::span<const float> logits, const SamplingParams& params,
                                   const SamplingContext& context);
 

@@ -18,6 +18,7 @@ using simdjson::dom::element_type;
 constexpr size_t kMaxStopStrings = 16;
 constexpr size_t kMaxStopLength = 256;
 constexpr size_t kMaxPromptTokens = 1 << 20;
+constexpr size_t kMaxLogitBias = 1024;
 
 Status field_error(std::string_view field, std::string_view what) {
   return invalid_argument("'" + std::string(field) + "' " + std::string(what));
@@ -151,6 +152,39 @@ Status decode_messages(element value, CompletionRequest& request) {
   return Status::ok();
 }
 
+// logit_bias: {"token id": bias in [-100, 100], ...}, as OpenAI takes it.
+Status decode_logit_bias(element value, CompletionRequest& request) {
+  if (value.is_null()) {
+    return Status::ok();
+  }
+  simdjson::dom::object object;
+  if (value.get_object().get(object)) {
+    return field_error("logit_bias", "must be an object of token ids to numbers");
+  }
+  if (object.size() > kMaxLogitBias) {
+    return field_error("logit_bias", "holds more than 1024 tokens");
+  }
+  for (auto entry : object) {
+    const std::string_view key = entry.key;
+    int64_t id = 0;
+    bool ok = !key.empty() && key.size() <= 10;
+    for (char c : key) {
+      ok = ok && c >= '0' && c <= '9';
+      id = id * 10 + (c - '0');
+    }
+    if (!ok || id > INT32_MAX) {
+      return field_error("logit_bias", "keys must be token ids, such as \"50256\"; got '" +
+                                           std::string(key.substr(0, 32)) + "'");
+    }
+    Result<double> bias = number(entry.value, "logit_bias");
+    if (!bias.is_ok() || !(*bias >= -100 && *bias <= 100)) {
+      return field_error("logit_bias", "values must be numbers in [-100, 100]");
+    }
+    request.logit_bias.emplace_back(static_cast<int32_t>(id), static_cast<float>(*bias));
+  }
+  return Status::ok();
+}
+
 Status decode_stop(element value, CompletionRequest& request) {
   if (value.is_null()) {
     return Status::ok();
@@ -259,8 +293,7 @@ Status refuse_unsupported(std::string_view key, element value) {
     }
     return field_error(key, "is not supported (tool calls are not implemented)");
   }
-  if (key == "logit_bias" || key == "tools" || key == "functions" || key == "bad_words" ||
-      key == "allowed_token_ids") {
+  if (key == "tools" || key == "functions" || key == "bad_words" || key == "allowed_token_ids") {
     if (is_empty_list_or_object(value)) {
       return Status::ok();
     }
@@ -358,6 +391,8 @@ Status decode_field(std::string_view key, element value, CompletionRequest& requ
   } else if (key == "frequency_penalty") {
     FLOTILLA_RETURN_IF_ERROR(
         bounded_number(value, key, -2, 2, false, "[-2, 2]", request.frequency_penalty));
+  } else if (key == "logit_bias") {
+    FLOTILLA_RETURN_IF_ERROR(decode_logit_bias(value, request));
   } else if (key == "seed") {
     if (!value.is_null()) {
       FLOTILLA_ASSIGN_OR_RETURN(int64_t seed, integer(value, key));

@@ -9,6 +9,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "common/common.h"
@@ -56,7 +57,7 @@ struct ChatTurn {
 };
 
 // One /v1/completions or /v1/chat/completions request, decoded and range-checked. Fields this
-// server cannot honour (n > 1, best_of, echo, logit_bias, tools, response formats other than
+// server cannot honour (n > 1, best_of, echo, tools, response formats other than
 // text, guided decoding, several prompts: docs/llm.md has the list) are refused with a message
 // naming them rather than ignored, unless they hold their neutral value.
 struct CompletionRequest {
@@ -73,6 +74,9 @@ struct CompletionRequest {
   double repetition_penalty = 1;  // vLLM extension, (0, 100]
   double presence_penalty = 0;    // [-2, 2]
   double frequency_penalty = 0;   // [-2, 2]
+  // {"token id": bias in [-100, 100]}, at most 1024 entries; ids are checked against the
+  // vocabulary by the engine.
+  std::vector<std::pair<int32_t, float>> logit_bias;
   std::optional<uint64_t> seed;
   std::vector<std::string> stop;
   std::vector<int32_t> stop_token_ids;  // vLLM extension

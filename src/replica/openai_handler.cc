@@ -48,6 +48,7 @@ runtime::GenerateRequest to_generate_request(protocol::CompletionRequest&& decod
   s.repetition_penalty = decoded.repetition_penalty;
   s.presence_penalty = decoded.presence_penalty;
   s.frequency_penalty = decoded.frequency_penalty;
+  s.logit_bias = std::move(decoded.logit_bias);
   s.seed = decoded.seed;
   s.stop = std::move(decoded.stop);
   s.stop_token_ids = std::move(decoded.stop_token_ids);

@@ -375,11 +375,24 @@ class LogprobsAndPenaltiesTest(unittest.TestCase):
         self.assertEqual(self.complete(**body, repetition_penalty=2)["token_ids"], penalized)
         self.assertEqual(self.complete(**body, repetition_penalty=1)["token_ids"], plain)
         for field, value in (("repetition_penalty", 0), ("presence_penalty", 3),
-                             ("min_p", 2), ("best_of", 3), ("logit_bias", {"5": 10})):
+                             ("min_p", 2), ("best_of", 3), ("logit_bias", {"5": 101})):
             with self.subTest(field=field):
                 r = req(self.port, "POST", "/v1/completions",
                         dict(prompt="x", max_tokens=2, **{field: value}))
                 assert_openai_error(self, r, 400, f"'{field}'")
+
+    def test_logit_bias_forces_and_bans_tokens(self):
+        body = dict(prompt="Hello world", max_tokens=8, temperature=0, ignore_eos=True,
+                    return_token_ids=True)
+        plain = self.complete(**body)["token_ids"]
+        forced = next(t for t in range(3, 700) if t not in plain)
+        self.assertEqual(self.complete(**body, logit_bias={str(forced): 100})["token_ids"],
+                         [forced] * 8)
+        banned = self.complete(**body, logit_bias={str(plain[0]): -100})["token_ids"]
+        self.assertNotIn(plain[0], banned)
+        r = req(self.port, "POST", "/v1/completions",
+                dict(prompt="x", max_tokens=2, logit_bias={"5000": 1}))
+        assert_openai_error(self, r, 400, "5000")
 
     def test_min_p_one_is_greedy(self):
         body = dict(prompt="Numbers matter", max_tokens=12, ignore_eos=True, return_token_ids=True)

@@ -204,6 +204,26 @@ TEST(SamplerTest, PresenceAndFrequencyPenaltiesCountTheOutputOnly) {
                       softmax({2.0, 2.0, 1.0, 1.0}, {0, 1, 2, 3}));
 }
 
+TEST(SamplerTest, LogitBiasIsAddedFirst) {
+  const std::vector<float> logits = {0.0f, 0.0f, 0.0f};
+  Sampler sampler;
+  SamplingParams params;
+  params.logit_bias = {{2, std::log(2.0f)}};
+  expect_distribution(dense(sampler, logits, params), {0.25, 0.25, 0.5});
+  params.logit_bias = {{1, -100.0f}};
+  EXPECT_NEAR(dense(sampler, logits, params)[1], 0, 1e-40);
+  params.temperature = 0;
+  params.logit_bias = {{1, 0.5f}};
+  expect_distribution(dense(sampler, logits, params), {0, 1, 0});
+  // Then the repetition penalty divides the biased logit: (1 + 1) / 2 = 1 vs 0.
+  const std::vector<float> two = {1.0f, 0.0f};
+  const std::vector<int32_t> tokens = {0};
+  params = SamplingParams();
+  params.logit_bias = {{0, 1.0f}};
+  params.repetition_penalty = 2;
+  expect_distribution(dense(sampler, two, params, {tokens, 1}), softmax({1.0, 0.0}, {0, 1}));
+}
+
 TEST(SamplerTest, PenaltiesComeBeforeTemperatureAndTruncation) {
   const std::vector<float> logits = {2.0f, 1.0f, 0.0f, -1.0f};
   const std::vector<int32_t> tokens = {0, 0};  // prompt {0}, output {0}
@@ -256,6 +276,10 @@ TEST(SamplerTest, ValidateNamesTheBadParameter) {
   EXPECT_NE(message([](auto& p) { p.presence_penalty = -2.5; }).find("presence_penalty"),
             std::string::npos);
   EXPECT_NE(message([](auto& p) { p.frequency_penalty = 2.5; }).find("frequency_penalty"),
+            std::string::npos);
+  EXPECT_NE(message([](auto& p) {
+              p.logit_bias = {{3, 200.0f}};
+            }).find("logit_bias"),
             std::string::npos);
   EXPECT_TRUE(validate(SamplingParams{}).is_ok());
 }

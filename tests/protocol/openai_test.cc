@@ -93,7 +93,7 @@ TEST(OpenAiDecodeTest, BadInputNamesTheField) {
   EXPECT_THAT(error_of(R"({"prompt":"x","echo":true})"), HasSubstr("'echo'"));
   EXPECT_THAT(error_of(R"({"prompt":"x","frequency_penalty":2.5})"),
               HasSubstr("'frequency_penalty'"));
-  EXPECT_THAT(error_of(R"({"prompt":"x","logit_bias":{"5":1}})"), HasSubstr("'logit_bias'"));
+  EXPECT_THAT(error_of(R"({"prompt":"x","logit_bias":{"5":101}})"), HasSubstr("'logit_bias'"));
   EXPECT_THAT(error_of(R"({"prompt":"x","logprobs":50})"), HasSubstr("'logprobs'"));
   EXPECT_THAT(error_of(R"({"prompt":"x","stream_options":{"include_usage":true}})"),
               HasSubstr("stream: true"));
@@ -138,13 +138,27 @@ TEST(OpenAiDecodeTest, PenaltiesAndMinPAreDecodedAndRangeChecked) {
   }
 }
 
+TEST(OpenAiDecodeTest, LogitBiasMapsTokenIdsToBiases) {
+  auto request = decode(R"({"prompt":"x","logit_bias":{"50256":-100,"7":2.5}})");
+  ASSERT_TRUE(request.is_ok()) << request.status().message();
+  EXPECT_EQ(request->logit_bias,
+            (std::vector<std::pair<int32_t, float>>{{50256, -100.0f}, {7, 2.5f}}));
+  EXPECT_TRUE(decode(R"({"prompt":"x","logit_bias":null})")->logit_bias.empty());
+  for (const char* bad :
+       {R"({"prompt":"x","logit_bias":{"a":1}})", R"({"prompt":"x","logit_bias":{"-1":1}})",
+        R"({"prompt":"x","logit_bias":{"":1}})", R"({"prompt":"x","logit_bias":{"99999999999":1}})",
+        R"({"prompt":"x","logit_bias":{"5":-100.5}})", R"({"prompt":"x","logit_bias":{"5":"up"}})",
+        R"({"prompt":"x","logit_bias":[5]})"}) {
+    EXPECT_THAT(error_of(bad), HasSubstr("'logit_bias'")) << bad;
+  }
+}
+
 TEST(OpenAiDecodeTest, UnsupportedFieldsAreRefusedByNameUnlessNeutral) {
   // What this server does not implement: a 400 naming the field, never silently ignored.
   const std::pair<const char*, const char*> refused[] = {
       {R"({"prompt":"x","best_of":2})", "'best_of'"},
       {R"({"prompt":"x","n":0})", "'n'"},
       {R"({"prompt":"x","suffix":"tail"})", "'suffix'"},
-      {R"({"prompt":"x","logit_bias":{"5":1}})", "'logit_bias'"},
       {R"({"prompt":"x","min_tokens":4})", "'min_tokens'"},
       {R"({"prompt":"x","prompt_logprobs":1})", "'prompt_logprobs'"},
       {R"({"prompt":"x","use_beam_search":true})", "'use_beam_search'"},
