@@ -27,6 +27,7 @@ using cli::kExitDrainTimeout;
 struct ReplicaFlags {
   std::string model;
   std::string name;
+  std::string model_version = "1";
   std::string runtime = "auto";
   std::string host = "127.0.0.1";
   uint16_t port = 0;
@@ -100,6 +101,15 @@ void add_replica_command(CLI::App& app, ReplicaFlags& flags) {
                 "URL models: download the whole model before loading it (default: loading "
                 "overlaps the download, the loader's reads fetched first)");
   cmd->add_option("--name", flags.name, "Model name (default: the file's stem or directory name)");
+  cmd->add_option("--model-version", flags.model_version,
+                  "The model's version: what /v2/models/NAME/versions/V/... must name, and "
+                  "model_version in responses")
+      ->check([](const std::string& v) {
+        return v.empty() || v.size() > 128 || v.find_first_of("/?#% \t") != std::string::npos
+                   ? std::string("must be 1 to 128 characters, none of / ? # % or a space")
+                   : std::string();
+      })
+      ->capture_default_str();
   cmd->add_option("--runtime", flags.runtime,
                   "auto, xgboost, llm or synthetic (auto never picks synthetic)")
       ->check(CLI::IsMember({"auto", "xgboost", "llm", "synthetic"}))
@@ -335,6 +345,7 @@ int run_replica(const ReplicaFlags& flags) {
   options.batching.max_batch_rows = flags.max_batch_size;
   options.batching.max_queue_delay = std::chrono::microseconds(flags.max_queue_delay_us);
   options.drain_timeout = std::chrono::milliseconds(flags.drain_timeout_ms);
+  options.model_version = flags.model_version;
   // SIGTERM or SIGINT while the model is fetched or loaded: nothing to drain, and a download
   // can take minutes, so exit now instead of when loading ends. Nothing was printed on stdout
   // yet; the model cache survives a process that dies mid-pull (flocks, resumable partials).

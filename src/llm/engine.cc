@@ -88,6 +88,13 @@ class EngineImpl final : public Engine {
       }
     }
     FLOTILLA_RETURN_IF_ERROR(validate(request.sampling));
+    for (const auto& [token, bias] : request.sampling.logit_bias) {
+      if (token >= c.vocab_size) {
+        return invalid_argument("logit_bias: token id " + std::to_string(token) +
+                                " is outside the vocabulary (size " + std::to_string(c.vocab_size) +
+                                ")");
+      }
+    }
     int64_t length = static_cast<int64_t>(request.prompt.size()) + request.sampling.max_tokens;
     if (length > c.max_position) {
       return invalid_argument(
@@ -352,7 +359,7 @@ class EngineImpl final : public Engine {
       }
       TokenLogprob logprob;
       int32_t token = sampler_.sample(logits.subspan(static_cast<size_t>(row++) * vocab, vocab),
-                                      s.sampling, s.rng, &logprob);
+                                      s.sampling, s.rng, &logprob, {s.tokens, s.prompt_length});
       s.tokens.push_back(token);
       ++generated;
       FinishReason finish = FinishReason::kNone;

@@ -99,6 +99,16 @@ struct SamplingParams {
   double temperature = 1.0;  // 0: greedy
   int top_k = 0;             // 0: off
   double top_p = 1.0;        // 1: off
+  double min_p = 0.0;        // 0: off; tokens less likely than min_p times the likeliest go
+  // vLLM/HF: the logits of tokens in the prompt or the output are divided by it when positive,
+  // multiplied when not. 1: off.
+  double repetition_penalty = 1.0;
+  // OpenAI: subtracted from the logits of tokens already generated, once (presence) or per
+  // occurrence (frequency). 0: off.
+  double presence_penalty = 0.0;
+  double frequency_penalty = 0.0;
+  // OpenAI: added to the logits of these token ids before anything else, each in [-100, 100].
+  std::vector<std::pair<int32_t, float>> logit_bias;
   std::optional<uint64_t> seed;
   int max_tokens = 16;
   bool ignore_eos = false;

@@ -7,6 +7,9 @@
 namespace flotilla::llm {
 namespace {
 
+// A guard against overflow, far above what anyone uses (1.0-1.5).
+constexpr double kMaxRepetitionPenalty = 100;
+
 int32_t argmax(std::span<const float> logits) {
   return static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
 }
@@ -44,6 +47,23 @@ Status validate(const SamplingParams& params) {
   if (!(params.top_p > 0) || params.top_p > 1) {
     return invalid_argument("top_p must be in (0, 1]");
   }
+  if (!(params.min_p >= 0) || params.min_p > 1) {
+    return invalid_argument("min_p must be in [0, 1]");
+  }
+  if (!(params.repetition_penalty > 0) || params.repetition_penalty > kMaxRepetitionPenalty) {
+    return invalid_argument("repetition_penalty must be in (0, 100]");
+  }
+  if (!(params.presence_penalty >= -2) || params.presence_penalty > 2) {
+    return invalid_argument("presence_penalty must be in [-2, 2]");
+  }
+  if (!(params.frequency_penalty >= -2) || params.frequency_penalty > 2) {
+    return invalid_argument("frequency_penalty must be in [-2, 2]");
+  }
+  for (const auto& [token, bias] : params.logit_bias) {
+    if (token < 0 || !(bias >= -100 && bias <= 100)) {
+      return invalid_argument("logit_bias must map token ids to values in [-100, 100]");
+    }
+  }
   if (params.max_tokens < 1) {
     return invalid_argument("max_tokens must be at least 1");
   }
@@ -58,47 +78,136 @@ Status validate(const SamplingParams& params) {
   return Status::ok();
 }
 
-int32_t Sampler::sample(std::span<const float> logits, const SamplingParams& params,
-                        std::mt19937_64& rng, TokenLogprob* logprob) {
-  int32_t token;
-  if (params.temperature == 0 || params.top_k == 1) {
-    token = argmax(logits);
-  } else {
-    const int vocab = static_cast<int>(logits.size());
-    const float max_logit = *std::max_element(logits.begin(), logits.end());
-    const float inverse_temperature = static_cast<float>(1.0 / params.temperature);
-    // Candidates most likely first: the top k, or all of them for top-p alone.
-    int candidates = params.top_k > 0 ? std::min(params.top_k, vocab) : vocab;
-    order_.resize(vocab);
-    std::iota(order_.begin(), order_.end(), 0);
-    auto by_logit = [&](int32_t a, int32_t b) {
-      return logits[a] > logits[b];
-    };
-    if (params.top_p < 1 || candidates < vocab) {
-      std::partial_sort(order_.begin(), order_.begin() + candidates, order_.end(), by_logit);
+std::span<const float> Sampler::penalize(std::span<const float> logits,
+                                         const SamplingParams& params,
+                                         const SamplingContext& context) {
+  const bool repetition = params.repetition_penalty != 1 && !context.tokens.empty();
+  const bool output = (params.presence_penalty != 0 || params.frequency_penalty != 0) &&
+                      static_cast<int>(context.tokens.size()) > context.prompt_length;
+  if (!repetition && !output && params.logit_bias.empty()) {
+    return logits;
+  }
+  const auto vocab = static_cast<int32_t>(logits.size());
+  penalized_.assign(logits.begin(), logits.end());
+  // vLLM's order: the bias first, then the penalties read the biased logits.
+  for (const auto& [token, bias] : params.logit_bias) {
+    if (token >= 0 && token < vocab) {  // the engine refuses ids outside the vocabulary
+      penalized_[token] += bias;
     }
-    probabilities_.resize(candidates);
-    double total = 0;
-    for (int i = 0; i < candidates; ++i) {
-      probabilities_[i] = std::exp((logits[order_[i]] - max_logit) * inverse_temperature);
-      total += probabilities_[i];
-    }
-    if (params.top_p < 1) {
-      // Keep the smallest prefix whose mass reaches top_p (at least one token).
-      double kept = 0;
-      int keep = 0;
-      while (keep < candidates && kept < params.top_p * total) {
-        kept += probabilities_[keep++];
+  }
+  // Both stay all zero between calls: each pass below undoes what it marked.
+  output_counts_.resize(logits.size());
+  seen_.resize(logits.size());
+  auto in_vocab = [vocab](int32_t token) {
+    return token >= 0 && token < vocab;
+  };
+  const size_t prompt_length =
+      std::min(static_cast<size_t>(std::max(context.prompt_length, 0)), context.tokens.size());
+  if (repetition) {
+    // HF and vLLM: a seen token's logit is divided by the penalty when positive, multiplied by
+    // it otherwise, once however often it was seen.
+    const auto penalty = static_cast<float>(params.repetition_penalty);
+    for (int32_t token : context.tokens) {
+      if (in_vocab(token) && !seen_[token]) {
+        seen_[token] = 1;
+        float& logit = penalized_[token];
+        logit = logit > 0 ? logit / penalty : logit * penalty;
       }
-      candidates = keep;
-      total = kept;
     }
-    double draw = std::uniform_real_distribution<double>(0, total)(rng);
-    token = order_[candidates - 1];
-    for (int i = 0; i < candidates; ++i) {
-      draw -= probabilities_[i];
+    for (int32_t token : context.tokens) {
+      if (in_vocab(token)) {
+        seen_[token] = 0;
+      }
+    }
+  }
+  if (output) {
+    // OpenAI: logit -= frequency_penalty * count + presence_penalty * (count > 0), over the
+    // generated tokens only.
+    const std::span<const int32_t> generated = context.tokens.subspan(prompt_length);
+    for (int32_t token : generated) {
+      if (in_vocab(token)) {
+        ++output_counts_[token];
+      }
+    }
+    for (int32_t token : generated) {
+      if (in_vocab(token) && output_counts_[token] > 0) {
+        penalized_[token] -= static_cast<float>(params.frequency_penalty * output_counts_[token] +
+                                                params.presence_penalty);
+        output_counts_[token] = 0;  // applied once; and back to zero for the next call
+      }
+    }
+  }
+  return penalized_;
+}
+
+Sampler::Distribution Sampler::distribution(std::span<const float> raw_logits,
+                                            const SamplingParams& params,
+                                            const SamplingContext& context) {
+  const std::span<const float> logits = penalize(raw_logits, params, context);
+  if (params.temperature == 0 || params.top_k == 1) {
+    order_.assign(1, argmax(logits));
+    probabilities_.assign(1, 1.0);
+    return {order_, probabilities_};
+  }
+  const int vocab = static_cast<int>(logits.size());
+  const float max_logit = *std::max_element(logits.begin(), logits.end());
+  const double inverse_temperature = 1.0 / params.temperature;
+  order_.resize(vocab);
+  int candidates = vocab;
+  if (params.min_p <= 0) {
+    std::iota(order_.begin(), order_.end(), 0);
+  } else {
+    // p / p_max = exp((logit - max) / T) >= min_p, so logit >= max + T ln(min_p). The most
+    // likely token always stays; the candidates keep id order.
+    const double floor = max_logit + params.temperature * std::log(params.min_p);
+    candidates = 0;
+    for (int32_t token = 0; token < vocab; ++token) {
+      if (logits[token] >= floor) {
+        order_[candidates++] = token;
+      }
+    }
+  }
+  // Most likely first: the top k, or all candidates for top-p alone.
+  const int sorted = params.top_k > 0 ? std::min(params.top_k, candidates) : candidates;
+  if (params.top_p < 1 || sorted < candidates) {
+    std::partial_sort(order_.begin(), order_.begin() + sorted, order_.begin() + candidates,
+                      [&](int32_t a, int32_t b) { return logits[a] > logits[b]; });
+  }
+  candidates = sorted;
+  probabilities_.resize(candidates);
+  double total = 0;
+  for (int i = 0; i < candidates; ++i) {
+    probabilities_[i] = std::exp((logits[order_[i]] - max_logit) * inverse_temperature);
+    total += probabilities_[i];
+  }
+  if (params.top_p < 1) {
+    // Keep the smallest prefix whose mass reaches top_p (at least one token).
+    double kept = 0;
+    int keep = 0;
+    while (keep < candidates && kept < params.top_p * total) {
+      kept += probabilities_[keep++];
+    }
+    candidates = keep;
+    total = kept;
+  }
+  for (int i = 0; i < candidates; ++i) {
+    probabilities_[i] /= total;
+  }
+  return {std::span<const int32_t>(order_).first(candidates),
+          std::span<const double>(probabilities_).first(candidates)};
+}
+
+int32_t Sampler::sample(std::span<const float> logits, const SamplingParams& params,
+                        std::mt19937_64& rng, TokenLogprob* logprob,
+                        const SamplingContext& context) {
+  const Distribution d = distribution(logits, params, context);
+  int32_t token = d.tokens.back();
+  if (d.tokens.size() > 1) {
+    double draw = std::uniform_real_distribution<double>(0, 1)(rng);
+    for (size_t i = 0; i < d.tokens.size(); ++i) {
+      draw -= d.probabilities[i];
       if (draw < 0) {
-        token = order_[i];
+        token = d.tokens[i];
         break;
       }
     }

@@ -306,7 +306,9 @@ std::optional<uint8_t> byte_token_value(std::string_view token) {
 }
 
 // One step of Hugging Face's decode_chain, which maps the list of token strings to a new list.
-void run_decoder(const DecoderStep& step, std::vector<std::string>& tokens) {
+// `raw`: the bytes as they are, incomplete characters included (no U+FFFD), and none of the
+// start-of-text rules (Strip, Metaspace's first token): what a token adds inside a text.
+void run_decoder(const DecoderStep& step, bool raw, std::vector<std::string>& tokens) {
   switch (step.kind) {
     case DecoderKind::kByteLevel: {
       const ByteLevelAlphabet& alphabet = byte_level_alphabet();
@@ -329,7 +331,7 @@ void run_decoder(const DecoderStep& step, std::vector<std::string>& tokens) {
           bytes += token;
         }
       }
-      tokens.assign(1, to_valid_utf8(bytes));
+      tokens.assign(1, raw ? std::move(bytes) : to_valid_utf8(bytes));
       break;
     }
     case DecoderKind::kReplace:
@@ -345,7 +347,7 @@ void run_decoder(const DecoderStep& step, std::vector<std::string>& tokens) {
         if (bytes.empty()) {
           return;
         }
-        if (is_valid_utf8(bytes)) {
+        if (raw || is_valid_utf8(bytes)) {
           out.push_back(bytes);
         } else {
           out.insert(out.end(), bytes.size(), std::string(kReplacementUtf8));
@@ -373,6 +375,9 @@ void run_decoder(const DecoderStep& step, std::vector<std::string>& tokens) {
       break;
     }
     case DecoderKind::kStrip:
+      if (raw) {
+        break;
+      }
       for (std::string& token : tokens) {
         const std::string_view c = step.pattern;
         size_t begin = 0;
@@ -391,8 +396,8 @@ void run_decoder(const DecoderStep& step, std::vector<std::string>& tokens) {
     case DecoderKind::kMetaspace:
       // As Hugging Face: in the first token every replacement character goes, not just one.
       for (size_t i = 0; i < tokens.size(); ++i) {
-        tokens[i] =
-            replace_all(tokens[i], step.pattern, i == 0 && step.drop_first_replacement ? "" : " ");
+        tokens[i] = replace_all(tokens[i], step.pattern,
+                                i == 0 && step.drop_first_replacement && !raw ? "" : " ");
       }
       break;
   }
@@ -685,13 +690,41 @@ std::string Tokenizer::decode(std::span<const int32_t> ids, bool skip_special_to
     }
   } else {
     for (const DecoderStep& step : *model.decoders) {
-      run_decoder(step, tokens);
+      run_decoder(step, /*raw=*/false, tokens);
     }
     for (const std::string& token : tokens) {
       text += token;
     }
   }
   return is_valid_utf8(text) ? text : to_valid_utf8(text);
+}
+
+std::string Tokenizer::token_bytes(int32_t id) const {
+  const detail::TokenizerModel& model = *model_;
+  if (id < 0 || static_cast<size_t>(id) >= model.flags.size() ||
+      (model.flags[id] & detail::TokenizerModel::kKnown) == 0) {
+    return {};
+  }
+  std::vector<std::string> tokens = {model.id_to_token[id]};
+  if (model.decoders) {
+    for (const DecoderStep& step : *model.decoders) {
+      run_decoder(step, /*raw=*/true, tokens);
+    }
+  }
+  std::string bytes;
+  for (const std::string& token : tokens) {
+    bytes += token;
+  }
+  return bytes;
+}
+
+std::string Tokenizer::token_piece(int32_t id) const {
+  const detail::TokenizerModel& model = *model_;
+  if (id < 0 || static_cast<size_t>(id) >= model.flags.size() ||
+      (model.flags[id] & detail::TokenizerModel::kKnown) == 0) {
+    return {};
+  }
+  return model.id_to_token[id];
 }
 
 int32_t Tokenizer::vocab_size() const {

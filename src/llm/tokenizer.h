@@ -78,6 +78,15 @@ class Tokenizer {
   // vocabulary are skipped; so are special tokens when `skip_special_tokens`.
   std::string decode(std::span<const int32_t> ids, bool skip_special_tokens) const;
 
+  // The bytes `id` adds inside a text: the decoder's steps without turning an incomplete
+  // character into U+FFFD and without the start-of-text rules (Strip, Metaspace's first
+  // token), so a SentencePiece "▁the" is " the" and a byte token "<0xE2>" the one byte 0xE2.
+  // The bytes of consecutive tokens concatenate to their text. Empty for an unknown id.
+  std::string token_bytes(int32_t id) const;
+  // The token as the vocabulary writes it ("Ġthe", "▁the", "<0xE2>", "<|eot_id|>"); empty for
+  // an unknown id.
+  std::string token_piece(int32_t id) const;
+
   // Largest id + 1, added tokens included.
   int32_t vocab_size() const;
   // tokenizer_config.json's bos_token, else the first special token the post_processor adds.

@@ -455,8 +455,10 @@ std::string encode_mlflow_error(StatusCode code, std::string_view message) {
   switch (code) {
     case StatusCode::kInvalidArgument:
     case StatusCode::kFailedPrecondition:
-    case StatusCode::kUnimplemented:
       error_code = "BAD_REQUEST";
+      break;
+    case StatusCode::kUnimplemented:
+      error_code = "NOT_IMPLEMENTED";  // MLflow's ErrorCode for 501
       break;
     case StatusCode::kNotFound:
       error_code = "RESOURCE_DOES_NOT_EXIST";

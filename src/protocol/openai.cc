@@ -1,5 +1,7 @@
 // OpenAI-compatible completions and chat completions (PROTOCOLS.md §3), as vLLM serves them.
+#include <algorithm>
 #include <cmath>
+#include <initializer_list>
 
 #include "protocol/json_util.h"
 #include "protocol/protocol.h"
@@ -16,6 +18,7 @@ using simdjson::dom::element_type;
 constexpr size_t kMaxStopStrings = 16;
 constexpr size_t kMaxStopLength = 256;
 constexpr size_t kMaxPromptTokens = 1 << 20;
+constexpr size_t kMaxLogitBias = 1024;
 
 Status field_error(std::string_view field, std::string_view what) {
   return invalid_argument("'" + std::string(field) + "' " + std::string(what));
@@ -149,6 +152,39 @@ Status decode_messages(element value, CompletionRequest& request) {
   return Status::ok();
 }
 
+// logit_bias: {"token id": bias in [-100, 100], ...}, as OpenAI takes it.
+Status decode_logit_bias(element value, CompletionRequest& request) {
+  if (value.is_null()) {
+    return Status::ok();
+  }
+  simdjson::dom::object object;
+  if (value.get_object().get(object)) {
+    return field_error("logit_bias", "must be an object of token ids to numbers");
+  }
+  if (object.size() > kMaxLogitBias) {
+    return field_error("logit_bias", "holds more than 1024 tokens");
+  }
+  for (auto entry : object) {
+    const std::string_view key = entry.key;
+    int64_t id = 0;
+    bool ok = !key.empty() && key.size() <= 10;
+    for (char c : key) {
+      ok = ok && c >= '0' && c <= '9';
+      id = id * 10 + (c - '0');
+    }
+    if (!ok || id > INT32_MAX) {
+      return field_error("logit_bias", "keys must be token ids, such as \"50256\"; got '" +
+                                           std::string(key.substr(0, 32)) + "'");
+    }
+    Result<double> bias = number(entry.value, "logit_bias");
+    if (!bias.is_ok() || !(*bias >= -100 && *bias <= 100)) {
+      return field_error("logit_bias", "values must be numbers in [-100, 100]");
+    }
+    request.logit_bias.emplace_back(static_cast<int32_t>(id), static_cast<float>(*bias));
+  }
+  return Status::ok();
+}
+
 Status decode_stop(element value, CompletionRequest& request) {
   if (value.is_null()) {
     return Status::ok();
@@ -179,48 +215,127 @@ Status decode_stop(element value, CompletionRequest& request) {
   return Status::ok();
 }
 
-// Fields a client may send with their neutral value; anything else is refused by name.
+bool is_empty_list_or_object(element value) {
+  simdjson::dom::object object;
+  simdjson::dom::array array;
+  return (!value.get_object().get(object) && object.size() == 0) ||
+         (!value.get_array().get(array) && array.size() == 0);
+}
+
+bool is_string_in(element value, std::initializer_list<std::string_view> allowed) {
+  std::string_view text;
+  if (value.get_string().get(text)) {
+    return false;
+  }
+  return std::find(allowed.begin(), allowed.end(), text) != allowed.end();
+}
+
+bool is_integer(element value, int64_t expected) {
+  int64_t n;
+  return !value.get_int64().get(n) && n == expected;
+}
+
+bool is_bool(element value, bool expected) {
+  bool b;
+  return !value.get_bool().get(b) && b == expected;
+}
+
+// Fields of the OpenAI API and of vLLM's extensions that this server does not implement. A
+// client may send them with their neutral value (or null); anything else is refused by name,
+// never ignored. Fields not named here nor in decode_field are tolerated, as vLLM does: they
+// change nothing in the output (user, metadata, store, service_tier, ...).
 Status refuse_unsupported(std::string_view key, element value) {
+  if (value.is_null()) {
+    return Status::ok();
+  }
   if (key == "n" || key == "best_of") {
-    int64_t n;
-    if (value.is_null() || (!value.get_int64().get(n) && n == 1)) {
+    if (is_integer(value, 1)) {
       return Status::ok();
     }
     return field_error(key, "must be 1: one choice per request is supported");
   }
-  if (key == "presence_penalty" || key == "frequency_penalty" || key == "repetition_penalty") {
-    const double neutral = key == "repetition_penalty" ? 1 : 0;
-    Result<double> penalty = number(value, key);
-    if (value.is_null() || (penalty.is_ok() && penalty.value() == neutral)) {
+  if (key == "echo" || key == "use_beam_search" || key == "include_stop_str_in_output" ||
+      key == "continue_final_message") {
+    if (is_bool(value, false)) {
       return Status::ok();
     }
-    return field_error(key,
-                       neutral == 1 ? "is not supported (only 1)" : "is not supported (only 0)");
+    return field_error(key, "is not supported (only false)");
   }
-  if (key == "echo") {
-    bool echo;
-    if (value.is_null() || (!value.get_bool().get(echo) && !echo)) {
+  if (key == "skip_special_tokens" || key == "add_generation_prompt") {
+    if (is_bool(value, true)) {
+      return Status::ok();
+    }
+    return field_error(key, "is not supported (only true)");
+  }
+  if (key == "min_tokens") {
+    if (is_integer(value, 0)) {
+      return Status::ok();
+    }
+    return field_error(key, "is not supported (only 0)");
+  }
+  if (key == "length_penalty") {
+    Result<double> penalty = number(value, key);
+    if (penalty.is_ok() && penalty.value() == 1) {
+      return Status::ok();
+    }
+    return field_error(key, "is not supported (only 1)");
+  }
+  if (key == "suffix") {
+    std::string_view text;
+    if (!value.get_string().get(text) && text.empty()) {
       return Status::ok();
     }
     return field_error(key, "is not supported");
   }
-  if (key == "logit_bias" || key == "tools" || key == "functions" || key == "suffix") {
-    simdjson::dom::object object;
-    simdjson::dom::array array;
-    if (value.is_null() || (!value.get_object().get(object) && object.size() == 0) ||
-        (!value.get_array().get(array) && array.size() == 0)) {
+  if (key == "tool_choice" || key == "function_call") {
+    if (is_string_in(value, {"none", "auto"})) {
+      return Status::ok();
+    }
+    return field_error(key, "is not supported (tool calls are not implemented)");
+  }
+  if (key == "tools" || key == "functions" || key == "bad_words" || key == "allowed_token_ids") {
+    if (is_empty_list_or_object(value)) {
       return Status::ok();
     }
     return field_error(key, "is not supported");
   }
   if (key == "response_format") {
     std::string_view type;
-    if (value.is_null() || (!value["type"].get_string().get(type) && type == "text")) {
+    if (!value["type"].get_string().get(type) && type == "text") {
       return Status::ok();
     }
     return field_error(key, "is not supported (only {\"type\": \"text\"})");
   }
-  return Status::ok();  // unknown fields are tolerated, as vLLM does
+  if (key == "prompt_logprobs" || key == "guided_json" || key == "guided_regex" ||
+      key == "guided_choice" || key == "guided_grammar" || key == "structured_outputs" ||
+      key == "truncate_prompt_tokens" || key == "prediction" || key == "audio" ||
+      key == "web_search_options") {
+    return field_error(key, "is not supported");
+  }
+  if (key == "modalities") {
+    simdjson::dom::array array;
+    if (!value.get_array().get(array) && array.size() == 1 &&
+        is_string_in(array.at(0).value_unsafe(), {"text"})) {
+      return Status::ok();
+    }
+    return field_error(key, "is not supported (only [\"text\"])");
+  }
+  return Status::ok();  // tolerated
+}
+
+// A number field in [low, high] (or (low, high] when `open_low`), into `out`; null keeps it.
+// `range` is how messages write the interval.
+Status bounded_number(element value, std::string_view key, double low, double high, bool open_low,
+                      std::string_view range, double& out) {
+  if (value.is_null()) {
+    return Status::ok();
+  }
+  FLOTILLA_ASSIGN_OR_RETURN(double x, number(value, key));
+  if (!((open_low ? x > low : x >= low) && x <= high)) {
+    return field_error(key, "must be in " + std::string(range));
+  }
+  out = x;
+  return Status::ok();
 }
 
 Status decode_field(std::string_view key, element value, CompletionRequest& request) {
@@ -265,6 +380,19 @@ Status decode_field(std::string_view key, element value, CompletionRequest& requ
       }
       request.top_k = top_k < 0 ? 0 : static_cast<int>(top_k);
     }
+  } else if (key == "min_p") {
+    FLOTILLA_RETURN_IF_ERROR(bounded_number(value, key, 0, 1, false, "[0, 1]", request.min_p));
+  } else if (key == "repetition_penalty") {
+    FLOTILLA_RETURN_IF_ERROR(bounded_number(value, key, 0, 100, /*open_low=*/true, "(0, 100]",
+                                            request.repetition_penalty));
+  } else if (key == "presence_penalty") {
+    FLOTILLA_RETURN_IF_ERROR(
+        bounded_number(value, key, -2, 2, false, "[-2, 2]", request.presence_penalty));
+  } else if (key == "frequency_penalty") {
+    FLOTILLA_RETURN_IF_ERROR(
+        bounded_number(value, key, -2, 2, false, "[-2, 2]", request.frequency_penalty));
+  } else if (key == "logit_bias") {
+    FLOTILLA_RETURN_IF_ERROR(decode_logit_bias(value, request));
   } else if (key == "seed") {
     if (!value.is_null()) {
       FLOTILLA_ASSIGN_OR_RETURN(int64_t seed, integer(value, key));
@@ -383,10 +511,14 @@ void append_logprobs(const CompletionOutput& output, std::string& out) {
       append_json_string(choice.token, out);
       out += ",\"logprob\":";
       append_logprob_value(choice.logprob, out);
+      if (!choice.bytes) {
+        out += ",\"bytes\":null";
+        return;
+      }
       out += ",\"bytes\":[";
-      for (size_t i = 0; i < choice.token.size(); ++i) {
+      for (size_t i = 0; i < choice.bytes->size(); ++i) {
         out += i ? "," : "";
-        append_int(static_cast<unsigned char>(choice.token[i]), out);
+        append_int(static_cast<unsigned char>((*choice.bytes)[i]), out);
       }
       out += ']';
     };
@@ -431,7 +563,9 @@ void append_logprobs(const CompletionOutput& output, std::string& out) {
   for (size_t i = 0; i < output.logprobs.size(); ++i) {
     out += i ? "," : "";
     append_int(static_cast<int64_t>(offset), out);
-    offset += output.logprobs[i].chosen.token.size();
+    // Offsets into the text in bytes: what each token adds to it.
+    const TokenChoice& chosen = output.logprobs[i].chosen;
+    offset += chosen.bytes ? chosen.bytes->size() : chosen.token.size();
   }
   out += "]}";
 }
@@ -490,10 +624,28 @@ Result<CompletionRequest> decode_completion_request(std::string& body, bool chat
   if (!chat && !request.prompt_text && request.prompt_tokens.empty()) {
     return field_error("prompt", "is required");
   }
+  if (chat && request.logprobs > 0 && !request.want_logprobs) {
+    return field_error("top_logprobs", "needs \"logprobs\": true");  // as OpenAI and vLLM
+  }
   if (request.include_usage && !request.stream) {
     return field_error("stream_options", "is only allowed with stream: true");
   }
   return request;
+}
+
+std::string logprob_token_text(std::string_view bytes) {
+  if (simdjson::validate_utf8(bytes.data(), bytes.size())) {
+    return std::string(bytes);
+  }
+  static constexpr char kHex[] = "0123456789abcdef";
+  std::string out = "bytes:";
+  for (char c : bytes) {
+    const auto byte = static_cast<unsigned char>(c);
+    out += "\\x";
+    out += kHex[byte >> 4];
+    out += kHex[byte & 15];
+  }
+  return out;
 }
 
 std::string encode_completion_response(const CompletionOutput& output) {
@@ -526,15 +678,20 @@ std::string encode_usage_chunk(const CompletionOutput& output) {
   return out;
 }
 
-std::string encode_openai_models(std::string_view name, int64_t created, int max_model_len) {
-  std::string out = "{\"object\":\"list\",\"data\":[{\"id\":";
+std::string encode_openai_model(std::string_view name, int64_t created, int max_model_len) {
+  std::string out = "{\"id\":";
   append_json_string(name, out);
   out += ",\"object\":\"model\",\"created\":";
   append_int(created, out);
   out += ",\"owned_by\":\"flotilla\",\"max_model_len\":";
   append_int(max_model_len, out);
-  out += "}]}";
+  out += '}';
   return out;
+}
+
+std::string encode_openai_models(std::string_view name, int64_t created, int max_model_len) {
+  return "{\"object\":\"list\",\"data\":[" + encode_openai_model(name, created, max_model_len) +
+         "]}";
 }
 
 std::string encode_openai_error(int status, std::string_view message) {

@@ -9,6 +9,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "common/common.h"
@@ -44,7 +45,8 @@ Result<InferRequest> decode_mlflow_csv(std::string_view body);
 
 // Appends `{"predictions": [...]}` for one output tensor (1-D → list, 2-D → list of rows).
 void encode_mlflow_predictions(const Tensor& output, std::string& out);
-// {"error_code": "BAD_REQUEST", "message": "..."} and the like.
+// {"error_code": "BAD_REQUEST", "message": "..."} and the like: MLflow's ErrorCode names for
+// the status (kUnimplemented: NOT_IMPLEMENTED, which MLflow answers with 501).
 std::string encode_mlflow_error(StatusCode code, std::string_view message);
 
 // ---- OpenAI completions and chat completions (PROTOCOLS.md §3) ------------------------------
@@ -55,8 +57,9 @@ struct ChatTurn {
 };
 
 // One /v1/completions or /v1/chat/completions request, decoded and range-checked. Fields this
-// server cannot honour (n > 1, echo, penalties, logit_bias, tools, several prompts) are refused
-// with a message naming them rather than ignored.
+// server cannot honour (n > 1, best_of, echo, tools, response formats other than
+// text, guided decoding, several prompts: docs/llm.md has the list) are refused with a message
+// naming them rather than ignored, unless they hold their neutral value.
 struct CompletionRequest {
   bool chat = false;
   std::string model;                       // empty when omitted
@@ -66,7 +69,14 @@ struct CompletionRequest {
   std::optional<int> max_tokens;           // unset: the default of the route
   std::optional<double> temperature;       // unset: 1.0
   double top_p = 1.0;
-  int top_k = 0;  // vLLM extension; 0 or -1: off
+  int top_k = 0;                  // vLLM extension; 0 or -1: off
+  double min_p = 0;               // vLLM extension, [0, 1]
+  double repetition_penalty = 1;  // vLLM extension, (0, 100]
+  double presence_penalty = 0;    // [-2, 2]
+  double frequency_penalty = 0;   // [-2, 2]
+  // {"token id": bias in [-100, 100]}, at most 1024 entries; ids are checked against the
+  // vocabulary by the engine.
+  std::vector<std::pair<int32_t, float>> logit_bias;
   std::optional<uint64_t> seed;
   std::vector<std::string> stop;
   std::vector<int32_t> stop_token_ids;  // vLLM extension
@@ -82,9 +92,18 @@ struct CompletionRequest {
 Result<CompletionRequest> decode_completion_request(std::string& body, bool chat);
 
 struct TokenChoice {
-  std::string token;  // its text (may be a partial UTF-8 sequence: bytes are escaped as JSON)
+  // How the token is shown: logprob_token_text() of its bytes, or another form that keeps the
+  // keys of one position's top_logprobs distinct (completions' top_logprobs is a JSON object).
+  std::string token;
+  // The bytes it stands for (chat's `bytes`, as a list of ints); unset: null (no tokenizer).
+  std::optional<std::string> bytes;
   float logprob = 0;
 };
+
+// A token's text for logprobs, as OpenAI writes it: its bytes when they are valid UTF-8, else
+// "bytes:" and each byte as \xNN (a piece of a character: "bytes:\xe2\x80"), so that such
+// tokens stay distinct and readable.
+std::string logprob_token_text(std::string_view bytes);
 
 struct LogprobEntry {
   TokenChoice chosen;
@@ -116,6 +135,8 @@ inline constexpr std::string_view kSseDone = "data: [DONE]\n\n";
 // {"object":"list","data":[{"id":name,"object":"model","created":..,"owned_by":"flotilla",
 // "max_model_len":context}]}
 std::string encode_openai_models(std::string_view name, int64_t created, int max_model_len);
+// The one model object of that list: GET /v1/models/{id}.
+std::string encode_openai_model(std::string_view name, int64_t created, int max_model_len);
 // {"error":{"message":...,"type":...,"param":null,"code":status}}; type follows the status
 // (invalid_request_error, not_found_error, ...).
 std::string encode_openai_error(int status, std::string_view message);

@@ -1,5 +1,6 @@
 #include "replica/openai_handler.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <mutex>
@@ -43,12 +44,53 @@ runtime::GenerateRequest to_generate_request(protocol::CompletionRequest&& decod
   s.temperature = decoded.temperature.value_or(1.0);
   s.top_p = decoded.top_p;
   s.top_k = decoded.top_k;
+  s.min_p = decoded.min_p;
+  s.repetition_penalty = decoded.repetition_penalty;
+  s.presence_penalty = decoded.presence_penalty;
+  s.frequency_penalty = decoded.frequency_penalty;
+  s.logit_bias = std::move(decoded.logit_bias);
   s.seed = decoded.seed;
   s.stop = std::move(decoded.stop);
   s.stop_token_ids = std::move(decoded.stop_token_ids);
   s.ignore_eos = decoded.ignore_eos;
   s.logprobs = decoded.want_logprobs ? std::max(decoded.logprobs, 1) : 0;
   return request;
+}
+
+// A token as logprobs show it (protocol::TokenChoice): logprob_token_text() of its bytes, unless
+// an earlier token of `taken` has that form (two ids with the same bytes, as a SentencePiece
+// byte token "<0x41>" and "A"): then its vocabulary entry, then "token_id:N". Completions'
+// top_logprobs is an object keyed by these, so each token of a position needs its own key.
+protocol::TokenChoice token_choice(const runtime::Generator& generator, int32_t id, float logprob,
+                                   const std::vector<protocol::TokenChoice>& taken) {
+  runtime::Generator::TokenForms forms = generator.token_forms(id);
+  auto is_taken = [&taken](const std::string& token) {
+    return std::any_of(taken.begin(), taken.end(),
+                       [&token](const protocol::TokenChoice& c) { return c.token == token; });
+  };
+  std::string token = forms.bytes ? protocol::logprob_token_text(*forms.bytes) : forms.piece;
+  if (is_taken(token)) {
+    token = is_taken(forms.piece) || forms.piece.empty() ? "token_id:" + std::to_string(id)
+                                                         : std::move(forms.piece);
+  }
+  return {std::move(token), std::move(forms.bytes), logprob};
+}
+
+protocol::LogprobEntry logprob_entry(const runtime::Generator& generator,
+                                     const llm::TokenLogprob& lp, int top_logprobs) {
+  protocol::LogprobEntry entry;
+  const int top = std::min(top_logprobs, static_cast<int>(lp.top.size()));
+  for (int i = 0; i < top; ++i) {
+    entry.top.push_back(token_choice(generator, lp.top[i].first, lp.top[i].second, entry.top));
+  }
+  // The chosen token is shown as it is among the top ones, when it is one of them.
+  entry.chosen = token_choice(generator, lp.token, lp.logprob, {});
+  for (int i = 0; i < top; ++i) {
+    if (lp.top[i].first == lp.token) {
+      entry.chosen.token = entry.top[i].token;
+    }
+  }
+  return entry;
 }
 
 // One request's answer in progress. Events come in order from the engine's output thread.
@@ -108,6 +150,10 @@ OpenAiHandler::OpenAiHandler(runtime::Generator& generator, std::string model_na
 
 std::string OpenAiHandler::models_json() const {
   return protocol::encode_openai_models(model_name_, created_, generator_.context_length());
+}
+
+std::string OpenAiHandler::model_json() const {
+  return protocol::encode_openai_model(model_name_, created_, generator_.context_length());
 }
 
 void OpenAiHandler::completions(http::Request&& request, std::shared_ptr<http::Responder> responder,
@@ -189,11 +235,7 @@ void OpenAiHandler::completions(http::Request&& request, std::shared_ptr<http::R
     out.text += event.text;
     out.token_ids.insert(out.token_ids.end(), event.tokens.begin(), event.tokens.end());
     for (const llm::TokenLogprob& lp : event.logprobs) {
-      protocol::LogprobEntry entry{{generator_.token_text(lp.token), lp.logprob}, {}};
-      for (int i = 0; i < g.top_logprobs && i < static_cast<int>(lp.top.size()); ++i) {
-        entry.top.push_back({generator_.token_text(lp.top[i].first), lp.top[i].second});
-      }
-      out.logprobs.push_back(std::move(entry));
+      out.logprobs.push_back(logprob_entry(generator_, lp, g.top_logprobs));
     }
     bool final = event.finish != llm::FinishReason::kNone;
     out.finish_reason = llm::finish_reason_name(event.finish);  // "" while it goes on

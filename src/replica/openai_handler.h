@@ -1,6 +1,6 @@
 // The OpenAI routes of a replica serving a language model: /v1/completions and
-// /v1/chat/completions (whole or streamed as Server-Sent Events) and /v1/models, plus the
-// runtime's gauges in /metrics.
+// /v1/chat/completions (whole or streamed as Server-Sent Events), /v1/models and
+// /v1/models/{id}, plus the runtime's gauges in /metrics.
 #pragma once
 
 #include <functional>
@@ -33,6 +33,8 @@ class OpenAiHandler {
   void completions(http::Request&& request, std::shared_ptr<http::Responder> responder, bool chat,
                    std::function<void(int status)> done);
   std::string models_json() const;
+  // GET /v1/models/{id} of the served model.
+  std::string model_json() const;
 
  private:
   runtime::Generator& generator_;

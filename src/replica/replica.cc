@@ -33,6 +33,7 @@ enum class Route {
   kCompletions,
   kChatCompletions,
   kModels,
+  kModel,
   kUnknown,
   kCount,
 };
@@ -52,6 +53,7 @@ constexpr std::array<const char*, static_cast<size_t>(Route::kCount)> kRouteName
     "completions",
     "chat_completions",
     "models",
+    "model",
     "unknown"};
 
 bool is_post_route(Route route) {
@@ -61,7 +63,7 @@ bool is_post_route(Route route) {
 
 bool is_openai_route(Route route) {
   return route == Route::kCompletions || route == Route::kChatCompletions ||
-         route == Route::kModels;
+         route == Route::kModels || route == Route::kModel;
 }
 
 // Routes that need the model: before serve() they answer 503 "loading". Liveness, readiness
@@ -77,6 +79,7 @@ bool needs_model(Route route) {
     case Route::kCompletions:
     case Route::kChatCompletions:
     case Route::kModels:
+    case Route::kModel:
       return true;
     default:
       return false;
@@ -91,7 +94,8 @@ constexpr std::array<int, 10> kCommonCodes = {200, 400, 404, 405, 413, 415, 431,
 
 struct RouteMatch {
   Route route = Route::kUnknown;
-  std::string_view model;  // for /v2/models/{name}/...
+  std::string_view model;    // for /v2/models/{name}/... and /v1/models/{id}
+  std::string_view version;  // for /v2/models/{name}/versions/{version}/...; empty otherwise
 };
 
 // /v2/models/{name}[/versions/{version}][/ready|/infer]
@@ -106,7 +110,8 @@ RouteMatch match_model_route(std::string_view rest) {
   if (rest.starts_with("/versions/")) {
     rest.remove_prefix(10);
     slash = rest.find('/');
-    if (slash == 0) {
+    match.version = rest.substr(0, slash);
+    if (match.version.empty()) {
       return {};
     }
     rest = slash == std::string_view::npos ? std::string_view() : rest.substr(slash);
@@ -125,29 +130,32 @@ RouteMatch match_model_route(std::string_view rest) {
 
 RouteMatch match_route(std::string_view path) {
   if (path == "/v2/health/live")
-    return {Route::kLive, {}};
+    return {Route::kLive, {}, {}};
   if (path == "/v2/health/ready")
-    return {Route::kReady, {}};
+    return {Route::kReady, {}, {}};
   if (path == "/v2" || path == "/v2/")
-    return {Route::kServerMetadata, {}};
+    return {Route::kServerMetadata, {}, {}};
   if (path.starts_with("/v2/models/"))
     return match_model_route(path.substr(11));
   if (path == "/invocations")
-    return {Route::kInvocations, {}};
+    return {Route::kInvocations, {}, {}};
   if (path == "/ping")
-    return {Route::kPing, {}};
+    return {Route::kPing, {}, {}};
   if (path == "/health")
-    return {Route::kHealth, {}};
+    return {Route::kHealth, {}, {}};
   if (path == "/version")
-    return {Route::kVersion, {}};
+    return {Route::kVersion, {}, {}};
   if (path == "/metrics")
-    return {Route::kMetrics, {}};
+    return {Route::kMetrics, {}, {}};
   if (path == "/v1/completions")
-    return {Route::kCompletions, {}};
+    return {Route::kCompletions, {}, {}};
   if (path == "/v1/chat/completions")
-    return {Route::kChatCompletions, {}};
+    return {Route::kChatCompletions, {}, {}};
   if (path == "/v1/models")
-    return {Route::kModels, {}};
+    return {Route::kModels, {}, {}};
+  // OpenAI's ids may hold slashes ("org/model"): the id is the rest of the path.
+  if (path.starts_with("/v1/models/") && path.size() > 11)
+    return {Route::kModel, path.substr(11), {}};
   return {};
 }
 
@@ -293,7 +301,10 @@ Status ReplicaImpl::serve(std::unique_ptr<runtime::Runtime>&& runtime,
     return not_served();
   }
   auto model = std::make_unique<LoadedModel>();
-  model->metadata_json = protocol::encode_oip_model_metadata(metadata);
+  // The served version is the one --model-version names, whatever the runtime says.
+  ModelMetadata served = metadata;
+  served.versions = {options_.model_version};
+  model->metadata_json = protocol::encode_oip_model_metadata(served);
   model->ready_json = "{\"name\":";
   protocol::append_json_string(metadata.name, model->ready_json);
   model->not_ready_json = model->ready_json + ",\"ready\":false}";
@@ -422,13 +433,24 @@ void ReplicaImpl::handle(http::Request&& request, http::Responder&& responder) {
     finish(route, start, responder, std::move(response));
     return;
   }
-  if (!match.model.empty() && match.model != model->runtime->metadata().name) {
-    finish(
-        route, start, responder,
-        json_response(404, protocol::encode_oip_error("unknown model '" + std::string(match.model) +
-                                                      "'; this server serves '" +
-                                                      model->runtime->metadata().name + "'")));
-    return;
+  if (!match.model.empty()) {  // a route that needs_model(): `model` is set
+    const std::string& name = model->runtime->metadata().name;
+    if (match.model != name) {
+      const std::string message =
+          "unknown model '" + std::string(match.model) + "'; this server serves '" + name + "'";
+      finish(route, start, responder,
+             json_response(404, route == Route::kModel ? protocol::encode_openai_error(404, message)
+                                                       : protocol::encode_oip_error(message)));
+      return;
+    }
+    if (!match.version.empty() && match.version != options_.model_version) {
+      finish(route, start, responder,
+             json_response(
+                 404, protocol::encode_oip_error(
+                          "unknown version '" + std::string(match.version) + "' of model '" + name +
+                          "'; this server serves version '" + options_.model_version + "'")));
+      return;
+    }
   }
   switch (route) {
     case Route::kInfer:
@@ -450,6 +472,9 @@ void ReplicaImpl::handle(http::Request&& request, http::Responder&& responder) {
       return;
     case Route::kModels:
       finish(route, start, responder, json_response(200, model->openai->models_json()));
+      return;
+    case Route::kModel:
+      finish(route, start, responder, json_response(200, model->openai->model_json()));
       return;
     case Route::kLive:
       finish(route, start, responder, json_response(200, "{\"live\":true}"));
@@ -518,6 +543,13 @@ void ReplicaImpl::handle_infer(const LoadedModel& model, http::Request&& request
            json_response(http_status_for(status.code()),
                          protocol::encode_oip_error(status.message())));
   };
+  if (model.openai != nullptr) {
+    // A language model runs no tensors, whatever the body: 501.
+    fail(Status(StatusCode::kUnimplemented,
+                "model '" + model.runtime->metadata().name +
+                    "' is a language model: use /v1/completions or /v1/chat/completions"));
+    return;
+  }
   Result<InferRequest> decoded = protocol::decode_oip_infer_request(request.body);
   if (!decoded.is_ok()) {
     fail(decoded.status());
@@ -555,6 +587,7 @@ void ReplicaImpl::handle_infer(const LoadedModel& model, http::Request&& request
             }
             InferResponse response;
             response.model_name = metadata.name;
+            response.model_version = options_.model_version;
             response.id = std::move(id);
             if (selected.empty()) {
               response.outputs = std::move(outputs).value();
@@ -577,9 +610,19 @@ void ReplicaImpl::handle_invocations(const LoadedModel& model, http::Request&& r
         Route::kInvocations, start, *responder,
         json_response(http_status, protocol::encode_mlflow_error(status.code(), status.message())));
   };
+  if (model.openai != nullptr) {
+    // No pyfunc behind a language model, whatever the body: 501 in MLflow's shape.
+    fail(Status(StatusCode::kUnimplemented,
+                "model '" + model.runtime->metadata().name +
+                    "' is a language model: /invocations is not implemented for it; use "
+                    "/v1/completions or /v1/chat/completions"),
+         501);
+    return;
+  }
   Result<protocol::MlflowFormat> format = protocol::parse_mlflow_content_type(request.content_type);
   if (!format.is_ok()) {
-    fail(format.status(), 415);
+    // MLflow answers a content type it cannot read with 415 and BAD_REQUEST.
+    fail(invalid_argument(format.status().message()), 415);
     return;
   }
   Result<InferRequest> decoded = *format == protocol::MlflowFormat::kJson
@@ -591,7 +634,7 @@ void ReplicaImpl::handle_invocations(const LoadedModel& model, http::Request&& r
   }
   Result<runtime::ModelInput> input = model.runtime->prepare(*decoded);
   if (!input.is_ok()) {
-    fail(input.status(), 400);
+    fail(input.status(), http_status_for(input.status().code()));
     return;
   }
   execute(model, std::move(input).value(),

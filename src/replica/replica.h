@@ -6,6 +6,7 @@
 #include <chrono>
 #include <functional>
 #include <memory>
+#include <string>
 
 #include "common/common.h"
 #include "http/http.h"
@@ -26,6 +27,10 @@ struct ReplicaOptions {
   http::ServerOptions server;
   BatchingOptions batching;
   std::chrono::milliseconds drain_timeout{30'000};
+  // The version of the model this replica serves (the endpoint version's name when the
+  // orchestrator starts it): what /v2/models/{name}/versions/{v}/... must name (else 404),
+  // what metadata lists in `versions`, and each infer response's model_version.
+  std::string model_version = "1";
   // Runs once, on a server thread, when a drain (SIGTERM, SIGINT or drain()) completes before
   // serve() installed a model: nothing is left to serve, while the caller may still be busy
   // fetching or loading it. The CLI exits the process from here, so that a signal during a

@@ -100,11 +100,12 @@ class LlmRuntime final : public Runtime, public Generator {
 
   void cancel(uint64_t id) override { engine_->cancel(id); }
 
-  std::string token_text(int32_t id) const override {
-    if (tokenizer_ == nullptr) {
-      return "token_id:" + std::to_string(id);
+  TokenForms token_forms(int32_t id) const override {
+    std::string piece = tokenizer_ ? tokenizer_->token_piece(id) : std::string();
+    if (piece.empty()) {  // no tokenizer, or an id the vocabulary leaves unused
+      return {std::nullopt, "token_id:" + std::to_string(id)};
     }
-    return tokenizer_->decode(std::span<const int32_t>(&id, 1), false);
+    return {tokenizer_->token_bytes(id), std::move(piece)};
   }
 
   llm::EngineStats stats() const override { return engine_->stats(); }

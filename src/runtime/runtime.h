@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -63,8 +64,15 @@ class Generator {
   // (the caller answers 400), with nothing started.
   virtual Result<uint64_t> generate(GenerateRequest&& request, llm::EventCallback on_event) = 0;
   virtual void cancel(uint64_t id) = 0;
-  // A token's text for logprobs ("token_id:N" without a tokenizer).
-  virtual std::string token_text(int32_t id) const = 0;
+  // What logprobs show of a token.
+  struct TokenForms {
+    // The bytes it adds to a text, incomplete characters included (llm::Tokenizer::
+    // token_bytes); unset without a tokenizer.
+    std::optional<std::string> bytes;
+    // Its vocabulary entry ("Ġthe", "<0xE2>"); "token_id:N" without a tokenizer.
+    std::string piece;
+  };
+  virtual TokenForms token_forms(int32_t id) const = 0;
   virtual llm::EngineStats stats() const = 0;
 };
 

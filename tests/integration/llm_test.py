@@ -279,5 +279,141 @@ class NotALanguageModelTest(unittest.TestCase):
         self.assertIn(b"model.layers.2.", r.stderr)
 
 
+
+def _bytes_of_shown_token(token):
+    """The bytes a logprobs token string stands for: "bytes:\\xNN..." or its UTF-8."""
+    if token.startswith("bytes:"):
+        return bytes(int(h, 16) for h in token[len("bytes:"):].split("\\x")[1:])
+    return token.encode()
+
+
+class LogprobsAndPenaltiesTest(unittest.TestCase):
+    """Issue 18: logprobs of byte-level tokens (one entry per token, raw bytes), the sampling
+    penalties' effect on greedy output, and GET /v1/models/{id}."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.server = harness.start_process(
+            cls, [FLOTILLA_BIN, "replica", "--model", CHAT_MODEL, "--port", "0",
+                  "--llm-threads", "2", "--kv-cache-tokens", "2048"], cls_level=True)
+        cls.port = cls.server.port
+
+    def complete(self, **body):
+        r = req(self.port, "POST", "/v1/completions", dict(body))
+        self.assertEqual(r.status, 200, r)
+        return r.json()["choices"][0]
+
+    def test_top_logprobs_keep_every_byte_token_apart(self):
+        # The fixture's vocabulary has the 256 single bytes and many pieces of CJK characters:
+        # tokens that decode to U+FFFD (or, unused ids, to nothing) alone.
+        choice = self.complete(prompt="Hello world", max_tokens=30, temperature=0,
+                               ignore_eos=True, logprobs=20)
+        logprobs = choice["logprobs"]
+        self.assertEqual([len(top) for top in logprobs["top_logprobs"]], [20] * 30)
+        pieces = [sum(k.startswith("bytes:") for k in top) for top in logprobs["top_logprobs"]]
+        self.assertGreaterEqual(max(pieces), 2, "no position with two pieces of characters")
+        for token, top in zip(logprobs["tokens"], logprobs["top_logprobs"]):
+            self.assertNotIn("\ufffd", token)
+            if token.startswith("bytes:"):
+                # Shown as OpenAI does: only what is not valid UTF-8 is written as bytes.
+                with self.assertRaises(UnicodeDecodeError):
+                    _bytes_of_shown_token(token).decode()
+            # Greedy: the chosen token is the first of the top ones, under the same key.
+            self.assertEqual(token, max(top, key=top.get))
+
+    def test_chat_logprob_bytes_are_the_tokens_raw_bytes(self):
+        r = req(self.port, "POST", "/v1/chat/completions",
+                {"messages": [{"role": "user", "content": "Hello"}], "max_tokens": 20,
+                 "temperature": 0, "logprobs": True, "top_logprobs": 5})
+        self.assertEqual(r.status, 200, r)
+        choice = r.json()["choices"][0]
+        content = choice["logprobs"]["content"]
+        self.assertEqual(len(content), r.json()["usage"]["completion_tokens"])
+        replacement = list("\ufffd".encode())
+        saw_piece = False
+        for entry in content:
+            for item in [entry] + entry["top_logprobs"]:
+                if item["token"].startswith("token_id:"):  # an id the vocabulary leaves unused
+                    self.assertIsNone(item["bytes"], item)
+                    continue
+                self.assertEqual(bytes(item["bytes"]), _bytes_of_shown_token(item["token"]), item)
+                self.assertNotEqual(item["bytes"], replacement, item)
+                saw_piece = saw_piece or item["token"].startswith("bytes:")
+            self.assertEqual(len({t["token"] for t in entry["top_logprobs"]}), 5, entry)
+        self.assertTrue(saw_piece, "no piece of a character among the tokens")
+        # The chosen tokens' bytes make the text (its incomplete characters as U+FFFD).
+        raw = b"".join(bytes(e["bytes"] or b"") for e in content)
+        self.assertEqual(raw.decode("utf-8", "replace").replace("\ufffd", ""),
+                         choice["message"]["content"].replace("\ufffd", ""))
+
+    def test_presence_and_frequency_penalties_steer_greedy_decoding(self):
+        body = dict(prompt="Hello world", max_tokens=30, temperature=0, ignore_eos=True,
+                    return_token_ids=True)
+        plain = self.complete(**body)["token_ids"]
+        self.assertLess(len(set(plain)), len(plain), "the fixture's greedy text repeats tokens")
+        for presence, frequency in ((2, 0), (0, 1.5), (0.5, 0.5)):
+            with self.subTest(presence=presence, frequency=frequency):
+                choice = self.complete(**body, logprobs=20, presence_penalty=presence,
+                                       frequency_penalty=frequency)
+                self.assertNotEqual(choice["token_ids"], plain)
+                # Each greedy choice is the argmax of the model's logprobs (reported unpenalized)
+                # less the penalties of what was generated before it (OpenAI's formula).
+                tokens, tops = choice["logprobs"]["tokens"], choice["logprobs"]["top_logprobs"]
+                for i, (token, top) in enumerate(zip(tokens, tops)):
+                    def score(key):
+                        count = tokens[:i].count(key)
+                        return top[key] - frequency * count - presence * (count > 0)
+                    if token in top:
+                        self.assertEqual(token, max(top, key=score), (i, token))
+
+    def test_repetition_penalty_changes_greedy_output_reproducibly(self):
+        body = dict(prompt="Hello world", max_tokens=30, temperature=0, ignore_eos=True,
+                    return_token_ids=True)
+        plain = self.complete(**body)["token_ids"]
+        penalized = self.complete(**body, repetition_penalty=2)["token_ids"]
+        self.assertNotEqual(penalized, plain)
+        self.assertEqual(self.complete(**body, repetition_penalty=2)["token_ids"], penalized)
+        self.assertEqual(self.complete(**body, repetition_penalty=1)["token_ids"], plain)
+        for field, value in (("repetition_penalty", 0), ("presence_penalty", 3),
+                             ("min_p", 2), ("best_of", 3), ("logit_bias", {"5": 101})):
+            with self.subTest(field=field):
+                r = req(self.port, "POST", "/v1/completions",
+                        dict(prompt="x", max_tokens=2, **{field: value}))
+                assert_openai_error(self, r, 400, f"'{field}'")
+
+    def test_logit_bias_forces_and_bans_tokens(self):
+        body = dict(prompt="Hello world", max_tokens=8, temperature=0, ignore_eos=True,
+                    return_token_ids=True)
+        plain = self.complete(**body)["token_ids"]
+        forced = next(t for t in range(3, 700) if t not in plain)
+        self.assertEqual(self.complete(**body, logit_bias={str(forced): 100})["token_ids"],
+                         [forced] * 8)
+        banned = self.complete(**body, logit_bias={str(plain[0]): -100})["token_ids"]
+        self.assertNotIn(plain[0], banned)
+        r = req(self.port, "POST", "/v1/completions",
+                dict(prompt="x", max_tokens=2, logit_bias={"5000": 1}))
+        assert_openai_error(self, r, 400, "5000")
+
+    def test_min_p_one_is_greedy(self):
+        body = dict(prompt="Numbers matter", max_tokens=12, ignore_eos=True, return_token_ids=True)
+        greedy = self.complete(**body, temperature=0)["token_ids"]
+        self.assertEqual(self.complete(**body, temperature=1, min_p=1, seed=3)["token_ids"], greedy)
+
+    def test_model_route_names_the_model(self):
+        r = req(self.port, "GET", "/v1/models/chat")
+        self.assertEqual(r.status, 200, r)
+        self.assertEqual((r.json()["id"], r.json()["object"], r.json()["max_model_len"]),
+                         ("chat", "model", 256))
+        self.assertEqual(req(self.port, "GET", "/v1/models").json()["data"], [r.json()])
+        assert_openai_error(self, req(self.port, "GET", "/v1/models/other"), 404, "other")
+
+    def test_invocations_is_501_in_mlflow_shape(self):
+        # docs/replica.md: a language model serves no MLflow pyfunc.
+        r = req(self.port, "POST", "/invocations", {"instances": [[1, 2, 3]]})
+        self.assertEqual(r.status, 501, r)
+        self.assertEqual(r.json()["error_code"], "NOT_IMPLEMENTED")
+        self.assertIn("/v1/completions", r.json()["message"])
+
+
 if __name__ == "__main__":
     unittest.main()

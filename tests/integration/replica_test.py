@@ -2019,3 +2019,46 @@ class ReviewRegressions(ReplicaTestCase):
     def test_listening_line_is_json_for_any_name(self):
         srv = start_server(self, model_path("binary.json"), "--name", 'odd "name"\\x')
         self.assertEqual(srv.name, 'odd "name"\\x')
+
+
+# --------------------------------------------------------------------------- model versions
+
+class ModelVersions(ReplicaTestCase):
+    """Issue 18: /v2/models/{m}/versions/{v}/... serves only the version the replica was
+    started with (--model-version, default 1); any other is an OIP 404 naming it."""
+
+    def test_version_paths_name_the_served_version(self):
+        srv = start_server(self, model_path("binary.json"), "--model-version", "v2")
+        X = dataset("breast_cancer").X32[:2]
+        meta = self.assertJsonOk(req(srv.port, "GET", "/v2/models/binary"))
+        self.assertEqual(meta["versions"], ["v2"])
+        self.assertEqual(self.assertJsonOk(req(srv.port, "GET", "/v2/models/binary/versions/v2")),
+                         meta)
+        for path in ("/v2/models/binary/infer", "/v2/models/binary/versions/v2/infer"):
+            j = self.assertJsonOk(req(srv.port, "POST", path, oip_body(X)))
+            self.assertEqual((j["model_name"], j["model_version"]), ("binary", "v2"), path)
+        for method, path in (("GET", "/v2/models/binary/versions/1"),
+                             ("GET", "/v2/models/binary/versions/1/ready"),
+                             ("POST", "/v2/models/binary/versions/1/infer")):
+            r = req(srv.port, method, path, oip_body(X) if method == "POST" else None)
+            self.assertOipError(r, 404)
+            self.assertIn("version '1' of model 'binary'", r.json()["error"])
+
+    def test_unversioned_replica_serves_version_1_only(self):
+        srv = start_server(self, model_path("binary.json"))
+        X = dataset("breast_cancer").X32[:1]
+        self.assertEqual(self.assertJsonOk(req(srv.port, "GET", "/v2/models/binary"))["versions"],
+                         ["1"])
+        r = req(srv.port, "POST", "/v2/models/binary/versions/9/infer", oip_body(X))
+        self.assertOipError(r, 404)
+        self.assertIn("'9'", r.json()["error"])
+        j = self.assertJsonOk(req(srv.port, "POST", "/v2/models/binary/versions/1/infer",
+                                  oip_body(X)))
+        self.assertEqual(j["model_version"], "1")
+
+    def test_a_version_that_cannot_be_a_path_segment_is_refused(self):
+        proc = subprocess.run([FLOTILLA_BIN, "replica", "--model", model_path("binary.json"),
+                               "--port", "0", "--model-version", "a/b"],
+                              capture_output=True, text=True, timeout=STARTUP_DEADLINE_S)
+        self.assertNotEqual(proc.returncode, 0)
+        self.assertIn("--model-version", proc.stderr)

@@ -5,6 +5,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <optional>
 #include <string>
 #include <system_error>
 #include <thread>
@@ -863,6 +864,58 @@ TEST(TokenizerLoadTest, MistypedFieldsBecomeErrors) {
       load_error(make_variant("llama3", "unknown_bos",
                               [](Json&, Json& config) { config["bos_token"] = "<nope>"; })),
       {"tokenizer_config.json", "bos_token '<nope>'"});
+}
+
+// Issue 18: logprobs show a token by the bytes it adds, which decode() of the token alone
+// cannot give (a piece of a character decodes to U+FFFD, SentencePiece drops a leading space).
+TEST(TokenizerTokenBytesTest, ByteLevelTokensGiveTheirRawBytes) {
+  auto tokenizer = load_fixture("llama3");
+  ASSERT_NE(tokenizer, nullptr);
+  const std::optional<int32_t> e2 = tokenizer->token_id("\u00e2");  // byte 0xE2's character
+  const std::optional<int32_t> space = tokenizer->token_id("\u0120");
+  ASSERT_TRUE(e2 && space);
+  EXPECT_EQ(tokenizer->token_bytes(*e2), "\xe2");
+  EXPECT_EQ(tokenizer->decode(std::vector<int32_t>{*e2}, false), "\xef\xbf\xbd");  // U+FFFD
+  EXPECT_EQ(tokenizer->token_bytes(*space), " ");
+  EXPECT_EQ(tokenizer->token_piece(*space), "\u0120");
+  const std::optional<int32_t> eot = tokenizer->token_id("<|eot_id|>");
+  ASSERT_TRUE(eot);
+  EXPECT_EQ(tokenizer->token_bytes(*eot), "<|eot_id|>");
+  EXPECT_EQ(tokenizer->token_bytes(-1), "");
+  EXPECT_EQ(tokenizer->token_piece(tokenizer->vocab_size()), "");
+}
+
+TEST(TokenizerTokenBytesTest, SentencePieceTokensKeepTheirSpaceAndByteValue) {
+  for (const char* name : {"llama2", "mistral"}) {
+    SCOPED_TRACE(name);
+    auto tokenizer = load_fixture(name);
+    ASSERT_NE(tokenizer, nullptr);
+    const std::optional<int32_t> e2 = tokenizer->token_id("<0xE2>");
+    ASSERT_TRUE(e2);
+    EXPECT_EQ(tokenizer->token_bytes(*e2), "\xe2");
+    EXPECT_EQ(tokenizer->token_piece(*e2), "<0xE2>");
+    const std::optional<int32_t> the = tokenizer->token_id("\u2581the");
+    ASSERT_TRUE(the);
+    EXPECT_EQ(tokenizer->token_bytes(*the), " the");
+    EXPECT_EQ(tokenizer->decode(std::vector<int32_t>{*the}, false), "the");
+  }
+}
+
+TEST(TokenizerTokenBytesTest, BytesOfConsecutiveTokensConcatenateToTheText) {
+  const std::string text = "Emoji: \U0001F600\U0001F44D\U0001F3FD \u4f60\u597d, sch\u00f6n";
+  for (const char* name : {"llama3", "qwen2", "llama2", "mistral"}) {
+    SCOPED_TRACE(name);
+    auto tokenizer = load_fixture(name);
+    ASSERT_NE(tokenizer, nullptr);
+    std::string bytes;
+    for (int32_t id : tokenizer->encode(text, /*add_special_tokens=*/false)) {
+      bytes += tokenizer->token_bytes(id);
+    }
+    // SentencePiece models prepend a space marker to the text; the raw bytes keep it.
+    const std::string_view model = name;
+    const bool sentencepiece = model == "llama2" || model == "mistral";
+    EXPECT_EQ(bytes, sentencepiece ? " " + text : text);
+  }
 }
 
 }  // namespace

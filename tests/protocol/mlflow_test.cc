@@ -157,6 +157,9 @@ TEST(MlflowEncodeTest, WritesErrorsInMlflowShape) {
             R"({"error_code":"BAD_REQUEST","message":"bad"})");
   EXPECT_EQ(encode_mlflow_error(StatusCode::kInternal, "x"),
             R"({"error_code":"INTERNAL_ERROR","message":"x"})");
+  // MLflow's ErrorCode for 501 (what a language model's /invocations answers).
+  EXPECT_EQ(encode_mlflow_error(StatusCode::kUnimplemented, "no"),
+            R"({"error_code":"NOT_IMPLEMENTED","message":"no"})");
 }
 
 }  // namespace

@@ -91,9 +91,9 @@ TEST(OpenAiDecodeTest, BadInputNamesTheField) {
   EXPECT_THAT(error_of(R"({"prompt":"x","stop":5})"), HasSubstr("'stop'"));
   EXPECT_THAT(error_of(R"({"prompt":"x","n":2})"), HasSubstr("'n'"));
   EXPECT_THAT(error_of(R"({"prompt":"x","echo":true})"), HasSubstr("'echo'"));
-  EXPECT_THAT(error_of(R"({"prompt":"x","frequency_penalty":0.5})"),
+  EXPECT_THAT(error_of(R"({"prompt":"x","frequency_penalty":2.5})"),
               HasSubstr("'frequency_penalty'"));
-  EXPECT_THAT(error_of(R"({"prompt":"x","logit_bias":{"5":1}})"), HasSubstr("'logit_bias'"));
+  EXPECT_THAT(error_of(R"({"prompt":"x","logit_bias":{"5":101}})"), HasSubstr("'logit_bias'"));
   EXPECT_THAT(error_of(R"({"prompt":"x","logprobs":50})"), HasSubstr("'logprobs'"));
   EXPECT_THAT(error_of(R"({"prompt":"x","stream_options":{"include_usage":true}})"),
               HasSubstr("stream: true"));
@@ -108,6 +108,104 @@ TEST(OpenAiDecodeTest, BadInputNamesTheField) {
       "tools":[{"type":"function"}]})",
                        true),
               HasSubstr("'tools'"));
+}
+
+TEST(OpenAiDecodeTest, PenaltiesAndMinPAreDecodedAndRangeChecked) {
+  auto request = decode(R"({"prompt":"x","min_p":0.05,"repetition_penalty":1.2,
+      "presence_penalty":-0.5,"frequency_penalty":2})");
+  ASSERT_TRUE(request.is_ok()) << request.status().message();
+  EXPECT_EQ(request->min_p, 0.05);
+  EXPECT_EQ(request->repetition_penalty, 1.2);
+  EXPECT_EQ(request->presence_penalty, -0.5);
+  EXPECT_EQ(request->frequency_penalty, 2);
+  auto neutral = decode(R"({"prompt":"x","min_p":null,"repetition_penalty":null})");
+  ASSERT_TRUE(neutral.is_ok()) << neutral.status().message();
+  EXPECT_EQ(neutral->min_p, 0);
+  EXPECT_EQ(neutral->repetition_penalty, 1);
+  const std::pair<const char*, const char*> bad[] = {
+      {R"({"prompt":"x","min_p":1.5})", "'min_p' must be in [0, 1]"},
+      {R"({"prompt":"x","min_p":-0.1})", "'min_p'"},
+      {R"({"prompt":"x","min_p":"a lot"})", "'min_p' must be a number"},
+      {R"({"prompt":"x","repetition_penalty":0})", "'repetition_penalty' must be in (0, 100]"},
+      {R"({"prompt":"x","repetition_penalty":-1})", "'repetition_penalty'"},
+      {R"({"prompt":"x","repetition_penalty":101})", "'repetition_penalty'"},
+      {R"({"prompt":"x","presence_penalty":2.01})", "'presence_penalty' must be in [-2, 2]"},
+      {R"({"prompt":"x","frequency_penalty":-3})", "'frequency_penalty' must be in [-2, 2]"},
+      {R"({"prompt":"x","frequency_penalty":true})", "'frequency_penalty' must be a number"},
+  };
+  for (const auto& [body, message] : bad) {
+    EXPECT_THAT(error_of(body), HasSubstr(message)) << body;
+  }
+}
+
+TEST(OpenAiDecodeTest, LogitBiasMapsTokenIdsToBiases) {
+  auto request = decode(R"({"prompt":"x","logit_bias":{"50256":-100,"7":2.5}})");
+  ASSERT_TRUE(request.is_ok()) << request.status().message();
+  EXPECT_EQ(request->logit_bias,
+            (std::vector<std::pair<int32_t, float>>{{50256, -100.0f}, {7, 2.5f}}));
+  EXPECT_TRUE(decode(R"({"prompt":"x","logit_bias":null})")->logit_bias.empty());
+  for (const char* bad :
+       {R"({"prompt":"x","logit_bias":{"a":1}})", R"({"prompt":"x","logit_bias":{"-1":1}})",
+        R"({"prompt":"x","logit_bias":{"":1}})", R"({"prompt":"x","logit_bias":{"99999999999":1}})",
+        R"({"prompt":"x","logit_bias":{"5":-100.5}})", R"({"prompt":"x","logit_bias":{"5":"up"}})",
+        R"({"prompt":"x","logit_bias":[5]})"}) {
+    EXPECT_THAT(error_of(bad), HasSubstr("'logit_bias'")) << bad;
+  }
+}
+
+TEST(OpenAiDecodeTest, UnsupportedFieldsAreRefusedByNameUnlessNeutral) {
+  // What this server does not implement: a 400 naming the field, never silently ignored.
+  const std::pair<const char*, const char*> refused[] = {
+      {R"({"prompt":"x","best_of":2})", "'best_of'"},
+      {R"({"prompt":"x","n":0})", "'n'"},
+      {R"({"prompt":"x","suffix":"tail"})", "'suffix'"},
+      {R"({"prompt":"x","min_tokens":4})", "'min_tokens'"},
+      {R"({"prompt":"x","prompt_logprobs":1})", "'prompt_logprobs'"},
+      {R"({"prompt":"x","use_beam_search":true})", "'use_beam_search'"},
+      {R"({"prompt":"x","length_penalty":0.5})", "'length_penalty'"},
+      {R"({"prompt":"x","skip_special_tokens":false})", "'skip_special_tokens'"},
+      {R"({"prompt":"x","include_stop_str_in_output":true})", "'include_stop_str_in_output'"},
+      {R"({"prompt":"x","guided_json":{"type":"object"}})", "'guided_json'"},
+      {R"({"prompt":"x","guided_choice":["a","b"]})", "'guided_choice'"},
+      {R"({"prompt":"x","bad_words":["no"]})", "'bad_words'"},
+      {R"({"prompt":"x","allowed_token_ids":[1,2]})", "'allowed_token_ids'"},
+      {R"({"prompt":"x","truncate_prompt_tokens":5})", "'truncate_prompt_tokens'"},
+      {R"({"prompt":"x","response_format":{"type":"json_object"}})", "'response_format'"},
+  };
+  for (const auto& [body, field] : refused) {
+    EXPECT_THAT(error_of(body), HasSubstr(field)) << body;
+  }
+  const std::pair<const char*, const char*> chat_refused[] = {
+      {R"({"tools":[{"type":"function","function":{"name":"f"}}]})", "'tools'"},
+      {R"({"tool_choice":"required"})", "'tool_choice'"},
+      {R"({"tool_choice":{"type":"function","function":{"name":"f"}}})", "'tool_choice'"},
+      {R"({"functions":[{"name":"f"}]})", "'functions'"},
+      {R"({"function_call":{"name":"f"}})", "'function_call'"},
+      {R"({"response_format":{"type":"json_schema","json_schema":{}}})", "'response_format'"},
+      {R"({"add_generation_prompt":false})", "'add_generation_prompt'"},
+      {R"({"continue_final_message":true})", "'continue_final_message'"},
+      {R"({"modalities":["text","audio"]})", "'modalities'"},
+      {R"({"audio":{"voice":"alloy"}})", "'audio'"},
+      {R"({"prediction":{"type":"content","content":"x"}})", "'prediction'"},
+  };
+  EXPECT_THAT(error_of(R"({"messages":[{"role":"user","content":"hi"}],"top_logprobs":2})", true),
+              HasSubstr("'top_logprobs' needs \"logprobs\": true"));
+  for (const auto& [extra, field] : chat_refused) {
+    std::string body = R"({"messages":[{"role":"user","content":"hi"}],)" + std::string(extra + 1);
+    EXPECT_THAT(error_of(body, true), HasSubstr(field)) << body;
+  }
+  // The neutral values (and null) are what SDKs send by default: accepted.
+  auto completion = decode(R"({"prompt":"x","n":1,"best_of":1,"echo":false,"suffix":"",
+      "logit_bias":{},"min_tokens":0,"prompt_logprobs":null,"use_beam_search":false,
+      "length_penalty":1,"skip_special_tokens":true,"include_stop_str_in_output":false,
+      "guided_json":null,"bad_words":[],"response_format":{"type":"text"},"user":"u",
+      "metadata":{"k":"v"},"store":false,"service_tier":"auto"})");
+  EXPECT_TRUE(completion.is_ok()) << completion.status().message();
+  auto chat = decode(R"({"messages":[{"role":"user","content":"hi"}],"tools":[],
+      "tool_choice":"none","functions":null,"function_call":"auto","parallel_tool_calls":true,
+      "modalities":["text"],"add_generation_prompt":true,"continue_final_message":false})",
+                     true);
+  EXPECT_TRUE(chat.is_ok()) << chat.status().message();
 }
 
 CompletionOutput sample_output(bool chat) {
@@ -137,13 +235,49 @@ TEST(OpenAiEncodeTest, ResponsesHaveTheOpenAiShape) {
 
   CompletionOutput chat = sample_output(true);
   chat.want_logprobs = true;
-  chat.logprobs = {{{"Hi", -0.5f}, {{"Hi", -0.5f}, {"Yo", -1.5f}}}};
+  chat.logprobs = {{{"Hi", "Hi", -0.5f}, {{"Hi", "Hi", -0.5f}, {"Yo", "Yo", -1.5f}}}};
   json = nlohmann::json::parse(encode_completion_response(chat));
   EXPECT_EQ(json["object"], "chat.completion");
   EXPECT_EQ(json["choices"][0]["message"]["role"], "assistant");
   EXPECT_EQ(json["choices"][0]["message"]["content"], "Hi \"there\"\n");
   EXPECT_EQ(json["choices"][0]["logprobs"]["content"][0]["top_logprobs"][1]["token"], "Yo");
   EXPECT_FALSE(json["choices"][0].contains("token_ids"));
+}
+
+TEST(OpenAiEncodeTest, LogprobTokenTextEscapesPiecesOfCharacters) {
+  EXPECT_EQ(logprob_token_text("hello"), "hello");
+  EXPECT_EQ(logprob_token_text(" sch\xc3\xb6n"), " sch\xc3\xb6n");  // valid UTF-8 stays
+  EXPECT_EQ(logprob_token_text(""), "");
+  EXPECT_EQ(logprob_token_text("\xe2\x80"), R"(bytes:\xe2\x80)");
+  EXPECT_EQ(logprob_token_text("\xe2"), R"(bytes:\xe2)");
+  EXPECT_EQ(logprob_token_text("\x9f"), R"(bytes:\x9f)");
+  EXPECT_EQ(logprob_token_text(" \xf0\x9f"), R"(bytes:\x20\xf0\x9f)");
+}
+
+TEST(OpenAiEncodeTest, LogprobsCarryRawBytesAndDistinctKeys) {
+  CompletionOutput chat = sample_output(true);
+  chat.want_logprobs = true;
+  TokenChoice piece{R"(bytes:\xe2\x80)", std::string("\xe2\x80"), -0.25f};
+  TokenChoice other{R"(bytes:\xe2\x81)", std::string("\xe2\x81"), -2.0f};
+  TokenChoice no_bytes{"token_id:7", std::nullopt, -3.0f};
+  chat.logprobs = {{piece, {piece, other, no_bytes}}};
+  auto json = nlohmann::json::parse(encode_completion_response(chat));
+  const auto& content = json["choices"][0]["logprobs"]["content"][0];
+  EXPECT_EQ(content["token"], R"(bytes:\xe2\x80)");
+  EXPECT_EQ(content["bytes"], nlohmann::json::array({0xe2, 0x80}));  // not U+FFFD's
+  EXPECT_EQ(content["top_logprobs"][1]["bytes"], nlohmann::json::array({0xe2, 0x81}));
+  EXPECT_TRUE(content["top_logprobs"][2]["bytes"].is_null());
+
+  CompletionOutput completion = sample_output(false);
+  completion.want_logprobs = true;
+  completion.logprobs = {{piece, {piece, other, no_bytes}}, {other, {other}}};
+  json = nlohmann::json::parse(encode_completion_response(completion));
+  const auto& logprobs = json["choices"][0]["logprobs"];
+  EXPECT_EQ(logprobs["tokens"], nlohmann::json::array({R"(bytes:\xe2\x80)", R"(bytes:\xe2\x81)"}));
+  ASSERT_EQ(logprobs["top_logprobs"][0].size(), 3u);
+  EXPECT_EQ(logprobs["top_logprobs"][0][R"(bytes:\xe2\x81)"], -2.0);
+  // Offsets count the bytes each token adds to the text.
+  EXPECT_EQ(logprobs["text_offset"], nlohmann::json::array({0, 2}));
 }
 
 TEST(OpenAiEncodeTest, StreamChunksAreSseEvents) {
@@ -174,6 +308,9 @@ TEST(OpenAiEncodeTest, ErrorsAndModels) {
   auto models = nlohmann::json::parse(encode_openai_models("tiny", 5, 128));
   EXPECT_EQ(models["data"][0]["id"], "tiny");
   EXPECT_EQ(models["data"][0]["max_model_len"], 128);
+  auto model = nlohmann::json::parse(encode_openai_model("tiny", 5, 128));
+  EXPECT_EQ(model, models["data"][0]);
+  EXPECT_EQ(model["object"], "model");
 }
 
 }  // namespace

@@ -43,6 +43,36 @@ class ZerosRuntime final : public runtime::Runtime {
   ModelMetadata metadata_;
 };
 
+// A language model that generates nothing (a fake): what the replica's routing needs of one.
+class FakeLanguageModel final : public runtime::Runtime, public runtime::Generator {
+ public:
+  FakeLanguageModel() {
+    metadata_.name = "tiny";
+    metadata_.platform = "fake_llm";
+  }
+  const ModelMetadata& metadata() const override { return metadata_; }
+  bool can_batch() const override { return false; }
+  Result<runtime::ModelInput> prepare(const InferRequest&) const override {
+    return Status(StatusCode::kUnimplemented, "a language model");
+  }
+  void run(runtime::ModelInput&&, runtime::RunCallback done) override {
+    done(Status(StatusCode::kUnimplemented, "a language model"));
+  }
+  runtime::Generator* generator() override { return this; }
+  int context_length() const override { return 64; }
+  Result<uint64_t> generate(runtime::GenerateRequest&&, llm::EventCallback) override {
+    return invalid_argument("the fake generates nothing");
+  }
+  void cancel(uint64_t) override {}
+  TokenForms token_forms(int32_t id) const override {
+    return {std::nullopt, "token_id:" + std::to_string(id)};
+  }
+  llm::EngineStats stats() const override { return {}; }
+
+ private:
+  ModelMetadata metadata_;
+};
+
 constexpr std::string_view kInferBody =
     R"({"inputs":[{"name":"input","shape":[2,3],"datatype":"FP32","data":[1,2,3,4,5,6]}]})";
 
@@ -246,6 +276,111 @@ TEST(ReplicaTest, ListenOnABadAddressFails) {
   ReplicaOptions options = test_options();
   options.server.host = "not an address";
   EXPECT_EQ(Replica::listen(options, registry).status().code(), StatusCode::kInvalidArgument);
+}
+
+// Issue 18: a version path names the served version (--model-version), or it is 404.
+TEST(ReplicaTest, VersionPathsServeOnlyTheServedVersion) {
+  MetricsRegistry registry;
+  ReplicaOptions options = test_options();
+  options.model_version = "7";
+  auto replica = Replica::listen(options, registry);
+  ASSERT_TRUE(replica.is_ok()) << replica.status().message();
+  Replica& r = **replica;
+  ASSERT_TRUE(r.serve(std::make_unique<ZerosRuntime>(), std::chrono::duration<double>(0)).is_ok());
+
+  for (const char* target : {"/v2/models/zeros", "/v2/models/zeros/versions/7"}) {
+    const http::ClientResponse metadata = get(r, target);
+    EXPECT_EQ(metadata.status, 200) << target;
+    EXPECT_THAT(metadata.body, HasSubstr(R"("versions":["7"])")) << target;
+  }
+  EXPECT_EQ(get(r, "/v2/models/zeros/versions/7/ready").status, 200);
+  for (const char* target : {"/v2/models/zeros/infer", "/v2/models/zeros/versions/7/infer"}) {
+    const http::ClientResponse infer = post(r, target, kInferBody);
+    EXPECT_EQ(infer.status, 200) << target << ": " << infer.body;
+    EXPECT_THAT(infer.body, HasSubstr(R"("model_name":"zeros","model_version":"7")")) << target;
+  }
+  const http::ClientResponse unknown = get(r, "/v2/models/zeros/versions/9");
+  EXPECT_EQ(unknown.status, 404);
+  EXPECT_THAT(unknown.body, HasSubstr(R"({"error":")"));
+  EXPECT_THAT(unknown.body, HasSubstr("version '9' of model 'zeros'"));
+  EXPECT_EQ(get(r, "/v2/models/zeros/versions/9/ready").status, 404);
+  const http::ClientResponse infer = post(r, "/v2/models/zeros/versions/9/infer", kInferBody);
+  EXPECT_EQ(infer.status, 404);
+  EXPECT_THAT(infer.body, HasSubstr("'9'"));
+  EXPECT_EQ(get(r, "/v2/models/zeros/versions/").status, 404);
+  r.drain();
+  EXPECT_TRUE(r.run());
+}
+
+TEST(ReplicaTest, TheDefaultVersionIsOne) {
+  MetricsRegistry registry;
+  auto replica = Replica::listen(test_options(), registry);
+  ASSERT_TRUE(replica.is_ok()) << replica.status().message();
+  Replica& r = **replica;
+  ASSERT_TRUE(r.serve(std::make_unique<ZerosRuntime>(), std::chrono::duration<double>(0)).is_ok());
+  EXPECT_THAT(get(r, "/v2/models/zeros/versions/1").body, HasSubstr(R"("versions":["1"])"));
+  EXPECT_EQ(get(r, "/v2/models/zeros/versions/2").status, 404);
+  EXPECT_THAT(post(r, "/v2/models/zeros/infer", kInferBody).body,
+              HasSubstr(R"("model_version":"1")"));
+  r.drain();
+  EXPECT_TRUE(r.run());
+}
+
+// Issue 18: a language model cannot serve MLflow pyfunc or OIP tensor requests: 501 in the
+// route's own shape, whatever the body (docs/replica.md, docs/llm.md).
+TEST(ReplicaTest, LanguageModelTensorRoutesAnswer501) {
+  MetricsRegistry registry;
+  auto replica = Replica::listen(test_options(), registry);
+  ASSERT_TRUE(replica.is_ok()) << replica.status().message();
+  Replica& r = **replica;
+  ASSERT_TRUE(
+      r.serve(std::make_unique<FakeLanguageModel>(), std::chrono::duration<double>(0)).is_ok());
+  for (std::string_view body :
+       {std::string_view(R"({"instances":[[1,2,3]]})"), std::string_view("{not json")}) {
+    const http::ClientResponse invocations = post(r, "/invocations", body);
+    EXPECT_EQ(invocations.status, 501) << invocations.body;
+    EXPECT_THAT(invocations.body, HasSubstr(R"({"error_code":"NOT_IMPLEMENTED","message":")"));
+    EXPECT_THAT(invocations.body, HasSubstr("/v1/completions"));
+  }
+  http::ClientRequest csv;
+  csv.method = http::Method::kPost;
+  csv.target = "/invocations";
+  csv.body = "a,b\n1,2\n";
+  csv.headers.emplace_back("Content-Type", "text/plain");
+  EXPECT_EQ(
+      http::fetch("127.0.0.1", r.port(), std::move(csv), std::chrono::milliseconds(10'000)).status,
+      501);
+  const http::ClientResponse infer = post(r, "/v2/models/tiny/infer", "{not json");
+  EXPECT_EQ(infer.status, 501) << infer.body;
+  EXPECT_THAT(infer.body, HasSubstr(R"({"error":")"));
+  r.drain();
+  EXPECT_TRUE(r.run());
+}
+
+// Issue 18: GET /v1/models/{id}, with OpenAI's 404 for another id.
+TEST(ReplicaTest, OpenAiModelRouteNamesTheServedModel) {
+  MetricsRegistry registry;
+  auto replica = Replica::listen(test_options(), registry);
+  ASSERT_TRUE(replica.is_ok()) << replica.status().message();
+  Replica& r = **replica;
+  ASSERT_TRUE(
+      r.serve(std::make_unique<FakeLanguageModel>(), std::chrono::duration<double>(0)).is_ok());
+  const http::ClientResponse model = get(r, "/v1/models/tiny");
+  EXPECT_EQ(model.status, 200) << model.body;
+  EXPECT_THAT(model.body, HasSubstr(R"({"id":"tiny","object":"model",)"));
+  EXPECT_THAT(model.body, HasSubstr(R"("max_model_len":64})"));
+  EXPECT_THAT(get(r, "/v1/models").body, HasSubstr(R"("data":[)" + model.body + "]"));
+  for (const char* target : {"/v1/models/other", "/v1/models/org/tiny"}) {
+    const http::ClientResponse other = get(r, target);
+    EXPECT_EQ(other.status, 404) << target;
+    EXPECT_THAT(other.body, HasSubstr(R"({"error":{"message":")")) << target;
+    EXPECT_THAT(other.body, HasSubstr(R"("type":"not_found_error")")) << target;
+  }
+  const http::ClientResponse post_model = post(r, "/v1/models/tiny", "{}");
+  EXPECT_EQ(post_model.status, 405);
+  EXPECT_EQ(http::find_header(post_model.headers, "Allow"), "GET");
+  r.drain();
+  EXPECT_TRUE(r.run());
 }
 
 }  // namespace
