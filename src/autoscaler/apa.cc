@@ -2,6 +2,7 @@
 #include <algorithm>
 #include <cmath>
 #include <deque>
+#include <vector>
 
 #include <fmt/format.h>
 
@@ -126,17 +127,34 @@ std::unique_ptr<Policy> make_apa_policy(const ApaOptions& options,
 VerticalPolicy::VerticalPolicy(const VerticalOptions& options)
     : options_(options),
       target_(std::clamp(options.initial_target, options.min_target, options.max_target)),
-      baseline_ms_(options.initial_baseline_ms) {}
+      baseline_ms_(options.initial_baseline_ms) {
+  if (baseline_ms_) {
+    baseline_window_.push_back(*baseline_ms_);
+  }
+}
 
 Decision VerticalPolicy::decide_target(const ReplicaSignals& signals) {
   const bool queueing = signals.queued_in_replica >= 1;
   const bool saturated = signals.cpu_utilization >= options_.cpu_saturated;
-  // The baseline is the lowest latency seen while nothing queued and the CPU had room.
+  // The baseline: a low percentile of recent cycles' latency while nothing queued and the CPU
+  // had room.
   if (signals.latency_ms > 0 && signals.queued_in_replica < 0.5 && !saturated) {
-    baseline_ms_ = baseline_ms_ ? std::min(*baseline_ms_, signals.latency_ms) : signals.latency_ms;
+    baseline_window_.push_back(signals.latency_ms);
+    while (baseline_window_.size() >
+           static_cast<size_t>(std::max(1, options_.baseline_window_cycles))) {
+      baseline_window_.pop_front();
+    }
+    std::vector<double> sorted(baseline_window_.begin(), baseline_window_.end());
+    std::sort(sorted.begin(), sorted.end());
+    const double rank =
+        std::clamp(options_.baseline_percentile, 0.0, 1.0) * static_cast<double>(sorted.size() - 1);
+    baseline_ms_ = sorted[static_cast<size_t>(std::floor(rank))];
   }
-  const bool slow =
-      baseline_ms_ && signals.latency_ms > *baseline_ms_ * options_.overload_latency_ratio;
+  // Slow means slower by a ratio and by an absolute floor, under load.
+  const bool loaded = signals.peak_concurrency >= options_.overload_busy_fraction * target_;
+  const bool slow = baseline_ms_ && loaded &&
+                    signals.latency_ms > *baseline_ms_ * options_.overload_latency_ratio &&
+                    signals.latency_ms - *baseline_ms_ >= options_.overload_min_excess_ms;
   const bool overload = slow || queueing;
   const bool headroom = baseline_ms_ && !overload &&
                         signals.latency_ms <= *baseline_ms_ * options_.headroom_latency_ratio &&

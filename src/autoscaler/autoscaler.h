@@ -154,8 +154,14 @@ struct VerticalOptions {
   double max_target = 64;
   double initial_target = 4;
   std::optional<double> initial_baseline_ms;  // a baseline learned before (a restart)
-  double overload_latency_ratio = 1.5;        // latency above baseline x this is overload
-  double headroom_latency_ratio = 1.1;        // latency within baseline x this is headroom
+  double overload_latency_ratio = 1.5;        // latency above baseline x this is overload ...
+  // ... when it is also this many ms above the baseline (0.2 ms against 0.1 ms is noise, not a
+  // replica past its knee) ...
+  double overload_min_excess_ms = 1.0;
+  // ... and the cycle was loaded: its busiest second had at least this share of the target in
+  // flight per replica (an idle replica's latency says nothing about its capacity).
+  double overload_busy_fraction = 0.5;
+  double headroom_latency_ratio = 1.1;  // latency within baseline x this is headroom
   double cpu_saturated = 0.95;
   double cpu_headroom = 0.85;
   double decrease_factor = 0.75;  // multiplicative decrease (-25%, the per-cycle bound)
@@ -164,11 +170,17 @@ struct VerticalOptions {
   double busy_fraction = 0.9;     // raise only when the busiest second filled replicas this far
   int decrease_cycles = 1;        // cycles in a row an overload must last before a decrease
   int increase_cycles = 1;        // cycles in a row headroom must last before an increase
+  // The baseline: this percentile (nearest rank) of the latencies of the last
+  // baseline_window_cycles cycles that qualified (nothing queued, the CPU not saturated).
+  int baseline_window_cycles = 20;
+  double baseline_percentile = 0.1;
 };
 
-// Learns the latency baseline (the lowest latency seen without queueing or CPU saturation) and
-// moves the target: fast multiplicative decrease on overload (latency past the threshold, or
-// requests queued inside replicas), slow additive increase with headroom (latency at baseline,
+// Learns the latency baseline (a low percentile of the latencies of recent cycles without
+// queueing or CPU saturation, so one lucky cycle does not set it for good) and moves the target:
+// fast multiplicative decrease on overload (requests queued inside replicas; or latency past the
+// threshold, by the absolute floor too, while the busiest second filled replicas to
+// overload_busy_fraction of the target), slow additive increase with headroom (latency at baseline,
 // CPU below cpu_headroom), only on evidence: the cycle's busiest second filled replicas to
 // busy_fraction of the target and their latency then was at baseline too. (A mean of 70% of
 // the target at baseline latency let the target climb 25% past the knee of a model's latency
@@ -188,6 +200,7 @@ class VerticalPolicy {
   VerticalOptions options_;
   double target_;
   std::optional<double> baseline_ms_;
+  std::deque<double> baseline_window_;  // qualifying cycle latencies, oldest first
   int overload_streak_ = 0;
   int headroom_streak_ = 0;
 };

@@ -13,6 +13,7 @@
 #include <yaml-cpp/yaml.h>
 
 #include "cli/commands.h"
+#include "control/control.h"
 #include "http/http.h"
 
 namespace flotilla::cli {
@@ -515,6 +516,13 @@ std::function<int()> add_client_commands(CLI::App& app) {
   CLI::App* revoke_cmd = tokens_cmd->add_subcommand("revoke", "Revoke a token at once.");
   revoke_cmd->add_option("id", token->id, "Token id")->required();
   add_client_flags(revoke_cmd, *client);
+  auto reset_dir = std::make_shared<std::string>();
+  CLI::App* reset_cmd = tokens_cmd->add_subcommand(
+      "reset-admin",
+      "Lost admin.token: write a new admin token to DIR/admin.token (mode 0600) and replace the "
+      "token 'admin' in DIR/state.db. Needs local access to the data directory and flotilla up "
+      "stopped; prints the token.");
+  reset_cmd->add_option("--data-dir", *reset_dir, "The data directory of flotilla up")->required();
 
   return [=]() -> int {
     auto connection = [&]() {
@@ -589,6 +597,15 @@ std::function<int()> add_client_commands(CLI::App& app) {
         }
         print_table(rows);
       });
+    }
+    if (reset_cmd->parsed()) {
+      Result<std::string> reset = control::reset_admin_token(*reset_dir);
+      if (!reset.is_ok()) {
+        return fail("tokens reset-admin", reset.status());
+      }
+      std::cout << *reset << "\n";
+      std::cerr << "admin token reset; also in " << *reset_dir << "/admin.token\n";
+      return 0;
     }
     if (revoke_cmd->parsed()) {
       return run("tokens revoke", http::Method::kDelete, "/api/2.0/tokens/" + token->id, "",

@@ -13,6 +13,7 @@
 
 #include "cli/commands.h"
 #include "common/common.h"
+#include "orchestrator/orchestrator.h"
 #include "replica/replica.h"
 #include "runtime/runtime.h"
 #include "store/store.h"
@@ -164,6 +165,11 @@ int run_replica(const ReplicaFlags& flags);
 // A warm pool process: everything a replica needs is loaded; the model comes later, on stdin,
 // so that a scale-up pays only for the model load.
 int run_standby(const ReplicaFlags& standby_flags) {
+  // An idle standby dies with its orchestrator (a kill -9 of `flotilla up` closes its stdin
+  // too, but a standby must not outlive it whatever holds that open).
+  if (!orchestrator::exit_with_parent()) {
+    return 0;
+  }
   if (Status status = init_logging(standby_flags.log_level); !status.is_ok()) {
     std::cerr << "flotilla replica: " << status.message() << "\n";
     return kExitBadInput;
@@ -178,6 +184,8 @@ int run_standby(const ReplicaFlags& standby_flags) {
   if (!std::getline(std::cin, line)) {
     return 0;  // the orchestrator closed the pool
   }
+  // A replica now: it outlives a restart of its orchestrator, which adopts it.
+  orchestrator::disarm_parent_death();
   std::vector<std::string> args;
   try {
     args = nlohmann::json::parse(line).at("args").get<std::vector<std::string>>();

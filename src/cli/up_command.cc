@@ -39,6 +39,8 @@ struct UpFlags {
   int64_t scale_down_window_ms = 300'000;
   int64_t vertical_period_ms = 30'000;
   int64_t cold_start_timeout_ms = 60'000;
+  int64_t max_replicas = 0;  // 0: control::default_max_replicas()
+  int64_t liveness_timeout_ms = 5'000;
 };
 
 // The gateway is made before the control plane that answers its capacity requests (scale from
@@ -90,9 +92,8 @@ int run_up(const UpFlags& flags) {
   }
   std::error_code error;
   const std::string data_dir = std::filesystem::absolute(flags.data_dir, error).lexically_normal();
-  std::filesystem::create_directories(data_dir, error);
-  if (error) {
-    return fail("cannot create data directory '" + data_dir + "': " + error.message());
+  if (Status made = control::make_data_dir(data_dir); !made.is_ok()) {
+    return fail(made.message());
   }
   Result<int> lock = lock_data_dir(data_dir);
   if (!lock.is_ok()) {
@@ -118,6 +119,12 @@ int run_up(const UpFlags& flags) {
   // Replicas pull URL models into the data directory's shared cache (docs/store.md).
   local.replica_args = {"--log-level", flags.replica_log_level, "--cache-dir", data_dir + "/cache"};
   local.stop_timeout = std::chrono::milliseconds(flags.drain_timeout_ms);
+  // Replicas carry the data directory as their marker: a restart finds those no row describes.
+  local.instance = data_dir;
+  const int64_t max_replicas =
+      flags.max_replicas > 0 ? flags.max_replicas : control::default_max_replicas();
+  local.max_replicas = static_cast<int>(max_replicas);
+  local.liveness_timeout = std::chrono::milliseconds(flags.liveness_timeout_ms);
   auto orchestrator = orchestrator::create_local_orchestrator(local);
   if (!orchestrator.is_ok()) {
     return fail(orchestrator.status().message());
@@ -148,6 +155,7 @@ int run_up(const UpFlags& flags) {
   control_options.gateway_url =
       "http://" + gateway_address->first + ":" + std::to_string((*gateway)->port());
   control_options.open_routes = flags.open_routes;
+  control_options.max_replicas = max_replicas;
   control_options.autoscaling.enabled = !flags.no_autoscale;
   control_options.autoscaling.horizontal_period =
       std::chrono::milliseconds(flags.autoscale_period_ms);
@@ -248,6 +256,16 @@ std::function<int()> add_up_command(CLI::App& app) {
                   "How long the gateway holds requests for an endpoint with no ready replica "
                   "(then 503)")
       ->check(CLI::Range(int64_t{100}, int64_t{3'600'000}))
+      ->capture_default_str();
+  cmd->add_option("--max-replicas", flags->max_replicas,
+                  "Host-wide cap on replica processes (0: min(32 x cores, memory / 256 MiB), at "
+                  "least 4); specs needing more are refused, the autoscaler is held below it")
+      ->check(CLI::Range(int64_t{0}, int64_t{100'000}))
+      ->capture_default_str();
+  cmd->add_option("--liveness-timeout-ms", flags->liveness_timeout_ms,
+                  "A ready replica answering no liveness probe this long is killed and replaced "
+                  "(0: no liveness probes)")
+      ->check(CLI::Range(int64_t{0}, int64_t{3'600'000}))
       ->capture_default_str();
   return [flags] {
     return run_up(*flags);

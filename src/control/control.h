@@ -33,7 +33,25 @@ struct ControlOptions {
   std::vector<std::string> open_routes = {"health"};
   std::chrono::milliseconds reconcile_interval{200};
   AutoscalingOptions autoscaling;
+  // The host-wide cap on replica processes (the orchestrator's): a spec whose least replica
+  // count exceeds it is refused (400). 0: no cap.
+  int64_t max_replicas = 0;
 };
+
+// The default host-wide cap on replica processes: min(32 x cores, memory / 256 MiB), at least
+// 4 (docs/control-plane.md). `cores` and `memory_bytes` 0: this machine's.
+int64_t default_max_replicas(int64_t cores = 0, int64_t memory_bytes = 0);
+
+// Creates a data directory (and its parents) with mode 0700 for the directory itself. An
+// existing one is kept as it is; a warning is logged when others may read it.
+Status make_data_dir(const std::string& path);
+
+// `flotilla tokens reset-admin`: with local access to `data_dir` (and no `flotilla up` using
+// it: its lock is taken), writes a new admin token to <data_dir>/admin.token (mode 0600) and
+// replaces the token 'admin' in the state database (created if it was revoked) — the way back
+// in when the admin token file is lost. Returns the new token. Errors: kUnavailable when the
+// data directory is in use or cannot be written; nothing changes then.
+Result<std::string> reset_admin_token(const std::string& data_dir);
 
 // Owns the state store, the reconciler thread and the API server. Thread-safety: create(),
 // run() and shutdown() from the owning thread; everything else is internal.

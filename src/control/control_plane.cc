@@ -10,11 +10,15 @@
 #include "control/control_plane.h"
 
 #include <algorithm>
+#include <cstring>
 #include <filesystem>
-#include <fstream>
+#include <thread>
 
+#include <fcntl.h>
 #include <spdlog/spdlog.h>
+#include <sys/file.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "control/replica_json.h"
 #include "runtime/runtime.h"
@@ -57,6 +61,117 @@ std::string describe_update(const std::string& endpoint, const EndpointSpec& bef
 
 }  // namespace
 
+Status write_secret_file(const std::string& path, const std::string& text, bool replace) {
+  struct stat existing {};
+  if (replace && ::lstat(path.c_str(), &existing) == 0 && !S_ISDIR(existing.st_mode)) {
+    // A file no token row backs (a start that failed before its row committed): replaced. A
+    // directory is an error below, never removed.
+    ::unlink(path.c_str());
+  }
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+  if (fd < 0) {
+    return unavailable("cannot create '" + path + "': " + std::strerror(errno));
+  }
+  size_t written = 0;
+  while (written < text.size()) {
+    const ssize_t n = ::write(fd, text.data() + written, text.size() - written);
+    if (n < 0 && errno == EINTR) {
+      continue;
+    }
+    if (n <= 0) {
+      const std::string error = std::strerror(errno);
+      ::close(fd);
+      ::unlink(path.c_str());
+      return unavailable("cannot write '" + path + "': " + error);
+    }
+    written += static_cast<size_t>(n);
+  }
+  if (::fsync(fd) != 0 || ::close(fd) != 0) {
+    const std::string error = std::strerror(errno);
+    ::unlink(path.c_str());
+    return unavailable("cannot write '" + path + "': " + error);
+  }
+  return Status::ok();
+}
+
+Status make_data_dir(const std::string& path) {
+  const std::filesystem::path dir(path);
+  std::error_code error;
+  if (dir.has_parent_path()) {
+    std::filesystem::create_directories(dir.parent_path(), error);
+    if (error) {
+      return unavailable("cannot create data directory '" + path + "': " + error.message());
+    }
+  }
+  if (::mkdir(path.c_str(), 0700) != 0 && errno != EEXIST) {
+    return unavailable("cannot create data directory '" + path + "': " + std::strerror(errno));
+  }
+  struct stat info {};
+  if (::stat(path.c_str(), &info) != 0 || !S_ISDIR(info.st_mode)) {
+    return unavailable("data directory '" + path + "' is not a directory");
+  }
+  if ((info.st_mode & 0077) != 0) {
+    spdlog::warn("data directory {} is mode {:o}: other users may list it (chmod 700 {})", path,
+                 info.st_mode & 0777, path);
+  }
+  return Status::ok();
+}
+
+int64_t default_max_replicas(int64_t cores, int64_t memory_bytes) {
+  if (cores <= 0) {
+    cores = std::max(1u, std::thread::hardware_concurrency());
+  }
+  if (memory_bytes <= 0) {
+    memory_bytes = static_cast<int64_t>(::sysconf(_SC_PHYS_PAGES)) * ::sysconf(_SC_PAGESIZE);
+  }
+  const int64_t by_memory = memory_bytes / (int64_t{256} << 20);
+  return std::max<int64_t>(4, std::min(32 * cores, by_memory));
+}
+
+Result<std::string> reset_admin_token(const std::string& data_dir) {
+  const std::string db_path = data_dir + "/state.db";
+  if (!std::filesystem::exists(db_path)) {
+    return unavailable("no state database " + db_path + " (is --data-dir the one of flotilla up?)");
+  }
+  // The running flotilla up keeps its tokens in memory: a reset under it would not take.
+  const std::string lock_path = data_dir + "/lock";
+  const int lock = ::open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+  if (lock < 0) {
+    return unavailable("cannot open '" + lock_path + "': " + std::strerror(errno));
+  }
+  if (::flock(lock, LOCK_EX | LOCK_NB) != 0) {
+    ::close(lock);
+    return unavailable("data directory '" + data_dir +
+                       "' is in use by a running flotilla up: stop it first (lock " + lock_path +
+                       ")");
+  }
+  auto reset = [&]() -> Result<std::string> {
+    FLOTILLA_ASSIGN_OR_RETURN(std::unique_ptr<Store> store, Store::open(db_path));
+    FLOTILLA_ASSIGN_OR_RETURN(gateway::NewToken token, gateway::generate_token("admin", {}));
+    TokenRow row{token.record, true, "reset by flotilla tokens reset-admin", unix_time_ms()};
+    // A new file beside the old one, then the row, then the file in place: a failure before
+    // the row leaves everything as it was.
+    const std::string path = data_dir + "/" + std::string(kAdminTokenFile);
+    const std::string fresh = path + ".new";
+    FLOTILLA_RETURN_IF_ERROR(write_secret_file(fresh, token.token + "\n", /*replace=*/true));
+    if (Status stored = store->put_token(row); !stored.is_ok()) {
+      ::unlink(fresh.c_str());
+      return stored;
+    }
+    if (::rename(fresh.c_str(), path.c_str()) != 0) {
+      return unavailable("the new admin token is in " + fresh + " but cannot replace " + path +
+                         ": " + std::strerror(errno));
+    }
+    (void)store->append_event(EventRow{0, unix_time_ms(), "", "token_created",
+                                       "flotilla tokens reset-admin",
+                                       "admin token 'admin' reset from the data directory"});
+    return token.token;
+  };
+  Result<std::string> result = reset();
+  ::close(lock);
+  return result;
+}
+
 std::string resolve_runtime(const ServedModelSpec& served) {
   if (served.runtime != "auto") {
     return served.runtime;
@@ -75,12 +190,7 @@ Result<std::unique_ptr<ControlPlane>> ControlPlane::create(const ControlOptions&
                                                            orchestrator::Orchestrator& orchestrator,
                                                            gateway::Gateway& gateway,
                                                            MetricsRegistry& registry) {
-  std::error_code error;
-  std::filesystem::create_directories(options.data_dir, error);
-  if (error) {
-    return unavailable("cannot create data directory '" + options.data_dir +
-                       "': " + error.message());
-  }
+  FLOTILLA_RETURN_IF_ERROR(make_data_dir(options.data_dir));
   FLOTILLA_ASSIGN_OR_RETURN(std::unique_ptr<Store> store,
                             Store::open(options.data_dir + "/state.db"));
   auto plane = std::unique_ptr<ControlPlaneImpl>(
@@ -106,7 +216,10 @@ ControlPlaneImpl::ControlPlaneImpl(const ControlOptions& options, std::unique_pt
           "flotilla_replica_cold_start_seconds", "Replica start to ready",
           {0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120}, {{"warm_pool", "false"}})),
       replica_failures_(registry.counter("flotilla_replica_failures_total",
-                                         "Replicas that exited or timed out unasked")) {
+                                         "Replicas that exited, hung or timed out unasked")),
+      replicas_capped_(registry.counter(
+          "flotilla_replicas_capped_total",
+          "Times a deployment was kept short of replicas by the host-wide cap (--max-replicas)")) {
   for (orchestrator::ReplicaState state :
        {orchestrator::ReplicaState::kStarting, orchestrator::ReplicaState::kLoading,
         orchestrator::ReplicaState::kReady, orchestrator::ReplicaState::kDraining,
@@ -152,6 +265,12 @@ Status ControlPlaneImpl::start() {
   FLOTILLA_ASSIGN_OR_RETURN(tokens_, store_->list_tokens());
   if (tokens_.empty()) {
     FLOTILLA_RETURN_IF_ERROR(mint_first_admin_token());
+  } else if (const std::string path = options_.data_dir + "/" + std::string(kAdminTokenFile);
+             !std::filesystem::exists(path)) {
+    spdlog::warn(
+        "no admin token file {}: the admin token is shown only once, at the first start. To "
+        "make a new one, stop flotilla up and run: flotilla tokens reset-admin --data-dir {}",
+        path, options_.data_dir);
   }
 
   FLOTILLA_ASSIGN_OR_RETURN(std::vector<ReplicaRecord> replica_records, store_->list_replicas());
@@ -193,16 +312,13 @@ Status ControlPlaneImpl::start() {
 Status ControlPlaneImpl::mint_first_admin_token() {
   FLOTILLA_ASSIGN_OR_RETURN(gateway::NewToken token, gateway::generate_token("admin", {}));
   TokenRow row{token.record, true, "created by the first start of flotilla up", unix_time_ms()};
-  FLOTILLA_RETURN_IF_ERROR(store_->create_token(row));
-  const std::string path = options_.data_dir + "/admin.token";
-  {
-    std::ofstream out(path, std::ios::trunc);
-    out << token.token << "\n";
-    if (!out) {
-      return unavailable("cannot write '" + path + "'");
-    }
+  // The file first, then the row: a failed write leaves no token that nobody holds.
+  const std::string path = options_.data_dir + "/" + std::string(kAdminTokenFile);
+  FLOTILLA_RETURN_IF_ERROR(write_secret_file(path, token.token + "\n", /*replace=*/true));
+  if (Status stored = store_->create_token(row); !stored.is_ok()) {
+    ::unlink(path.c_str());
+    return stored;
   }
-  ::chmod(path.c_str(), 0600);
   tokens_.push_back(row);
   new_admin_token_ = token.token;
   record_event("", "token_created", "flotilla", "admin token 'admin' created");
@@ -246,6 +362,12 @@ void ControlPlaneImpl::record_event(const std::string& endpoint, const std::stri
 
 void ControlPlaneImpl::on_replica(const orchestrator::ReplicaEvent& event) {
   const orchestrator::Replica& replica = event.replica;
+  if (event.kind == "capped") {  // about a deployment, not a replica: nothing to store
+    replicas_capped_.inc();
+    record_event(replica.deployment.endpoint, "replicas_capped", "orchestrator",
+                 replica.deployment.version + ": " + event.message);
+    return;
+  }
   record_event(replica.deployment.endpoint, "replica_" + event.kind, "orchestrator",
                replica.id + (event.message.empty() ? "" : ": " + event.message));
   const bool gone = replica.state == orchestrator::ReplicaState::kStopped ||
@@ -260,7 +382,8 @@ void ControlPlaneImpl::on_replica(const orchestrator::ReplicaEvent& event) {
     const double seconds =
         static_cast<double>(replica.ready_unix_ms - replica.started_unix_ms) / 1000.0;
     (replica.from_warm_pool ? cold_start_warm_ : cold_start_fresh_).observe(seconds);
-  } else if (event.kind == "failed") {  // a timeout is followed by its "failed"
+  } else if (event.kind == "failed" || event.kind == "hung") {  // a timeout is followed by its
+                                                                // "failed"
     replica_failures_.inc();
     std::lock_guard lock(mu_);
     ++replica_failures_by_endpoint_[replica.deployment.endpoint];
@@ -550,6 +673,8 @@ void ControlPlaneImpl::publish_auth() {
 Result<nlohmann::json> ControlPlaneImpl::create_endpoint(std::string_view body,
                                                          const std::string& actor) {
   FLOTILLA_ASSIGN_OR_RETURN(EndpointSpec spec, parse_endpoint_spec(body));
+  FLOTILLA_RETURN_IF_ERROR(
+      check_replica_cap(spec, options_.max_replicas, options_.autoscaling.enabled));
   FLOTILLA_RETURN_IF_ERROR(check_model_paths(spec));
   {
     std::lock_guard lock(mu_);
@@ -572,6 +697,8 @@ Result<nlohmann::json> ControlPlaneImpl::update_endpoint(const std::string& name
                                                          std::string_view body,
                                                          const std::string& actor) {
   FLOTILLA_ASSIGN_OR_RETURN(EndpointSpec spec, parse_endpoint_spec(body, name));
+  FLOTILLA_RETURN_IF_ERROR(
+      check_replica_cap(spec, options_.max_replicas, options_.autoscaling.enabled));
   FLOTILLA_RETURN_IF_ERROR(check_model_paths(spec));
   {
     std::lock_guard lock(mu_);

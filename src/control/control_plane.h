@@ -29,6 +29,14 @@ std::string api_error_body(int status, std::string_view message);
 // The runtime a served model's replicas run: "auto" resolved from the artifact where it can be.
 std::string resolve_runtime(const ServedModelSpec& served);
 
+// The admin token's file in the data directory.
+inline constexpr std::string_view kAdminTokenFile = "admin.token";
+
+// Writes `text` to a new file `path`, mode 0600 from its creation (O_CREAT | O_EXCL, never
+// through a symlink), synced. With `replace`, a file (not a directory) already there is removed
+// first. On failure nothing is left at `path`.
+Status write_secret_file(const std::string& path, const std::string& text, bool replace);
+
 class ControlPlaneImpl final : public ControlPlane, public gateway::CapacityRequester {
  public:
   ControlPlaneImpl(const ControlOptions& options, std::unique_ptr<Store> store,
@@ -103,6 +111,7 @@ class ControlPlaneImpl final : public ControlPlane, public gateway::CapacityRequ
   Histogram& cold_start_warm_;
   Histogram& cold_start_fresh_;
   Counter& replica_failures_;
+  Counter& replicas_capped_;
   std::vector<std::pair<orchestrator::ReplicaState, Gauge*>> replicas_by_state_;
 
   std::mutex mu_;

@@ -487,4 +487,66 @@ int64_t provisioned_replicas(const ServedModelSpec& served) {
   return std::max<int64_t>(1, replicas);
 }
 
+namespace {
+
+// The largest per-replica target an endpoint may learn: its replicas share one target, within
+// the bounds every served model allows.
+int64_t largest_target(const EndpointSpec& spec) {
+  int64_t largest = 4096;
+  int64_t smallest = 1;
+  for (const ServedModelSpec& served : spec.served_models) {
+    largest = std::min(largest, per_replica_bounds(served).max);
+    smallest = std::max(smallest, per_replica_bounds(served).min);
+  }
+  return std::max({largest, smallest, int64_t{1}});
+}
+
+}  // namespace
+
+std::vector<int64_t> least_replicas(const EndpointSpec& spec, bool autoscaled) {
+  const int64_t target = largest_target(spec);
+  std::vector<int64_t> least;
+  for (const ServedModelSpec& served : spec.served_models) {
+    if (!autoscaled) {
+      least.push_back(provisioned_replicas(served));
+      continue;
+    }
+    const int64_t min = std::max<int64_t>(0, served.concurrency.min);
+    const int64_t replicas = min / target + (min % target != 0 ? 1 : 0);
+    least.push_back(served.scale_to_zero && min == 0 ? 0 : std::max<int64_t>(1, replicas));
+  }
+  return least;
+}
+
+Status check_replica_cap(const EndpointSpec& spec, int64_t cap, bool autoscaled) {
+  if (cap <= 0 || spec.served_models.empty()) {
+    return Status::ok();
+  }
+  const std::vector<int64_t> least = least_replicas(spec, autoscaled);
+  int64_t total = 0;
+  size_t largest = 0;
+  for (size_t i = 0; i < least.size(); ++i) {
+    total += least[i];
+    largest = least[i] > least[largest] ? i : largest;
+  }
+  if (total <= cap) {
+    return Status::ok();
+  }
+  const ServedModelSpec& served = spec.served_models[largest];
+  const int64_t per_replica =
+      autoscaled ? largest_target(spec) : initial_target_concurrency(served);
+  std::string message = "served_models[" + std::to_string(largest) +
+                        "].concurrency.min: " + std::to_string(served.concurrency.min) +
+                        " needs at least " + std::to_string(least[largest]) + " replicas";
+  message += autoscaled ? " (at most " + std::to_string(per_replica) +
+                              " in flight each, per_replica_concurrency.max)"
+                        : " (" + std::to_string(per_replica) + " in flight each)";
+  if (total != least[largest]) {
+    message += ", " + std::to_string(total) + " with the other served models";
+  }
+  message += ", more than this host's cap of " + std::to_string(cap) +
+             " replicas (flotilla up --max-replicas)";
+  return invalid_argument(message);
+}
+
 }  // namespace flotilla::control

@@ -92,4 +92,16 @@ int64_t initial_target_concurrency(const ServedModelSpec& served);
 // Replicas to keep ready: max(1, ceil(concurrency.min / initial_target_concurrency)).
 int64_t provisioned_replicas(const ServedModelSpec& served);
 
+// The fewest replicas each served model of `spec` can keep ready: with `autoscaled`,
+// ceil(concurrency.min / the largest target the endpoint's per-replica bounds allow), at least
+// 1 unless it may scale to zero; without, provisioned_replicas(). In spec order.
+std::vector<int64_t> least_replicas(const EndpointSpec& spec, bool autoscaled);
+
+// kInvalidArgument naming the field when the served models' least replicas sum to more than
+// `cap`, the host-wide cap on replica processes (`flotilla up --max-replicas`); 0: no cap.
+//   "served_models[0].concurrency.min: 100000 needs at least 100000 replicas (at most 1 in
+//    flight each, per_replica_concurrency.max), more than this host's cap of 64 replicas
+//    (flotilla up --max-replicas)"
+Status check_replica_cap(const EndpointSpec& spec, int64_t cap, bool autoscaled);
+
 }  // namespace flotilla::control

@@ -474,6 +474,17 @@ Status Store::create_token(const TokenRow& token) {
   return Status::ok();
 }
 
+Status Store::put_token(const TokenRow& token) {
+  std::lock_guard lock(mu_);
+  const gateway::TokenRecord& record = token.record;
+  return exec(db_,
+              "INSERT OR REPLACE INTO tokens (id, salt, sha256, endpoints_json, admin, comment, "
+              "created_unix_ms) VALUES (?, ?, ?, ?, ?, ?, ?)",
+              "storing token '" + record.id + "'", record.id, record.salt, record.sha256,
+              endpoint_list_json(record.endpoints), token.admin, token.comment,
+              token.created_unix_ms);
+}
+
 Status Store::delete_token(const std::string& id) {
   std::lock_guard lock(mu_);
   FLOTILLA_RETURN_IF_ERROR(

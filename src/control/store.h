@@ -88,6 +88,8 @@ class Store {
 
   // kFailedPrecondition when the id exists.
   Status create_token(const TokenRow& token);
+  // Inserts or replaces the token with this id (one statement: never a moment without it).
+  Status put_token(const TokenRow& token);
   // kNotFound when the id does not exist.
   Status delete_token(const std::string& id);
   Result<std::vector<TokenRow>> list_tokens();  // ordered by id

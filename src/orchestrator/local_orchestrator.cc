@@ -45,7 +45,16 @@ struct Process {
   bool terminated = false;  // SIGTERM sent
   bool timed_out = false;   // not ready in time: SIGKILL sent
   Clock::time_point failed_at;
-  std::string cgroup;  // the cgroup directory made for it, "" when none
+  std::string cgroup;           // the cgroup directory made for it, "" when none
+  Clock::time_point last_live;  // ready, adopted, or its last liveness answer
+  int failed_probes = 0;        // liveness probes failed in a row
+};
+
+// A process with our marker that no record describes: being stopped.
+struct Stray {
+  int64_t pid = 0;
+  uint64_t start_ticks = 0;
+  Clock::time_point term_sent;
 };
 
 // An idle `flotilla replica --standby` process waiting on its stdin for the replica's flags.
@@ -68,6 +77,7 @@ struct Wanted {
   int replicas = 0;
   int failures = 0;  // consecutive failures, reset when a replica becomes ready
   Clock::time_point next_start;
+  bool capped = false;  // short of replicas for the host-wide cap (reported once)
 };
 
 std::string random_suffix() {
@@ -86,6 +96,9 @@ class LocalOrchestrator final : public Orchestrator {
       : options_(std::move(options)),
         cgroup_reason_(cgroup_unavailable_reason(options_.cgroup_root)) {
     thread_ = std::thread([this] { loop(); });
+    if (options_.liveness_timeout.count() > 0) {
+      liveness_thread_ = std::thread([this] { liveness_loop(); });
+    }
   }
 
   ~LocalOrchestrator() override {
@@ -95,7 +108,11 @@ class LocalOrchestrator final : public Orchestrator {
       stopping_ = true;
     }
     wake_.notify_all();
+    liveness_wake_.notify_all();
     thread_.join();
+    if (liveness_thread_.joinable()) {
+      liveness_thread_.join();
+    }
   }
 
   void ensure(const Deployment& deployment, int replicas) override {
@@ -114,7 +131,8 @@ class LocalOrchestrator final : public Orchestrator {
           return;
         }
       }
-      it = wanted_.emplace(deployment.key, Wanted{deployment, replicas, 0, Clock::now()}).first;
+      it = wanted_.emplace(deployment.key, Wanted{deployment, replicas, 0, Clock::now(), false})
+               .first;
     } else if (!deployment.model.empty()) {
       it->second.deployment = deployment;
     }
@@ -171,6 +189,7 @@ class LocalOrchestrator final : public Orchestrator {
         process.replica = replica;
         process.child = false;
         process.started = Clock::now();
+        process.last_live = Clock::now();
         if (replica.state == ReplicaState::kDraining) {
           process.drain_started = Clock::now() - options_.drain_delay;
         }
@@ -179,6 +198,7 @@ class LocalOrchestrator final : public Orchestrator {
                               std::string(state_name(replica.state))});
         processes_.emplace(replica.id, std::move(process));
       }
+      stop_strays();
     }
     wake_.notify_all();
   }
@@ -215,6 +235,11 @@ class LocalOrchestrator final : public Orchestrator {
         ::kill(static_cast<pid_t>(process.replica.pid), SIGKILL);
       }
     }
+    for (const Stray& stray : strays_) {
+      if (process_matches(stray.pid, stray.start_ticks)) {
+        ::kill(static_cast<pid_t>(stray.pid), SIGKILL);
+      }
+    }
   }
 
  private:
@@ -236,7 +261,66 @@ class LocalOrchestrator final : public Orchestrator {
     for (const auto& [runtime, pool] : pools_) {
       live += pool.size();
     }
-    return live;
+    return live + strays_.size();
+  }
+
+  // Replica processes that count against the host-wide cap.
+  int replica_process_count() const {
+    int count = 0;
+    for (const auto& [id, process] : processes_) {
+      count += process.replica.state != ReplicaState::kFailed &&
+               process.replica.state != ReplicaState::kStopped;
+    }
+    return count;
+  }
+
+  // Processes with our marker that are neither our children nor adopted: started by an
+  // earlier orchestrator of this instance a moment before it died, before their record was
+  // written. SIGTERM now; advance_strays() sends SIGKILL after the stop timeout. Requires mu_.
+  void stop_strays() {
+    if (options_.instance.empty()) {
+      return;
+    }
+    for (const int64_t pid : find_marked_processes(marker())) {
+      const bool known = std::any_of(processes_.begin(), processes_.end(), [&](const auto& entry) {
+        return entry.second.replica.pid == pid;
+      });
+      const bool stopping = std::any_of(strays_.begin(), strays_.end(),
+                                        [&](const Stray& stray) { return stray.pid == pid; });
+      const uint64_t ticks = process_start_ticks(pid);
+      if (known || stopping || ticks == 0) {
+        continue;
+      }
+      spdlog::warn(
+          "stopping process {} (`{}`): started by an earlier flotilla up on this data "
+          "directory, and no replica record describes it",
+          pid, command_line(pid));
+      ::kill(static_cast<pid_t>(pid), SIGTERM);
+      strays_.push_back(Stray{pid, ticks, Clock::now()});
+    }
+  }
+
+  void advance_strays() {
+    const auto now = Clock::now();
+    std::erase_if(strays_, [&](Stray& stray) {
+      if (!process_matches(stray.pid, stray.start_ticks)) {
+        return true;
+      }
+      if (now - stray.term_sent >= options_.stop_timeout) {
+        ::kill(static_cast<pid_t>(stray.pid), SIGKILL);
+        stray.term_sent = now;
+      }
+      return false;
+    });
+  }
+
+  std::string marker() const { return std::string(kInstanceEnv) + "=" + options_.instance; }
+
+  std::vector<std::string> child_env() const {
+    if (options_.instance.empty()) {
+      return {};
+    }
+    return {marker()};
   }
 
   void publish(const std::vector<ReplicaEvent>& events) {
@@ -281,6 +365,7 @@ class LocalOrchestrator final : public Orchestrator {
       probe_starting(events);
       lock.lock();
       advance_drains();
+      advance_strays();
       if (!shut_down_) {
         scale(events);
         // A new standby's start-up competes for the CPU with replicas loading their models:
@@ -413,6 +498,8 @@ class LocalOrchestrator final : public Orchestrator {
       if (response.failure == http::UpstreamFailure::kNone && response.status == 200) {
         replica.state = ReplicaState::kReady;
         replica.ready_unix_ms = unix_time_ms();
+        process.last_live = Clock::now();
+        process.failed_probes = 0;
         if (auto wanted = wanted_.find(replica.deployment.key); wanted != wanted_.end()) {
           wanted->second.failures = 0;
         }
@@ -487,9 +574,29 @@ class LocalOrchestrator final : public Orchestrator {
         continue;  // known only as a key to retire, or backing off after a failure
       }
       // At most kMaxStartsPerTick a tick: a large scale-up goes on over the next ticks, and
-      // list() and ensure() never wait long on mu_.
+      // list() and ensure() never wait long on mu_. Never past the host-wide cap.
       const int missing_now = wanted.replicas - static_cast<int>(live.size());
-      for (int missing = std::min(missing_now, kMaxStartsPerTick); missing > 0; --missing) {
+      int allowed = std::min(missing_now, kMaxStartsPerTick);
+      if (options_.max_replicas > 0 && missing_now > 0) {
+        const int room = std::max(0, options_.max_replicas - replica_process_count());
+        if (room < missing_now && !wanted.capped) {
+          wanted.capped = true;
+          Replica about;
+          about.deployment = wanted.deployment;
+          events.push_back({about, "capped",
+                            "wants " + std::to_string(wanted.replicas) + " replicas and has " +
+                                std::to_string(live.size()) + "; the host-wide cap of " +
+                                std::to_string(options_.max_replicas) +
+                                " replica processes (flotilla up --max-replicas) leaves room "
+                                "for " +
+                                std::to_string(room) + " more"});
+        }
+        allowed = std::min(allowed, room);
+      }
+      if (missing_now <= 0) {
+        wanted.capped = false;
+      }
+      for (int missing = allowed; missing > 0; --missing) {
         Result<Replica> started = start_replica(wanted.deployment);
         if (!started.is_ok()) {
           spdlog::error("cannot start a replica of {}: {}", key, started.status().message());
@@ -569,7 +676,7 @@ class LocalOrchestrator final : public Orchestrator {
     if (replica.pid == 0) {
       std::vector<std::string> argv = {options_.binary, "replica"};
       argv.insert(argv.end(), args.begin(), args.end());
-      FLOTILLA_ASSIGN_OR_RETURN(replica.pid, spawn(argv, log_path(replica.id), -1));
+      FLOTILLA_ASSIGN_OR_RETURN(replica.pid, spawn(argv, log_path(replica.id), -1, child_env()));
     }
     replica.process_start_ticks = process_start_ticks(replica.pid);
     replica.started_unix_ms = unix_time_ms();
@@ -593,8 +700,10 @@ class LocalOrchestrator final : public Orchestrator {
         }
         Standby standby;
         standby.log_path = log_path("standby-" + runtime + "-" + random_suffix());
+        std::vector<std::string> env = child_env();
+        env.push_back(std::string(kParentEnv) + "=" + std::to_string(::getpid()));
         Result<int64_t> pid = spawn({options_.binary, "replica", "--standby", "--runtime", runtime},
-                                    standby.log_path, fds[1]);
+                                    standby.log_path, fds[1], env);
         ::close(fds[1]);
         if (!pid.is_ok()) {
           ::close(fds[0]);
@@ -605,6 +714,90 @@ class LocalOrchestrator final : public Orchestrator {
         standby.control_fd = fds[0];
         standby.started = Clock::now();
         pool.push_back(standby);
+      }
+    }
+  }
+
+  // The liveness prober's thread: every interval, GET /v2/health/live on every ready replica
+  // (in parallel, so a hung one delays no other's probe), without holding mu_ during the
+  // requests; then replaces those that stopped answering.
+  void liveness_loop() {
+    const milliseconds interval = std::clamp<milliseconds>(options_.liveness_timeout / 4,
+                                                           milliseconds(50), milliseconds(1'000));
+    struct Target {
+      std::string id;
+      std::string host;
+      uint16_t port = 0;
+      int64_t pid = 0;
+    };
+    std::unique_lock lock(mu_);
+    auto next_round = Clock::now() + interval;
+    while (!stopping_) {
+      // A round every interval, start to start: a round of failing probes takes one interval.
+      liveness_wake_.wait_until(lock, next_round, [this] { return stopping_; });
+      next_round = std::max(next_round + interval, Clock::now());
+      if (stopping_ || shut_down_) {
+        continue;
+      }
+      std::vector<Target> targets;
+      for (const auto& [id, process] : processes_) {
+        if (process.replica.state == ReplicaState::kReady) {
+          targets.push_back({id, process.replica.host, process.replica.port, process.replica.pid});
+        }
+      }
+      lock.unlock();
+      constexpr size_t kParallel = 32;
+      std::vector<char> alive(targets.size(), 0);
+      for (size_t begin = 0; begin < targets.size(); begin += kParallel) {
+        std::vector<std::thread> probes;
+        for (size_t i = begin; i < std::min(targets.size(), begin + kParallel); ++i) {
+          probes.emplace_back([&, i] {
+            http::ClientRequest request;
+            request.method = http::Method::kGet;
+            request.target = "/v2/health/live";
+            const http::ClientResponse response =
+                http::fetch(targets[i].host, targets[i].port, std::move(request), interval);
+            alive[i] = response.failure == http::UpstreamFailure::kNone && response.status == 200;
+          });
+        }
+        for (std::thread& probe : probes) {
+          probe.join();
+        }
+      }
+      lock.lock();
+      const auto now = Clock::now();
+      bool replaced = false;
+      for (size_t i = 0; i < targets.size(); ++i) {
+        auto it = processes_.find(targets[i].id);
+        if (it == processes_.end() || it->second.replica.state != ReplicaState::kReady ||
+            it->second.replica.pid != targets[i].pid) {
+          continue;
+        }
+        Process& process = it->second;
+        if (alive[i]) {
+          process.last_live = now;
+          process.failed_probes = 0;
+          continue;
+        }
+        process.failed_probes += 1;
+        if (process.failed_probes < 2 || now - process.last_live < options_.liveness_timeout) {
+          continue;
+        }
+        Replica& replica = process.replica;
+        ::kill(static_cast<pid_t>(replica.pid), SIGKILL);
+        char seconds[32];
+        std::snprintf(seconds, sizeof(seconds), "%.1f",
+                      std::chrono::duration<double>(now - process.last_live).count());
+        replica.state = ReplicaState::kFailed;
+        replica.reason = std::string("hung: no liveness answer in ") + seconds + " s; replaced";
+        process.failed_at = now;
+        remove_cgroup(process);
+        count_failure(replica.deployment.key);
+        pending_events_.push_back({replica, "hung", replica.reason});
+        replaced = true;
+      }
+      if (replaced) {
+        wake_.notify_all();
       }
     }
   }
@@ -649,16 +842,19 @@ class LocalOrchestrator final : public Orchestrator {
   mutable std::mutex mu_;
   std::condition_variable wake_;              // the loop waits on it between ticks
   std::condition_variable idle_;              // notified after every tick (shutdown waits on it)
+  std::condition_variable liveness_wake_;     // the liveness prober waits on it
   std::map<std::string, Process> processes_;  // by replica id
   std::map<std::string, Wanted> wanted_;      // by deployment key
   std::map<std::string, std::vector<Standby>> pools_;  // by runtime
   std::vector<std::function<void(const ReplicaEvent&)>> watchers_;
   std::vector<ReplicaEvent> pending_events_;  // for the loop thread to publish
+  std::vector<Stray> strays_;                 // unrecorded processes of ours being stopped
   Clock::time_point next_pool_fill_;
   milliseconds pool_backoff_{0};
   bool shut_down_ = false;
   bool stopping_ = false;
   std::thread thread_;
+  std::thread liveness_thread_;
 };
 
 }  // namespace

@@ -56,8 +56,9 @@ struct Replica {
 // One change of one replica, reported to watchers.
 struct ReplicaEvent {
   Replica replica;   // the replica after the change
-  std::string kind;  // "started", "ready", "timeout", "failed", "draining", "stopped",
-                     // "adopted", "lost"
+  std::string kind;  // "started", "ready", "timeout", "hung", "failed", "draining",
+                     // "stopped", "adopted", "lost"; and "capped" (replica.id empty, only
+                     // replica.deployment set): the host-wide cap keeps the deployment short
   std::string message;
 };
 
@@ -83,7 +84,10 @@ class Orchestrator {
   virtual void watch(std::function<void(const ReplicaEvent&)> on_change) = 0;
   // Takes over replicas a previous process of ours started and left running (their records
   // from the state store): each one whose process still runs (same pid and start time) is
-  // adopted as it was; the others are reported "lost". Call before the first ensure().
+  // adopted as it was; the others are reported "lost". Processes carrying this orchestrator's
+  // marker (LocalOptions::instance) that no record describes (started a moment before a
+  // kill -9 let their record be written) are stopped: SIGTERM, SIGKILL after the stop
+  // timeout. Call before the first ensure().
   virtual void adopt(std::vector<Replica> replicas) = 0;
   // Drains and stops every replica and the warm pool, waiting up to `timeout`; blocks. After
   // it, the orchestrator starts nothing.
@@ -112,7 +116,36 @@ struct LocalOptions {
   // Where per-replica cgroups are made when a deployment has limits (cgroup v2 only).
   std::string cgroup_root = "/sys/fs/cgroup/flotilla";
   std::vector<std::string> replica_args;  // extra flags for every replica (--log-level warn)
+  // Marks every process this orchestrator starts: FLOTILLA_INSTANCE=<instance> in its
+  // environment (/proc/PID/environ), so that a later orchestrator of the same instance (the
+  // data directory of `flotilla up`) finds the ones no record describes. "": no marker.
+  std::string instance;
+  // Host-wide cap on replica processes (starting, loading, ready or draining): ensure() asks
+  // beyond it start nothing more, and a "capped" event says so once per deployment until it
+  // is no longer short. 0: no cap. Warm-pool standbys are a reserve on top (warm_pool_size per
+  // runtime); one that becomes a replica counts.
+  int max_replicas = 0;
+  // Liveness of ready replicas: GET /v2/health/live every liveness_timeout / 4 (at most 1 s,
+  // at least 50 ms), each probe with the same timeout, from a thread of its own. A ready
+  // replica that answered no probe for liveness_timeout, with at least two failed in a row, is
+  // hung (stopped, deadlocked): SIGKILL (SIGTERM does nothing to a stopped process), a "hung"
+  // event, and it is replaced as a crashed one is. 0: no liveness probes.
+  std::chrono::milliseconds liveness_timeout{5'000};
 };
+
+// The environment variable that carries LocalOptions::instance.
+inline constexpr std::string_view kInstanceEnv = "FLOTILLA_INSTANCE";
+// Set for warm-pool standbys: the pid of the orchestrator that started them. A standby whose
+// parent is no longer that process (it died before the standby armed PR_SET_PDEATHSIG) exits.
+inline constexpr std::string_view kParentEnv = "FLOTILLA_ORCHESTRATOR_PID";
+
+// For `flotilla replica --standby`: die with the orchestrator thread that started it
+// (PR_SET_PDEATHSIG, SIGKILL), and see whether it died before that was armed. A no-op outside
+// Linux. Call first thing; false: the orchestrator is gone already (exit). Call
+// disarm_parent_death() once handed a model: a replica outlives a restart of its orchestrator
+// and is adopted.
+bool exit_with_parent();
+void disarm_parent_death();
 
 // The CPU time process `pid` has used (user + system, /proc/PID/stat), in seconds; -1 when it
 // does not exist. Thread-safe.

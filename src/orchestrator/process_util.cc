@@ -1,6 +1,9 @@
 #include "orchestrator/process_util.h"
 
+#include <algorithm>
+#include <cctype>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -11,6 +14,7 @@
 #include <netinet/in.h>
 #include <signal.h>
 #include <spawn.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -42,7 +46,7 @@ std::string read_file(const std::string& path) {
 }  // namespace
 
 Result<int64_t> spawn(const std::vector<std::string>& argv, const std::string& log_path,
-                      int stdin_fd) {
+                      int stdin_fd, const std::vector<std::string>& env) {
   posix_spawn_file_actions_t actions;
   posix_spawn_file_actions_init(&actions);
   if (stdin_fd >= 0) {
@@ -77,8 +81,23 @@ Result<int64_t> spawn(const std::vector<std::string>& argv, const std::string& l
     args.push_back(const_cast<char*>(arg.c_str()));
   }
   args.push_back(nullptr);
+  std::vector<char*> environment;
+  for (char** entry = environ; *entry != nullptr; ++entry) {
+    const std::string_view text(*entry);
+    const std::string_view name = text.substr(0, text.find('=') + 1);
+    const bool replaced = std::any_of(
+        env.begin(), env.end(), [&](const std::string& extra) { return extra.starts_with(name); });
+    if (!replaced) {
+      environment.push_back(*entry);
+    }
+  }
+  for (const std::string& extra : env) {
+    environment.push_back(const_cast<char*>(extra.c_str()));
+  }
+  environment.push_back(nullptr);
   pid_t pid = 0;
-  const int error = posix_spawn(&pid, argv[0].c_str(), &actions, &attributes, args.data(), environ);
+  const int error =
+      posix_spawn(&pid, argv[0].c_str(), &actions, &attributes, args.data(), environment.data());
   posix_spawn_file_actions_destroy(&actions);
   posix_spawnattr_destroy(&attributes);
   if (error != 0) {
@@ -144,6 +163,63 @@ double process_cpu_seconds(int64_t pid) {
   const double ticks =
       std::strtod(fields[14 - 3].c_str(), nullptr) + std::strtod(fields[15 - 3].c_str(), nullptr);
   return ticks / static_cast<double>(::sysconf(_SC_CLK_TCK));
+}
+
+std::vector<int64_t> find_marked_processes(const std::string& marker) {
+  std::vector<int64_t> found;
+  const int64_t self = ::getpid();
+  std::error_code error;
+  for (const auto& entry : std::filesystem::directory_iterator("/proc", error)) {
+    const std::string name = entry.path().filename().string();
+    if (name.empty() || !std::all_of(name.begin(), name.end(), ::isdigit)) {
+      continue;
+    }
+    const int64_t pid = std::strtoll(name.c_str(), nullptr, 10);
+    if (pid == self) {
+      continue;
+    }
+    // NUL-separated "NAME=value" entries; unreadable (another user's) reads as empty.
+    const std::string environment = read_file(entry.path().string() + "/environ");
+    bool marked = false;
+    for (size_t start = 0; start < environment.size() && !marked;) {
+      size_t end = environment.find('\0', start);
+      end = end == std::string::npos ? environment.size() : end;
+      marked = std::string_view(environment).substr(start, end - start) == marker;
+      start = end + 1;
+    }
+    if (!marked) {
+      continue;
+    }
+    const std::vector<std::string> fields = stat_fields(pid);
+    // Field 4: the parent. Our own children are ours to manage, not strays.
+    if (fields.empty() || fields[0] == "Z" ||
+        std::strtoll(fields[4 - 3].c_str(), nullptr, 10) == self) {
+      continue;
+    }
+    found.push_back(pid);
+  }
+  return found;
+}
+
+std::string command_line(int64_t pid) {
+  std::string text = read_file("/proc/" + std::to_string(pid) + "/cmdline");
+  while (!text.empty() && text.back() == '\0') {
+    text.pop_back();
+  }
+  std::replace(text.begin(), text.end(), '\0', ' ');
+  return text;
+}
+
+bool exit_with_parent() {
+  ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+  // Set by the orchestrator for its standbys: a parent that died before prctl() left this
+  // process to pid 1 (or a subreaper), and no death signal will come.
+  const char* expected = std::getenv(std::string(kParentEnv).c_str());
+  return expected == nullptr || std::strtoll(expected, nullptr, 10) == ::getppid();
+}
+
+void disarm_parent_death() {
+  ::prctl(PR_SET_PDEATHSIG, 0);
 }
 
 bool process_matches(int64_t pid, uint64_t start_ticks) {

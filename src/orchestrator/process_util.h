@@ -13,9 +13,14 @@ namespace flotilla::orchestrator {
 // Starts `argv` (argv[0] the executable path) with stdout and stderr appended to `log_path`,
 // stdin from `stdin_fd` (-1: /dev/null), no other descriptor inherited, default signal mask
 // and dispositions, in a process group of its own (a Ctrl-C meant for `flotilla up` does not
-// reach replicas directly: it stops them in order). Returns the pid.
+// reach replicas directly: it stops them in order). `env` ("NAME=value") is added to this
+// process's environment, replacing variables of the same name. Returns the pid.
 Result<int64_t> spawn(const std::vector<std::string>& argv, const std::string& log_path,
-                      int stdin_fd);
+                      int stdin_fd, const std::vector<std::string>& env = {});
+
+// The pids of processes whose environment holds the entry `marker` ("NAME=value"), this
+// process and its children excepted (those whose environment cannot be read are skipped).
+std::vector<int64_t> find_marked_processes(const std::string& marker);
 
 // A port free on `host` now (bound to port 0 and released): the replica binds it next.
 Result<uint16_t> pick_free_port(const std::string& host);
@@ -23,6 +28,9 @@ Result<uint16_t> pick_free_port(const std::string& host);
 // The process's start time in clock ticks since boot (/proc/PID/stat field 22); 0 when it
 // does not exist.
 uint64_t process_start_ticks(int64_t pid);
+
+// The command line of `pid`, its arguments separated by spaces; "" when unreadable.
+std::string command_line(int64_t pid);
 
 // Whether process `pid` exists, is not a zombie, and started at `start_ticks`.
 bool process_matches(int64_t pid, uint64_t start_ticks);

@@ -327,6 +327,83 @@ TEST(VerticalPolicyTest, ConvergesOnTheSaturationPoint) {
   }
 }
 
+// Issue 18: on a nearly idle xgboost endpoint the policy lowered the target 16 -> 12 -> 9 ->
+// 6.75 in three cycles, each "overload (latency 0.2 ms vs baseline 0.1 ms, queued 0.0, cpu 0%)".
+TEST(VerticalPolicyTest, AnIdleEndpointNeverLowersTheTarget) {
+  VerticalOptions options;
+  options.initial_target = 16;
+  VerticalPolicy policy(options);
+  policy.decide_target({0.1, 0.02, 0, 0, 0.1, 0.1});  // the baseline: 0.1 ms
+  for (int cycle = 0; cycle < 50; ++cycle) {
+    // Twice the baseline, one request in flight now and then.
+    EXPECT_TRUE(policy.decide_target({0.2, 0.02, 0, 0, 1, 0.2}).reason.empty()) << cycle;
+  }
+  EXPECT_DOUBLE_EQ(policy.target(), 16);
+}
+
+// At 10% of the target a slower cycle (a cold cache, a noisy neighbour) is not overload, even
+// when it is many ms past the baseline: the replicas are nowhere near their capacity.
+TEST(VerticalPolicyTest, LightLoadNeverLowersTheTarget) {
+  VerticalOptions options;
+  options.initial_target = 16;
+  VerticalPolicy policy(options);
+  policy.decide_target({10, 1.6, 0, 0.1, 2, 10});
+  for (int cycle = 0; cycle < 50; ++cycle) {
+    const double latency = cycle % 2 == 0 ? 30 : 0.3;  // 3x the baseline, or far below it
+    EXPECT_TRUE(policy.decide_target({latency, 1.6, 0, 0.1, 3, latency}).reason.empty()) << cycle;
+  }
+  EXPECT_DOUBLE_EQ(policy.target(), 16);
+}
+
+// Loaded replicas whose latency doubles from 0.1 to 0.2 ms are within the absolute floor
+// (overload_min_excess_ms): no decrease. The same ratio over 1 ms is overload.
+TEST(VerticalPolicyTest, OverloadNeedsAnAbsoluteExcess) {
+  VerticalOptions options;
+  options.initial_target = 16;
+  VerticalPolicy policy(options);
+  policy.decide_target({0.1, 1, 0, 0.1, 1, 0.1});
+  // Fewer cycles than would make 0.2 ms the baseline's percentile (then it is headroom).
+  for (int cycle = 0; cycle < 8; ++cycle) {
+    EXPECT_TRUE(policy.decide_target({0.2, 15, 0, 0.5, 16, 0.2}).reason.empty()) << cycle;
+  }
+  EXPECT_DOUBLE_EQ(policy.target(), 16);
+  const Decision decision = policy.decide_target({1.5, 15, 0, 0.6, 16, 1.5});
+  EXPECT_DOUBLE_EQ(policy.target(), 12);
+  EXPECT_NE(decision.reason.find("overload"), std::string::npos) << decision.reason;
+}
+
+// True overload is still seen at once: replicas filled to the target, latency 2.5x the
+// baseline and 15 ms over it; and queueing inside replicas needs no latency evidence.
+TEST(VerticalPolicyTest, TrueOverloadIsStillDetected) {
+  VerticalOptions options;
+  options.initial_target = 16;
+  VerticalPolicy policy(options);
+  policy.decide_target({10, 2, 0, 0.1, 3, 10});
+  policy.decide_target({25, 15, 0, 0.9, 16, 30});
+  EXPECT_DOUBLE_EQ(policy.target(), 12);
+  policy.decide_target({10, 12, 3, 0.9, 12, 10});  // 3 queued inside each replica
+  EXPECT_DOUBLE_EQ(policy.target(), 9);
+}
+
+// The baseline is a low percentile of recent cycles, not the lowest latency ever seen: one
+// cycle at 1 ms among cycles at 10 ms leaves the window and the baseline returns to 10 ms.
+TEST(VerticalPolicyTest, BaselineIsALowPercentileOfRecentCycles) {
+  VerticalOptions options;
+  options.initial_target = 16;
+  VerticalPolicy policy(options);
+  policy.decide_target({1, 1, 0, 0.1, 1, 1});
+  EXPECT_EQ(policy.baseline_ms(), 1);
+  for (int cycle = 0; cycle < options.baseline_window_cycles; ++cycle) {
+    policy.decide_target({10, 1, 0, 0.1, 1, 10});
+  }
+  EXPECT_EQ(policy.baseline_ms(), 10);
+  // Within the window, a low outlier among 20 is the 0th percentile, not the 10th.
+  policy.decide_target({2, 1, 0, 0.1, 1, 2});
+  EXPECT_EQ(policy.baseline_ms(), 10);
+  policy.decide_target({2, 1, 0, 0.1, 1, 2});
+  EXPECT_EQ(policy.baseline_ms(), 2);
+}
+
 // ---- Kubernetes HPA --------------------------------------------------------------------------
 
 TEST(HpaPolicyTest, IgnoresChangesWithinTheTolerance) {

@@ -640,5 +640,53 @@ TEST(ProvisionedReplicasTest, KeepsOneReadyEvenWithScaleToZero) {
   EXPECT_EQ(provisioned_replicas(served), 1);
 }
 
+// Issue 18: {min: 100000, max: 100000} at one request per replica started processes without
+// bound; such a spec is refused, naming the field and the cap.
+TEST(ReplicaCapTest, RefusesASpecWhoseMinimumNeedsMoreReplicasThanTheCap) {
+  Result<EndpointSpec> spec = parse_endpoint_spec(R"(
+name: huge
+served_models:
+  - name: v1
+    model: /m
+    concurrency: {min: 100000, max: 100000}
+    per_replica_concurrency: {min: 1, max: 1}
+)");
+  ASSERT_TRUE(spec.is_ok()) << spec.status().message();
+  EXPECT_EQ(least_replicas(*spec, true), std::vector<int64_t>{100000});
+  const Status refused = check_replica_cap(*spec, 64, /*autoscaled=*/true);
+  EXPECT_EQ(refused.code(), StatusCode::kInvalidArgument);
+  EXPECT_THAT(refused.message(),
+              StartsWith("served_models[0].concurrency.min: 100000 needs at least 100000 "
+                         "replicas (at most 1 in flight each, per_replica_concurrency.max)"));
+  EXPECT_THAT(refused.message(), HasSubstr("cap of 64 replicas (flotilla up --max-replicas)"));
+  EXPECT_FALSE(check_replica_cap(*spec, 64, /*autoscaled=*/false).is_ok());
+  EXPECT_TRUE(check_replica_cap(*spec, 0, true).is_ok());  // no cap
+  EXPECT_TRUE(check_replica_cap(*spec, 100000, true).is_ok());
+}
+
+// The least count the autoscaler may reach: concurrency.min over the largest target the
+// endpoint's per-replica bounds allow (its served models share one target); the same spec
+// without the autoscaler keeps min / the runtime's default target.
+TEST(ReplicaCapTest, CountsTheLeastReplicasOfEveryServedModel) {
+  EndpointSpec spec;
+  spec.name = "two";
+  spec.served_models = {served_model("a", "/m"), served_model("b", "/m")};
+  spec.served_models[0].concurrency = {640, 1000};  // default bounds {1, 64}: 10 replicas
+  spec.served_models[0].traffic = 50;
+  spec.served_models[1].concurrency = {0, 10};
+  spec.served_models[1].scale_to_zero = true;  // may run none
+  spec.served_models[1].traffic = 50;
+  EXPECT_EQ(least_replicas(spec, true), (std::vector<int64_t>{10, 0}));
+  EXPECT_EQ(least_replicas(spec, false), (std::vector<int64_t>{40, 1}));  // 640 / 16
+  EXPECT_TRUE(check_replica_cap(spec, 10, true).is_ok());
+  EXPECT_THAT(check_replica_cap(spec, 9, true).message(),
+              StartsWith("served_models[0].concurrency.min: 640 needs at least 10 replicas"));
+  EXPECT_THAT(check_replica_cap(spec, 40, false).message(),
+              HasSubstr("41 with the other served models"));
+  // A tighter bound on one served model bounds the shared target of both.
+  spec.served_models[1].per_replica_concurrency = ConcurrencyRange{1, 8};
+  EXPECT_EQ(least_replicas(spec, true), (std::vector<int64_t>{80, 0}));
+}
+
 }  // namespace
 }  // namespace flotilla::control

@@ -2019,5 +2019,288 @@ class Autoscaling(ControlTestCase):
         self.assertIn(name, r.json()["error"])
 
 
+
+# =========================================================================== issue 18: 3, 4, 5, 10, 13
+
+def marked_processes(data_dir):
+    """Pids of live processes that `flotilla up --data-dir data_dir` started, whatever became of
+    the `flotilla up` that started them: those with its marker (FLOTILLA_INSTANCE=<data dir>
+    in /proc/PID/environ) or whose stdout is a log file in <data dir>/logs (every replica and
+    standby, with or without the marker)."""
+    marker = b"FLOTILLA_INSTANCE=" + os.fsencode(data_dir)
+    logs = os.path.join(data_dir, "logs") + os.sep
+    out = []
+    for pid in harness.list_pids():
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                marked = marker in f.read().split(b"\0")
+        except OSError:
+            marked = False
+        try:
+            marked = marked or os.readlink(f"/proc/{pid}/fd/1").startswith(logs)
+        except OSError:
+            pass
+        if marked and harness.process_start_ticks(pid) is not None:
+            out.append(pid)
+    return out
+
+
+def kill_marked(data_dir):
+    """Teardown: SIGKILL whatever still carries the data directory's marker."""
+    for pid in marked_processes(data_dir):
+        TRACKER.record(pid)
+    TRACKER.kill_all()
+
+
+class Orphans(ControlTestCase):
+    """Issue 18, item 3: kill -9 of `flotilla up` must leave no process that nobody stops."""
+
+    def test_kill9_during_scale_ups_then_restart_and_rm_leaves_only_up(self):
+        data_dir = os.path.join(fresh_dir("orphans"), "data")
+        self.addCleanup(kill_marked, data_dir)
+        one = {"min": 1, "max": 1}
+        for i in range(5):
+            up = self.start_up_for_test("--no-autoscale", data_dir=data_dir)
+            if i > 0:
+                up.delete(f"e{i - 1}")  # its replicas drain while the next ones start
+            up.create(spec(f"e{i}", served("v1", CLASSIFIER, concurrency={"min": 3, "max": 3},
+                                           per_replica_concurrency=one)))
+            # Kill at a different point of the scale-up each time: at once (replicas being
+            # spawned, their rows not yet written), or once 1 or 2 more children run.
+            if i % 3:
+                try:
+                    wait_until(lambda: len(harness.children_of(up.pid)) >= 1 + i % 3, 5,
+                               interval_s=0.005, what="children")
+                except AssertionError:
+                    pass
+            up.kill9()
+        final = self.start_up_for_test("--no-autoscale", "--warm-pool", "0", data_dir=data_dir)
+        names = [e["name"] for e in
+                 final._ok(final.api("GET", "/api/2.0/serving-endpoints"), "list")["endpoints"]]
+        self.assertEqual(names, ["e4"])
+        for name in names:
+            final.delete(name)
+        left = []
+
+        def only_up():
+            left[:] = [(p, harness.process_cmdline(p)) for p in marked_processes(data_dir)
+                       if p != final.pid]
+            return not left
+        try:
+            wait_until(only_up, 30, interval_s=0.1, what="no process but flotilla up")
+        except AssertionError:
+            raise AssertionError(f"left running: {left}\nstderr of flotilla up:\n"
+                                 f"{final.stderr()}") from None
+        self.assertTrue(final.alive())
+
+
+class HungReplicas(ControlTestCase):
+    """Issue 18, item 4: a ready replica that stops answering (SIGSTOP) is replaced."""
+    LIVENESS_TIMEOUT_S = 2.0
+
+    def test_a_stopped_replica_is_replaced_and_requests_keep_succeeding(self):
+        up = self.start_up_for_test("--no-autoscale", "--liveness-timeout-ms",
+                                    str(int(self.LIVENESS_TIMEOUT_S * 1000)))
+        name = "hung"
+        up.create(spec(name, served("v1", CLASSIFIER, concurrency={"min": 32, "max": 64})))
+        view = up.wait_serving(name)
+        pids = ready_replicas(view)
+        self.assertEqual(len(pids), 2, view)
+        victim_id, victim = sorted(pids.items())[0]
+        load = self.start_load(up, name)
+        load.wait_for(lambda l: l.completed >= 200, "200 requests before the hang")
+        os.kill(victim, signal.SIGSTOP)
+        self.addCleanup(lambda: pid_gone(victim) or os.kill(victim, signal.SIGKILL))
+        stopped_at = time.monotonic()
+
+        def replaced(v):
+            ready = ready_replicas(v)
+            return len(ready) == 2 and victim_id not in ready
+        up.wait_view(name, replaced, "the hung replica replaced", deadline_s=30)
+        replaced_s = time.monotonic() - stopped_at
+        wait_until(lambda: pid_gone(victim), 10, what="the hung replica killed")
+        hung = [e for e in up.events(name) if e["kind"] == "replica_hung"]
+        self.assertEqual(len(hung), 1, up.events(name, 30))
+        m = re.match(re.escape(victim_id) + r": hung: no liveness answer in ([0-9.]+) s; replaced$",
+                     hung[0]["message"])
+        self.assertTrue(m, hung[0])
+        self.assertGreaterEqual(float(m.group(1)), self.LIVENESS_TIMEOUT_S)
+        # The bound is the timeout plus one probe interval and the replacement's start; a
+        # loaded test machine gets generous slack.
+        self.assertLess(replaced_s, self.LIVENESS_TIMEOUT_S + 15, "replaced within the bound")
+        done = load.count()
+        load.wait_for(lambda l: l.completed >= done + 500, "500 requests after the replacement")
+        load.stop()
+        # Requests that were in flight on the hung replica fail here unless the gateway
+        # retries a request whose upstream failed before any response byte (issue 18 item 1);
+        # at most one per client, and every request after the replacement succeeds.
+        late = [f for f in load.failures if f[0] > stopped_at + replaced_s]
+        self.assertEqual(late, [], f"failures after the replacement: {late[:5]}")
+        self.assertLessEqual(len(load.failures), len(load.threads), load.failures[:5])
+
+
+class ReplicaCap(ControlTestCase):
+    """Issue 18, item 5: `flotilla up --max-replicas` bounds replica processes host-wide."""
+
+    def test_a_spec_past_the_cap_is_refused(self):
+        up = self.start_up_for_test("--max-replicas", "3")
+        huge = spec("huge", served("v1", CLASSIFIER, concurrency={"min": 100000, "max": 100000},
+                                   per_replica_concurrency={"min": 1, "max": 1}))
+        j = self.assertApiError(up.api("POST", "/api/2.0/serving-endpoints", huge), 400,
+                                "INVALID_PARAMETER_VALUE", "served_models[0].concurrency.min")
+        self.assertIn("cap of 3 replicas (flotilla up --max-replicas)", j["message"])
+        self.assertEqual(up.api("GET", "/api/2.0/serving-endpoints/huge").status, 404)
+        # An update past the cap is refused too, and changes nothing.
+        small = spec("small", served("v1", CLASSIFIER))
+        up.create(small)
+        self.assertApiError(up.api("PUT", "/api/2.0/serving-endpoints/small/config",
+                                   {"served_models": huge["served_models"]}), 400,
+                            "INVALID_PARAMETER_VALUE", "cap of 3")
+        self.assertEqual(up.wait_serving("small")["config"], canonical(small))
+
+    def test_the_autoscaler_is_held_at_the_cap(self):
+        data_dir = fresh_dir("cap")
+        self.addCleanup(kill_marked, data_dir)
+        up = self.start_up_for_test("--max-replicas", "3", "--warm-pool", "0",
+                                    "--autoscale-period-ms", "500", "--scale-up-window-ms", "2000",
+                                    data_dir=data_dir)
+        name = "wide"
+        # One request at a time per replica, 50 ms each: 8 clients ask for 8 replicas.
+        up.create(spec(name, served("v1", synthetic_model(50), runtime="synthetic",
+                                    concurrency={"min": 1, "max": 64},
+                                    per_replica_concurrency={"min": 1, "max": 1})))
+        up.wait_serving(name)
+        load = Load(up, name, threads=8, total=1000000, deadline_s=60,
+                    label=synthetic_label).start()
+        self.addCleanup(load.stop)
+        most = [0]
+
+        def capped():
+            most[0] = max(most[0], len([p for p in marked_processes(data_dir) if p != up.pid]))
+            return any(e["kind"] == "replicas_capped" for e in up.events(name))
+        wait_until(capped, 30, interval_s=0.05, what="the cap reported")
+        view = up.wait_view(name, lambda v: self.ready_count(v) == 3, "3 replicas ready")
+        self.assertGreaterEqual(view["autoscaler"]["replicas"], 4, "the autoscaler wants more")
+        # Several autoscaler periods at the cap: never more processes, one event.
+        t_end = time.monotonic() + 3
+        while time.monotonic() < t_end:
+            capped()
+        load.stop()
+        self.assertNoFailures(load, "load at the cap")
+        self.assertLessEqual(most[0], 3, "replica processes past --max-replicas 3")
+        events = [e for e in up.events(name) if e["kind"] == "replicas_capped"]
+        self.assertEqual(len(events), 1, events)
+        self.assertIn("host-wide cap of 3", events[0]["message"])
+        metrics = up.api("GET", "/metrics").body.decode()
+        self.assertRegex(metrics, r"(?m)^flotilla_replicas_capped_total [1-9]")
+
+    @staticmethod
+    def ready_count(view):
+        return sum(r["state"] == "ready" for r in view["replicas"])
+
+
+class AdminTokenFile(ControlTestCase):
+    """Issue 18, item 10: the admin token's file, its data directory, and the way back in."""
+
+    def token_rows(self, data_dir):
+        db = sqlite3.connect(f"file:{os.path.join(data_dir, 'state.db')}?mode=ro", uri=True)
+        try:
+            return db.execute("SELECT id FROM tokens").fetchall()
+        finally:
+            db.close()
+
+    def test_a_failed_token_write_commits_no_row(self):
+        data_dir = fresh_dir("token-fail")
+        os.mkdir(os.path.join(data_dir, "admin.token"))  # the file cannot be created
+        argv = [BIN, "up", "--data-dir", data_dir, "--gateway-addr", "127.0.0.1:0",
+                "--api-addr", "127.0.0.1:0", "--warm-pool", "0"]
+        p = run_to_exit(argv, deadline_s=20)
+        self.assertNotEqual(p.returncode, 0)
+        self.assertIn("admin.token", p.stderr.decode())
+        self.assertEqual(self.token_rows(data_dir), [], "a token row nobody holds")
+        os.rmdir(os.path.join(data_dir, "admin.token"))
+        up = self.start_up_for_test("--warm-pool", "0", data_dir=data_dir)
+        self.assertEqual(up.api("GET", "/api/2.0/serving-endpoints").status, 200)
+
+    def test_modes_and_recovery_of_a_lost_admin_token(self):
+        data_dir = os.path.join(fresh_dir("token"), "new", "data")  # made by flotilla up
+        token_path = os.path.join(data_dir, "admin.token")
+        up = self.start_up_for_test("--warm-pool", "0", data_dir=data_dir)
+        self.assertEqual(oct(os.stat(data_dir).st_mode & 0o777), "0o700")
+        self.assertEqual(oct(os.stat(token_path).st_mode & 0o777), "0o600")
+        first = up.token
+        self.assertEqual(up.stop(), 0)
+
+        # Lost: the next start says how to recover.
+        os.unlink(token_path)
+        proc = subprocess.Popen([BIN, "up", "--data-dir", data_dir, "--gateway-addr",
+                                 "127.0.0.1:0", "--api-addr", "127.0.0.1:0", "--warm-pool", "0"],
+                                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                stderr=subprocess.PIPE, start_new_session=True)
+        self.addCleanup(lambda: proc.poll() is not None or proc.kill())
+        err = b""
+        deadline = time.monotonic() + UP_STARTUP_DEADLINE_S
+        while b"reset-admin" not in err and time.monotonic() < deadline:
+            r, _, _ = select.select([proc.stderr], [], [], 0.2)
+            if r:
+                chunk = os.read(proc.stderr.fileno(), 4096)
+                if not chunk:
+                    break
+                err += chunk
+        self.assertIn(f"flotilla tokens reset-admin --data-dir {data_dir}".encode(), err)
+        # While it runs, the reset is refused and changes nothing.
+        p = run_to_exit([BIN, "tokens", "reset-admin", "--data-dir", data_dir], deadline_s=10)
+        self.assertNotEqual(p.returncode, 0)
+        self.assertIn("in use", p.stderr.decode())
+        self.assertFalse(os.path.exists(token_path))
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=UP_STOP_DEADLINE_S)
+        proc.stderr.close()
+
+        p = run_to_exit([BIN, "tokens", "reset-admin", "--data-dir", data_dir], deadline_s=10)
+        self.assertEqual(p.returncode, 0, p.stderr)
+        new = p.stdout.decode().strip()
+        self.assertTrue(new.startswith("flt_admin_"), new)
+        self.assertEqual(oct(os.stat(token_path).st_mode & 0o777), "0o600")
+        again = self.start_up_for_test("--warm-pool", "0", data_dir=data_dir)
+        self.assertEqual(again.token, new)
+        self.assertEqual(again.api("GET", "/api/2.0/serving-endpoints").status, 200)
+        self.assertEqual(again.api("GET", "/api/2.0/serving-endpoints", token=first).status, 401)
+
+
+class IdleAutoscaler(ControlTestCase):
+    """Issue 18, item 13: the vertical policy lowered an idle xgboost endpoint's target on
+    latency noise (0.2 ms vs a 0.1 ms baseline). "5 min idle and 5 min at 10% load never lower
+    the target": at the default 30 s vertical period those are 10 + 10 decision cycles; here
+    --vertical-period-ms 1000 runs the same 20 cycles in about 20 s."""
+    CYCLES = 10
+
+    def test_idle_and_light_load_never_lower_the_target(self):
+        up = self.start_up_for_test("--vertical-period-ms", "1000", "--autoscale-period-ms", "1000")
+        name = "quiet"
+        up.create(spec(name, served("v1", CLASSIFIER)))
+        up.wait_serving(name)
+        start = up.view(name)["autoscaler"]["target_concurrency"]
+        self.assertEqual(start, 16)
+        # Nearly idle: a request now and then (about 4 per vertical cycle).
+        t_end = time.monotonic() + self.CYCLES
+        while time.monotonic() < t_end:
+            self.assertEqual(up.invoke(name).status, 200)
+            time.sleep(0.25)  # pacing the load, not waiting for a condition
+        # About 10% of the target: 2 closed-loop clients against 16 in flight per replica.
+        load = Load(up, name, threads=2, total=1000000, deadline_s=self.CYCLES + 30)
+        load.start()
+        self.addCleanup(load.stop)
+        time.sleep(self.CYCLES)  # pacing: the load runs for CYCLES vertical periods
+        load.stop()
+        self.assertNoFailures(load, "light load")
+        lowered = []
+        for e in up.events(name):
+            m = re.match(r"vertical: target ([0-9.]+) -> ([0-9.]+)", e["message"])
+            if m and float(m.group(2)) < float(m.group(1)):
+                lowered.append(e["message"])
+        self.assertEqual(lowered, [], "the target fell on an idle or lightly loaded endpoint")
+        self.assertGreaterEqual(up.view(name)["autoscaler"]["target_concurrency"], start)
+
 if __name__ == "__main__":
     unittest.main()

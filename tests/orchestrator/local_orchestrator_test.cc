@@ -1,10 +1,13 @@
 // The local orchestrator against real `flotilla replica` processes on 127.0.0.1, serving a
 // synthetic model (a YAML file) so no training is needed.
+#include <algorithm>
 #include <chrono>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <functional>
 #include <mutex>
+#include <sstream>
 #include <thread>
 
 #include <gtest/gtest.h>
@@ -233,6 +236,7 @@ TEST_F(LocalOrchestratorTest, AdoptsARunningReplicaAndReportsLostOnes) {
   pid_t pid = 0;
   ASSERT_EQ(posix_spawn(&pid, argv[0], nullptr, nullptr, argv.data(), environ), 0);
 
+  options_.liveness_timeout = 0ms;  // its record's port (1) answers no liveness probe
   start();
   Replica adopted;
   adopted.id = "fraud-v1-adopted";
@@ -286,6 +290,217 @@ TEST_F(LocalOrchestratorTest, ShutdownStopsEveryProcess) {
   orchestrator_->ensure(deployment(), 1);  // ignored after shutdown
   std::this_thread::sleep_for(100ms);
   EXPECT_TRUE(in_state(ReplicaState::kStarting).empty());
+}
+
+// Issue 18: a spec asking for 100,000 replicas started 178 processes in 4.7 s. The cap holds
+// across deployments, counts draining replicas until they exit, and is reported once.
+TEST_F(LocalOrchestratorTest, NeverStartsPastTheHostWideCap) {
+  options_.max_replicas = 3;
+  start();
+  orchestrator_->ensure(deployment(), 5);
+  ASSERT_TRUE(wait_for([&] { return in_state(ReplicaState::kReady).size() == 3; }));
+  Deployment other = deployment();
+  other.key = "other/v1/model.yaml";
+  other.endpoint = "other";
+  orchestrator_->ensure(other, 1);
+  std::this_thread::sleep_for(300ms);  // many ticks
+  EXPECT_EQ(orchestrator_->list().size(), 3u);
+  EXPECT_EQ(count_events("started"), 3);
+  ASSERT_TRUE(wait_for([&] { return count_events("capped") == 2; }));
+  const std::vector<ReplicaEvent> capped = events_of("capped");
+  EXPECT_EQ(capped[0].replica.deployment.key, deployment().key);
+  EXPECT_TRUE(capped[0].replica.id.empty());
+  EXPECT_NE(capped[0].message.find("wants 5 replicas and has 0; the host-wide cap of 3 replica "
+                                   "processes (flotilla up --max-replicas) leaves room for 3 more"),
+            std::string::npos)
+      << capped[0].message;
+  EXPECT_EQ(capped[1].replica.deployment.key, other.key);
+  // Room made by a scale-down goes to the other deployment once the drained replica exited.
+  orchestrator_->ensure(deployment(), 2);
+  ASSERT_TRUE(wait_for([&] {
+    const auto ready = in_state(ReplicaState::kReady);
+    return ready.size() == 3 && std::any_of(ready.begin(), ready.end(), [&](const Replica& r) {
+             return r.deployment.key == other.key;
+           });
+  }));
+  EXPECT_EQ(count_events("stopped"), 1);
+  EXPECT_EQ(count_events("capped"), 2);  // once per deployment, not per tick
+}
+
+// Issue 18: a replica that stops answering (SIGSTOP) was only routed around. Its liveness
+// probes fail; after liveness_timeout it is killed (SIGTERM would do nothing to a stopped
+// process) and replaced.
+TEST_F(LocalOrchestratorTest, ReplacesAHungReplica) {
+  options_.liveness_timeout = 1000ms;
+  start();
+  orchestrator_->ensure(deployment(), 1);
+  ASSERT_TRUE(wait_for([&] { return in_state(ReplicaState::kReady).size() == 1; }));
+  const Replica victim = in_state(ReplicaState::kReady).front();
+  ASSERT_EQ(::kill(static_cast<pid_t>(victim.pid), SIGSTOP), 0);
+  const auto stopped = std::chrono::steady_clock::now();
+  ASSERT_TRUE(wait_for([&] { return count_events("hung") == 1; }));
+  const ReplicaEvent hung = events_of("hung").front();
+  EXPECT_EQ(hung.replica.id, victim.id);
+  EXPECT_EQ(hung.replica.state, ReplicaState::kFailed);
+  EXPECT_NE(hung.message.find("hung: no liveness answer in "), std::string::npos) << hung.message;
+  EXPECT_NE(hung.message.find(" s; replaced"), std::string::npos) << hung.message;
+  ASSERT_TRUE(wait_for([&] {
+    const auto ready = in_state(ReplicaState::kReady);
+    return ready.size() == 1 && ready.front().id != victim.id;
+  }));
+  // Not before the timeout: a replica is hung only after liveness_timeout without an answer.
+  EXPECT_GE(std::chrono::steady_clock::now() - stopped, 1000ms);
+  EXPECT_TRUE(wait_for([&] { return !process_exists(victim.pid); }));
+  EXPECT_EQ(count_events("hung"), 1);  // the healthy replacement is left alone
+}
+
+// Starts `command` under /bin/sh in the background and returns the background job's pid: once
+// the shell exits, that process is no child of ours (as a replica left by a killed `flotilla
+// up` is no child of the next one).
+int64_t start_orphan(const std::filesystem::path& dir, const std::string& command) {
+  const std::filesystem::path pid_file = dir / ("orphan-" + std::to_string(std::rand()));
+  const std::string script = command + " >/dev/null 2>&1 & echo $! > " + pid_file.string();
+  std::vector<std::string> args = {"/bin/sh", "-c", script};
+  std::vector<char*> argv;
+  for (std::string& arg : args) {
+    argv.push_back(arg.data());
+  }
+  argv.push_back(nullptr);
+  pid_t shell = 0;
+  if (posix_spawn(&shell, argv[0], nullptr, nullptr, argv.data(), environ) != 0) {
+    return 0;
+  }
+  ::waitpid(shell, nullptr, 0);
+  std::ifstream in(pid_file);
+  int64_t pid = 0;
+  in >> pid;
+  return pid;
+}
+
+uint64_t start_ticks_of(int64_t pid) {
+  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+  std::string text((std::istreambuf_iterator<char>(stat)), {});
+  if (text.rfind(')') == std::string::npos) {
+    return 0;
+  }
+  std::istringstream fields(text.substr(text.rfind(')') + 2));
+  std::string field;
+  for (int index = 3; index <= 22; ++index) {
+    fields >> field;
+  }
+  return std::stoull(field);
+}
+
+// Issue 18: a replica spawned a moment before its record was written (then kill -9 of `flotilla
+// up`) was never adopted and ran forever. Processes with our marker that no record describes
+// are stopped by adopt(); recorded ones and other instances' are left alone.
+TEST_F(LocalOrchestratorTest, AdoptStopsUnrecordedProcessesWithOurMarker) {
+  options_.instance = dir_.string();
+  options_.liveness_timeout = 0ms;  // the record's port (1) answers no liveness probe
+  const std::string replica = std::string(FLOTILLA_BIN) + " replica --model " +
+                              (dir_ / "model.yaml").string() +
+                              " --runtime synthetic --name fraud --port 0 --log-level warn";
+  const std::string ours = std::string(kInstanceEnv) + "=" + options_.instance;
+  const int64_t stray = start_orphan(dir_, ours + " " + replica);
+  const int64_t recorded = start_orphan(dir_, ours + " " + replica);
+  const int64_t foreign = start_orphan(dir_, std::string(kInstanceEnv) + "=/elsewhere " + replica);
+  ASSERT_GT(stray, 0);
+  ASSERT_GT(recorded, 0);
+  ASSERT_GT(foreign, 0);
+  ASSERT_TRUE(wait_for([&] {
+    return start_ticks_of(stray) && start_ticks_of(recorded) && start_ticks_of(foreign);
+  }));
+  start();
+  Replica record;
+  record.id = "fraud-v1-recorded";
+  record.deployment = deployment();
+  record.host = "127.0.0.1";
+  record.port = 1;
+  record.pid = recorded;
+  record.process_start_ticks = start_ticks_of(recorded);
+  record.state = ReplicaState::kReady;
+  orchestrator_->adopt({record});
+  EXPECT_TRUE(wait_for([&] { return !process_exists(stray); }, 10s)) << "the unrecorded one";
+  ASSERT_TRUE(wait_for([&] { return count_events("adopted") == 1; }));
+  EXPECT_TRUE(process_exists(recorded));
+  EXPECT_TRUE(process_exists(foreign));
+  ::kill(static_cast<pid_t>(recorded), SIGKILL);
+  ::kill(static_cast<pid_t>(foreign), SIGKILL);
+}
+
+// Issue 18: after kill -9 of `flotilla up` its standbys must not run on under pid 1, even
+// when something still holds their stdin open (no end of input to see).
+TEST_F(LocalOrchestratorTest, AStandbyDiesWithItsParent) {
+  int keep_open[2];
+  ASSERT_EQ(::pipe(keep_open), 0);
+  // The shell is the standby's parent; the pipe is its stdin, our end stays open.
+  const std::filesystem::path pid_file = dir_ / "standby.pid";
+  const std::string script =
+      std::string(FLOTILLA_BIN) +
+      " replica --standby --runtime synthetic <&3 >/dev/null 2>&1 & echo $! > " +
+      pid_file.string() + "; wait";
+  std::vector<std::string> args = {"/bin/sh", "-c", script};
+  std::vector<char*> argv;
+  for (std::string& arg : args) {
+    argv.push_back(arg.data());
+  }
+  argv.push_back(nullptr);
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_adddup2(&actions, keep_open[0], 3);
+  pid_t shell = 0;
+  ASSERT_EQ(posix_spawn(&shell, argv[0], &actions, nullptr, argv.data(), environ), 0);
+  posix_spawn_file_actions_destroy(&actions);
+  int64_t standby = 0;
+  ASSERT_TRUE(wait_for([&] {
+    std::ifstream in(pid_file);
+    return static_cast<bool>(in >> standby) && standby > 0;
+  }));
+  // Up and waiting on its stdin (the log line it writes then is not ours to read: poll a while).
+  std::this_thread::sleep_for(300ms);
+  ASSERT_TRUE(process_exists(standby));
+  ::kill(shell, SIGKILL);
+  ::waitpid(shell, nullptr, 0);
+  EXPECT_TRUE(wait_for([&] { return !process_exists(standby); }, 10s));
+  ::kill(static_cast<pid_t>(standby), SIGKILL);  // should the test have failed
+  ::close(keep_open[0]);
+  ::close(keep_open[1]);
+}
+
+// A standby whose orchestrator died before it could arm the death signal sees a parent that
+// is not the one named in its environment, and exits at once.
+TEST_F(LocalOrchestratorTest, AStandbyWhoseParentIsAlreadyGoneExits) {
+  int keep_open[2];
+  ASSERT_EQ(::pipe(keep_open), 0);
+  std::vector<std::string> args = {FLOTILLA_BIN, "replica", "--standby", "--runtime", "synthetic"};
+  std::vector<char*> argv;
+  for (std::string& arg : args) {
+    argv.push_back(arg.data());
+  }
+  argv.push_back(nullptr);
+  std::vector<std::string> env_text;
+  for (char** entry = environ; *entry != nullptr; ++entry) {
+    env_text.emplace_back(*entry);
+  }
+  env_text.push_back(std::string(kParentEnv) + "=1");  // not us
+  std::vector<char*> env;
+  for (std::string& entry : env_text) {
+    env.push_back(entry.data());
+  }
+  env.push_back(nullptr);
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_adddup2(&actions, keep_open[0], 0);
+  pid_t standby = 0;
+  ASSERT_EQ(posix_spawn(&standby, argv[0], &actions, nullptr, argv.data(), env.data()), 0);
+  posix_spawn_file_actions_destroy(&actions);
+  int status = -1;
+  EXPECT_TRUE(wait_for([&] { return ::waitpid(standby, &status, WNOHANG) == standby; }, 10s));
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
+  ::kill(standby, SIGKILL);
+  ::waitpid(standby, nullptr, WNOHANG);
+  ::close(keep_open[0]);
+  ::close(keep_open[1]);
 }
 
 TEST(ProcessCpuTest, ReadsThisProcessAndRefusesAMissingOne) {
