@@ -146,8 +146,13 @@ def rep(rid, server, cap=None, state=None):
     return entry
 
 
-def ver(name, replicas, traffic=100):
-    return {"name": name, "traffic": traffic, "replicas": replicas}
+def ver(name, replicas, traffic=100, runtime=None, max_model_len=None):
+    v = {"name": name, "traffic": traffic, "replicas": replicas}
+    if runtime is not None:
+        v["runtime"] = runtime
+    if max_model_len is not None:
+        v["max_model_len"] = max_model_len
+    return v
 
 
 def config_yaml(endpoints, token_records=(), open_routes=None):
@@ -159,8 +164,10 @@ def config_yaml(endpoints, token_records=(), open_routes=None):
         lines += [f"  - name: {json.dumps(name)}", "    versions:"]
         for v in versions:
             lines += [f"      - name: {json.dumps(v['name'])}",
-                      f"        traffic: {v['traffic']}",
-                      "        replicas:"]
+                      f"        traffic: {v['traffic']}"]
+            lines += [f"        {k}: {json.dumps(v[k])}" for k in ("runtime", "max_model_len")
+                      if k in v]
+            lines += ["        replicas:"]
             lines += [f"          - {json.dumps(r)}" for r in v["replicas"]]
     if token_records or open_routes is not None:
         lines += ["auth:", "  tokens:"]
@@ -369,8 +376,9 @@ class Load:
 class GatewayTestCase(unittest.TestCase):
     maxDiff = 4000
 
-    def assertJsonError(self, r, status):
-        return harness.assert_json_error(self, r, status)
+    def assertJsonError(self, r, status, shape=None, request_id=True):
+        """One of the gateway's own errors, in its route's shape (any shape when None)."""
+        return harness.assert_gateway_error(self, r, status, shape, request_id)
 
     def assertOk(self, r):
         self.assertEqual(r.status, 200, r)
@@ -402,7 +410,7 @@ class Routing(GatewayTestCase):
         cls.echo = start_echo(cls, cls_level=True)
         cls.gw = Gateway(cls, config_yaml({
             "fraud": [ver("v1", [rep("r1", cls.replica)])],
-            "llm": [ver("v1", [rep("e1", cls.echo)])],
+            "llm": [ver("v1", [rep("e1", cls.echo)], runtime="llm", max_model_len=2048)],
         }), cls_level=True)
 
     def test_invocations_route_to_replica_invocations(self):
@@ -421,7 +429,7 @@ class Routing(GatewayTestCase):
         self.assertEqual(j.get("model_name"), "fraud", j)
         self.assertEqual(j.get("id"), "q7", j)
         self.assertEqual(j["outputs"][0]["shape"], [3], j)
-        self.assertEqual(self.gw.req("POST", "/v2/models/fraud/versions/1/infer",
+        self.assertEqual(self.gw.req("POST", "/v2/models/fraud/versions/v1/infer",
                                      oip()).status, 200)
 
     def test_oip_metadata_and_ready(self):
@@ -431,15 +439,20 @@ class Routing(GatewayTestCase):
         j = self.assertOk(self.gw.req("GET", "/v2/models/fraud/ready"))
         self.assertTrue(j.get("ready"), j)
         # the OIP path goes to the replica unchanged
-        j = self.assertOk(self.gw.req("GET", "/v2/models/llm/versions/3/ready?x=y"))
-        self.assertEqual((j["method"], j["path"]), ("GET", "/v2/models/llm/versions/3/ready?x=y"))
+        j = self.assertOk(self.gw.req("GET", "/v2/models/llm/ready?x=y"))
+        self.assertEqual((j["method"], j["path"]), ("GET", "/v2/models/llm/ready?x=y"))
+        # a version path goes to that version's replicas, without the version segment
+        j = self.assertOk(self.gw.req("GET", "/v2/models/llm/versions/v1/ready?x=y"))
+        self.assertEqual((j["method"], j["path"]), ("GET", "/v2/models/llm/ready?x=y"))
 
     def test_list_models(self):
+        # only generative (llm runtime) endpoints are models to OpenAI clients
         j = self.assertOk(self.gw.req("GET", "/v1/models"))
         self.assertEqual(j.get("object"), "list", j)
-        self.assertEqual([m["id"] for m in j["data"]], ["fraud", "llm"], j)
+        self.assertEqual([m["id"] for m in j["data"]], ["llm"], j)
         for m in j["data"]:
             self.assertEqual(m.get("object"), "model", m)
+            self.assertEqual(m.get("max_model_len"), 2048, m)
 
     def test_openai_routes_by_model(self):
         for path in ("/v1/chat/completions", "/v1/completions", "/v1/completions?stream=false"):
@@ -456,22 +469,23 @@ class Routing(GatewayTestCase):
                 ("GET", "/v2/models/nope", None),
                 ("POST", "/v1/chat/completions", {"model": "nope", "messages": []})):
             with self.subTest(path=path):
-                self.assertJsonError(self.gw.req(method, path, body), 404)
+                shape = {"/se": "mlflow", "/v1": "openai"}.get(path[:3], "oip")
+                self.assertJsonError(self.gw.req(method, path, body), 404, shape)
 
     def test_openai_body_without_model_is_400(self):
         for body in ({"prompt": "x"}, {"model": 7, "prompt": "x"}, b"{not json", b"[1, 2]"):
             with self.subTest(body=body):
                 r = self.gw.req("POST", "/v1/completions", body,
                                 {"Content-Type": "application/json"})
-                self.assertJsonError(r, 400)
+                self.assertJsonError(r, 400, "openai")
 
     def test_unknown_path_is_404_json(self):
-        for method, path in (("GET", "/nope"), ("POST", "/invocations"),
-                             ("GET", "/serving-endpoints/fraud/other"),
-                             ("GET", "/serving-endpoints//invocations"),
-                             ("GET", "/v2/models/")):
+        for method, path, shape in (("GET", "/nope", "oip"), ("POST", "/invocations", "oip"),
+                                    ("GET", "/serving-endpoints/fraud/other", "mlflow"),
+                                    ("POST", "/serving-endpoints//invocations", "mlflow"),
+                                    ("GET", "/v2/models/", "oip")):
             with self.subTest(path=path):
-                self.assertJsonError(self.gw.req(method, path), 404)
+                self.assertJsonError(self.gw.req(method, path), 404, shape)
 
     def test_health(self):
         self.assertEqual(self.assertOk(self.gw.req("GET", "/v2/health/live")), {"live": True})
@@ -757,19 +771,19 @@ class Failover(GatewayTestCase):
         self.assertTrue(gw.replica_stats("k", "r1")["ejected"], "dead replica not ejected")
 
 
-    def test_dead_replicas_502_then_ejected_then_503_then_probed_back(self):
+    def test_dead_replicas_ejected_then_503_then_probed_back(self):
         dead = [RefusingPort(self), RefusingPort(self)]
         gw = Gateway(self, config_yaml({"x": [ver("v1", [rep("d0", dead[0].address),
                                                          rep("d1", dead[1].address)])]}),
                      {"--eject-after": 2, "--cold-start-timeout-ms": 300})
-        # both refuse: the first attempt and its one retry fail
+        # both refuse: the request alternates between them until both are ejected (two
+        # failures each, --eject-after 2), then waits as for a cold start: 503, never a 502
         r = gw.req("POST", infer_path("x"), oip(), {"X-Request-Id": "twice-1"})
-        self.assertJsonError(r, 502)
+        self.assertJsonError(r, 503, "oip")
+        self.assertEqual(r.headers.get("retry-after"), "1", r.headers)
         line = gw.wait_access(lambda ln: ln.get("request_id") == "twice-1", "access log")
-        self.assertEqual((line["code"], line["attempts"]), (502, 2), line)
-        self.assertEqual(gw.metric_sum("flotilla_gateway_retries_total", endpoint="x"), 1)
-        # the second failure of each ejects both (--eject-after 2)
-        self.assertJsonError(gw.req("POST", infer_path("x"), oip()), 502)
+        self.assertEqual((line["code"], line["attempts"]), (503, 4), line)
+        self.assertEqual(gw.metric_sum("flotilla_gateway_retries_total", endpoint="x"), 4)
         self.assertEqual([r["ejected"] for r in gw.endpoint_stats("x")["replicas"]],
                          [True, True])
         self.assertEqual(gw.metric_sum("flotilla_gateway_replica_ejections_total",
@@ -985,14 +999,14 @@ class Limits(GatewayTestCase):
     def test_header_over_limit_is_431(self):
         c = self.conn()
         c.send(raw_request("POST", infer_path("a"), b"{}", {"X-Big": "x" * 2000}))
-        self.assertJsonError(c.read_response(), 431)
+        self.assertJsonError(c.read_response(), 431, request_id=False)
         # the limit is on the header, not on one field: under it still passes
         self.assertOk(self.gw.req("POST", infer_path("a"), {}, {"X-Small": "x" * 200}))
 
     def test_body_over_limit_is_413(self):
         r = self.gw.req("POST", infer_path("a"), b"x" * 2000,
                         {"Content-Type": "application/json"})
-        self.assertJsonError(r, 413)
+        self.assertJsonError(r, 413, request_id=False)
         self.assertOk(self.gw.req("POST", infer_path("a"), b"y" * 900,
                                   {"Content-Type": "application/json"}))
 
@@ -1032,7 +1046,7 @@ class Limits(GatewayTestCase):
             self.assertEqual(c.read_response().status, 200)
         third = self.conn(gw.port)
         third.send(raw_request("POST", infer_path("a"), oip()))
-        self.assertJsonError(third.read_response(), 503)
+        self.assertJsonError(third.read_response(), 503, request_id=False)
         closed, _, _ = third.wait_closed(5)
         self.assertTrue(closed, "the rejected connection stays open")
         # a slot freed is a slot to use
