@@ -2019,5 +2019,37 @@ class Autoscaling(ControlTestCase):
         self.assertIn(name, self.assertGatewayError(r, 503))
 
 
+
+# =========================================================================== issue 18
+
+class SoleReplicaDeathIssue18(ControlTestCase):
+    """Issue 18 item 1, end to end: kill -9 of the only replica of an endpoint under load. The
+    requests it held and those arriving before its replacement is ready wait in the gateway
+    (retried, then queued with the cold-start deadline) instead of failing with 502."""
+
+    def test_sole_replica_killed_under_load_no_request_fails(self):
+        up, name = self.start_up_for_test(), "sole"
+        s = spec(name, served("v1", CLASSIFIER, concurrency={"min": 1, "max": 8}))
+        up.create(s)
+        view = up.wait_serving(name, s)
+        pids = ready_replicas(view)
+        self.assertEqual(len(pids), 1, view["replicas"])
+        (victim_id, victim_pid), = pids.items()
+        load = Load(up, name, threads=8, deadline_s=30).start()
+        self.addCleanup(load.stop)
+        load.wait_for(lambda ld: ld.count() >= 200, "load running")
+        ticks = harness.process_start_ticks(victim_pid)
+        self.assertTrue(harness.signal_alive(victim_pid, signal.SIGKILL, ticks))
+
+        def replaced(v):
+            return any(r["state"] == "ready" and r["id"] != victim_id for r in v["replicas"])
+        up.wait_view(name, replaced, "a replacement replica ready", deadline_s=10)
+        seen = load.count()
+        load.wait_for(lambda ld: ld.count() >= seen + 300, "load on the replacement")
+        load.stop()
+        self.assertNoFailures(load, "kill -9 of the sole replica")
+        up.delete(name)
+
+
 if __name__ == "__main__":
     unittest.main()
