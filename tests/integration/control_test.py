@@ -2022,10 +2022,11 @@ class Autoscaling(ControlTestCase):
 
 # =========================================================================== issue 18
 
-class SoleReplicaDeathIssue18(ControlTestCase):
-    """Issue 18 item 1, end to end: kill -9 of the only replica of an endpoint under load. The
-    requests it held and those arriving before its replacement is ready wait in the gateway
-    (retried, then queued with the cold-start deadline) instead of failing with 502."""
+class GatewayIssue18(ControlTestCase):
+    """Issue 18 at the gateway of `flotilla up`. Item 1: kill -9 of the only replica of an
+    endpoint under load; the requests it held and those arriving before its replacement is
+    ready wait in the gateway (retried, then queued with the cold-start deadline) instead of
+    failing with 502. Item 6: invalid UTF-8 in the target on the API and gateway ports."""
 
     def test_sole_replica_killed_under_load_no_request_fails(self):
         up, name = self.start_up_for_test(), "sole"
@@ -2049,6 +2050,27 @@ class SoleReplicaDeathIssue18(ControlTestCase):
         load.stop()
         self.assertNoFailures(load, "kill -9 of the sole replica")
         up.delete(name)
+
+    def test_invalid_utf8_in_the_target_is_a_json_error_on_both_ports(self):
+        # issue 18 item 6: the gateway answered these 500 "request handler threw"
+        up = self.start_up_for_test()
+        for port, path in ((up.api_port, b"/\xff"),
+                           (up.api_port, b"/api/2.0/serving-endpoints/\xff"),
+                           (up.api_port, b"/api/2.0/serving-endpoints/\xff/events"),
+                           (up.gateway_port, b"/\xff"),
+                           (up.gateway_port, b"/serving-endpoints/\xff/invocations"),
+                           (up.gateway_port, b"/v2/models/\xff/infer")):
+            with self.subTest(port=port, path=path):
+                c = harness.RawConn(port)
+                try:
+                    c.send(b"POST " + path + b" HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n"
+                           b"Authorization: Bearer " + up.token.encode() + b"\r\n\r\n{}")
+                    r = c.read_response()
+                finally:
+                    c.close()
+                self.assertIn(r.status, (400, 404, 405), r)
+                self.assertIsInstance(r.json(), dict, r)  # valid JSON, hence valid UTF-8
+        self.assertNotIn("request handler threw", up.stderr())
 
 
 if __name__ == "__main__":
