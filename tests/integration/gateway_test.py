@@ -1692,5 +1692,67 @@ class ModelsAndVersionsIssue18(GatewayTestCase):
         self.assertEqual(j.get("extensions"), [], j)
 
 
+
+OPENAI_SDK_PROBE = r"""
+import json, sys
+import openai
+port, token = sys.argv[1], sys.argv[2]
+out = {}
+def call(name, f):
+    try:
+        out[name] = {"ok": f()}
+    except openai.APIStatusError as e:
+        out[name] = {"class": type(e).__name__, "status": e.status_code, "type": e.type,
+                     "code": e.code, "param": e.param, "message": e.message,
+                     "request_id": e.response.headers.get("x-request-id")}
+good = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key=token, max_retries=0)
+bad = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="flt_x_" + "0" * 64,
+                    max_retries=0)
+call("unknown_model", lambda: good.completions.create(model="nope", prompt="x"))
+call("bad_key", lambda: bad.chat.completions.create(model="chat", messages=[]))
+call("retrieve_unknown", lambda: good.models.retrieve("tree"))
+call("list", lambda: [(m.id, (m.model_extra or {}).get("max_model_len"))
+                      for m in good.models.list()])
+call("retrieve", lambda: good.models.retrieve("chat").id)
+print(json.dumps(out))
+"""
+
+
+class OpenAiSdkIssue18(GatewayTestCase):
+    """Issue 18 item 14 with the official openai client (pinned; a venv made by
+    tests/integration/openai_venv.sh, skipped when PyPI cannot be reached): it reads the
+    gateway's errors as typed exceptions with `type` and `code`, and its model list."""
+
+    def test_sdk_reads_error_type_and_code_and_the_model_list(self):
+        venv = os.path.join(os.path.dirname(os.path.abspath(FLOTILLA_BIN)), "openai-venv")
+        made = subprocess.run(["bash", os.path.join(HERE, "openai_venv.sh"), venv],
+                              capture_output=True, timeout=300)
+        if made.returncode != 0:
+            reason = made.stderr.decode(errors="replace").strip().splitlines()[-1:] or ["?"]
+            print(f"skipping: no venv with the openai client: {reason[0]}", file=sys.stderr)
+            self.skipTest(f"no venv with the openai client: {reason[0]}")
+        python = made.stdout.decode().strip()
+        echo = start_echo(self)
+        token, record = mint_token("sdk")
+        gw = Gateway(self, config_yaml({
+            "chat": [ver("v1", [rep("e1", echo)], runtime="llm", max_model_len=4096)],
+            "tree": [ver("v1", [rep("e2", echo)], runtime="xgboost")],
+        }, token_records=[record]))
+        p = subprocess.run([python, "-c", OPENAI_SDK_PROBE, str(gw.port), token],
+                           capture_output=True, timeout=60)
+        self.assertEqual(p.returncode, 0, p.stderr.decode(errors="replace"))
+        got = json.loads(p.stdout)
+        self.assertEqual({k: got["unknown_model"][k] for k in ("class", "status", "type", "code")},
+                         {"class": "NotFoundError", "status": 404, "type": "not_found_error",
+                          "code": "model_not_found"}, got)
+        self.assertTrue(got["unknown_model"]["request_id"], got)
+        self.assertEqual({k: got["bad_key"][k] for k in ("class", "status", "type", "code")},
+                         {"class": "AuthenticationError", "status": 401,
+                          "type": "authentication_error", "code": "invalid_api_key"}, got)
+        self.assertEqual(got["retrieve_unknown"]["class"], "NotFoundError", got)
+        self.assertEqual(got["list"], {"ok": [["chat", 4096]]}, got)
+        self.assertEqual(got["retrieve"], {"ok": "chat"}, got)
+
+
 if __name__ == "__main__":
     unittest.main()
