@@ -591,7 +591,10 @@ void ControlPlaneImpl::reconcile_once() {
     for (const auto& [name, stored] : endpoints_) {
       states.push_back(stored.state);
     }
-    plan = reconcile(states, replicas, resolve_runtime);
+    plan = reconcile(states, replicas, resolve_runtime, [](const ServedModelSpec& served) {
+      Result<int64_t> length = runtime::llm_context_length(served.model);
+      return length.is_ok() ? *length : int64_t{0};
+    });
     for (const std::string& name : plan.promoted) {
       Stored& stored = endpoints_.at(name);
       const bool first = !stored.state.serving.has_value();

@@ -30,13 +30,19 @@ bool all_ready(const std::string& endpoint, const EndpointSpec& spec,
 }
 
 gateway::EndpointEntry table_entry(const EndpointSpec& spec, const std::optional<Scale>& scale,
-                                   const std::vector<Replica>& replicas) {
+                                   const std::vector<Replica>& replicas,
+                                   const RuntimeResolver& resolve_runtime,
+                                   const ContextLengthResolver& context_length) {
   gateway::EndpointEntry entry;
   entry.name = spec.name;
   for (const ServedModelSpec& served : spec.served_models) {
     gateway::VersionEntry version;
     version.name = served.name;
     version.traffic = served.traffic;
+    version.runtime = resolve_runtime(served);
+    if (version.runtime == "llm" && context_length) {
+      version.max_model_len = context_length(served);
+    }
     const std::string key = deployment_key(spec.name, served);
     for (const Replica& replica : replicas) {
       if (replica.deployment.key == key && replica.state == ReplicaState::kReady) {
@@ -92,7 +98,8 @@ orchestrator::Deployment make_deployment(const std::string& endpoint, const Serv
 
 ReconcilePlan reconcile(const std::vector<EndpointState>& endpoints,
                         const std::vector<Replica>& replicas,
-                        const RuntimeResolver& resolve_runtime) {
+                        const RuntimeResolver& resolve_runtime,
+                        const ContextLengthResolver& context_length) {
   ReconcilePlan plan;
   std::set<std::string> wanted_keys;
   // A key in both the target and the serving spec (a traffic change in flight) keeps the larger
@@ -129,8 +136,8 @@ ReconcilePlan reconcile(const std::vector<EndpointState>& endpoints,
     }
     // Before the first promotion the endpoint is listed with the target's versions and no
     // ready replica: the gateway holds its requests until one is ready (cold start).
-    plan.table.endpoints.push_back(
-        table_entry(serving ? *serving : state.target, state.scale, replicas));
+    plan.table.endpoints.push_back(table_entry(serving ? *serving : state.target, state.scale,
+                                               replicas, resolve_runtime, context_length));
   }
 
   // Retire whatever runs and is no longer wanted: old versions, deleted endpoints.

@@ -63,9 +63,15 @@ using RuntimeResolver = std::function<std::string(const ServedModelSpec&)>;
 orchestrator::Deployment make_deployment(const std::string& endpoint, const ServedModelSpec& served,
                                          const RuntimeResolver& resolve_runtime);
 
-// `endpoints` in any order, `replicas` as orchestrator::list() returns them.
+// The context length of the model of a served model whose runtime is "llm" (what the gateway
+// shows as `max_model_len`); 0 when unknown.
+using ContextLengthResolver = std::function<int64_t(const ServedModelSpec&)>;
+
+// `endpoints` in any order, `replicas` as orchestrator::list() returns them. The table's
+// versions carry their runtime and, for "llm" ones, `context_length` (when given).
 ReconcilePlan reconcile(const std::vector<EndpointState>& endpoints,
                         const std::vector<orchestrator::Replica>& replicas,
-                        const RuntimeResolver& resolve_runtime);
+                        const RuntimeResolver& resolve_runtime,
+                        const ContextLengthResolver& context_length = {});
 
 }  // namespace flotilla::control

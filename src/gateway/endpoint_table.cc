@@ -62,10 +62,13 @@ Result<EndpointTable> read_table(const YAML::Node& root) {
     for (size_t v = 0; v < versions.size(); ++v) {
       const std::string vwhere = where + ".versions[" + std::to_string(v) + "]";
       const YAML::Node version = versions[v];
-      FLOTILLA_RETURN_IF_ERROR(check_keys(version, {"name", "traffic", "replicas"}, vwhere));
+      FLOTILLA_RETURN_IF_ERROR(
+          check_keys(version, {"name", "traffic", "replicas", "runtime", "max_model_len"}, vwhere));
       VersionEntry ventry;
       ventry.name = version["name"] ? version["name"].as<std::string>() : "";
       ventry.traffic = version["traffic"] ? version["traffic"].as<int64_t>() : 100;
+      ventry.runtime = version["runtime"] ? version["runtime"].as<std::string>() : "";
+      ventry.max_model_len = version["max_model_len"] ? version["max_model_len"].as<int64_t>() : 0;
       const YAML::Node replicas = version["replicas"];
       if (replicas && !replicas.IsSequence()) {
         return invalid_argument(vwhere + ".replicas: must be a list");
@@ -134,6 +137,9 @@ Status validate_endpoint_table(const EndpointTable& table) {
         return invalid_argument(vwhere + ".traffic: must be a percentage in [0, 100]");
       }
       traffic += version.traffic;
+      if (version.max_model_len < 0) {
+        return invalid_argument(vwhere + ".max_model_len: must be >= 0 (0: unknown)");
+      }
       for (size_t r = 0; r < version.replicas.size(); ++r) {
         const ReplicaEntry& replica = version.replicas[r];
         const std::string rwhere = vwhere + ".replicas[" + std::to_string(r) + "]";

@@ -74,6 +74,12 @@ struct VersionEntry {
   std::string name;
   int64_t traffic = 0;  // percent; an endpoint's versions sum to 100
   std::vector<ReplicaEntry> replicas;
+  // What the version's replicas run ("llm", "xgboost", "synthetic"; "" unknown): only "llm"
+  // versions make an endpoint a generative model in `GET /v1/models`.
+  std::string runtime;
+  // The context length of an "llm" version's model (prompt plus generated tokens), shown as
+  // `max_model_len` by `GET /v1/models`; 0 unknown.
+  int64_t max_model_len = 0;
   bool operator==(const VersionEntry&) const = default;
 };
 
@@ -140,6 +146,23 @@ class AdmissionQueue {
     return item;
   }
 
+  // The oldest waiting item for which `accepts(item)` holds (a slot on a replica that some
+  // waiters must not be sent to again); the others keep their places. nullopt when none.
+  template <typename Predicate>
+  std::optional<T> pop_first(Predicate&& accepts) {
+    for (auto it = entries_.begin(); it != entries_.end(); ++it) {
+      if (accepts(std::as_const(it->item))) {
+        T item = std::move(it->item);
+        entries_.erase(it);
+        return item;
+      }
+    }
+    return std::nullopt;
+  }
+
+  // The oldest waiting item, left in place; null when empty.
+  const T* front() const { return entries_.empty() ? nullptr : &entries_.front().item; }
+
   // Removes the entry equal to `item` (a waiter that left); false when it is not queued.
   bool remove(const T& item) {
     for (auto it = entries_.begin(); it != entries_.end(); ++it) {
@@ -186,29 +209,78 @@ class AdmissionQueue {
 // ---- Routing: which endpoint a request is for, and where it goes on the replica ---------------
 
 enum class RouteKind {
-  kInvocations,  // /serving-endpoints/{endpoint}/invocations → /invocations
-  kOip,          // /v2/models/{endpoint}[/...] → the same path
-  kOpenAi,       // /v1/completions, /v1/chat/completions; endpoint from the body's "model"
-  kCatchAll,     // any other path, to the default endpoint when one is set
-  kListModels,   // GET /v1/models
-  kHealth,       // /v2/health/live, /v2/health/ready
-  kMetrics,      // /metrics
-  kStats,        // /gateway/stats
+  kInvocations,     // POST /serving-endpoints/{endpoint}/invocations → /invocations
+  kOip,             // /v2/models/{endpoint}[/versions/{v}][/...] → /v2/models/{endpoint}[/...]
+  kOpenAi,          // POST /v1/completions, /v1/chat/completions; endpoint from the body's "model"
+  kCatchAll,        // any other path, to the default endpoint when one is set
+  kListModels,      // GET /v1/models
+  kModel,           // GET /v1/models/{endpoint}, answered by the gateway
+  kServerMetadata,  // GET /v2 (OIP server metadata), answered by the gateway
+  kHealth,          // /v2/health/live, /v2/health/ready
+  kMetrics,         // /metrics
+  kStats,           // /gateway/stats
   kNotFound,
-  kBadRequest,  // an OpenAI body without a string "model"
+  kBadRequest,        // an OpenAI body without a string "model"
+  kMethodNotAllowed,  // a known route with the wrong method; `allow` lists the right ones
 };
 
 struct Route {
   RouteKind kind = RouteKind::kNotFound;
   std::string endpoint;
+  // For an OIP version path (/v2/models/{e}/versions/{v}[/...]): the version whose replicas
+  // alone may serve it, ignoring traffic weights; empty otherwise. The upstream target drops
+  // the version segment, so the replica's own version check cannot disagree with the table.
+  std::string version;
   std::string upstream_target;  // path and query to send to the replica
   std::string error;            // for kBadRequest
+  std::string_view allow;       // for kMethodNotAllowed: the Allow header ("POST")
 };
 
 // Classifies a request. `default_endpoint` (may be empty) receives paths no route claims.
-// Pure; the body is only scanned for the top-level "model" field of OpenAI routes.
+// Pure; the body is only scanned for the top-level "model" field of OpenAI routes. Any bytes
+// are accepted (invalid UTF-8 included); names are taken as sent.
 Route route_request(http::Method method, std::string_view target, std::string_view body,
                     std::string_view default_endpoint);
+
+// ---- The gateway's own errors, in the protocol of the route they answer ------------------------
+
+enum class ErrorShape {
+  kPlain,   // {"error": "..."}: OIP's shape (/v2/*), also for the gateway's own and unknown routes
+  kOpenAi,  // /v1/*: {"error": {"message", "type", "param", "code"}}
+  kMlflow,  // /serving-endpoints/*: {"error_code": "RESOURCE_DOES_NOT_EXIST", "message"}
+};
+
+// The shape of the errors answered to a request for `target` (path and query).
+ErrorShape error_shape_for(std::string_view target);
+
+// The JSON body of an error answered with `status`. `message` may hold any bytes (a path as
+// sent): invalid UTF-8 becomes U+FFFD, so the body is always valid JSON. OpenAI's `type` and
+// `code` and MLflow's `error_code` follow from the status (docs/gateway.md lists them);
+// `param` names an OpenAI request field when not empty. Pure; never throws.
+std::string error_body(ErrorShape shape, int status, std::string_view message,
+                       std::string_view param = {});
+
+// ---- Retries ------------------------------------------------------------------------------------
+
+// One failed attempt of a proxied request, as the gateway sees it.
+struct FailedAttempt {
+  http::UpstreamFailure failure = http::UpstreamFailure::kNone;
+  bool request_kept = false;  // the pool handed the request back (ClientResponse::unsent)
+  bool client_gone = false;
+  int attempts = 0;  // attempts made so far, this one included
+};
+
+// Attempts a request may make: enough for a replica that dies to be ejected and the request to
+// reach its replacement; few enough that a request that kills every replica it meets stops.
+inline constexpr int kMaxAttempts = 5;
+
+// Whether to send a failed request again, on another eligible replica or, when there is none,
+// after waiting in the endpoint's admission queue (with the cold-start deadline when no
+// replica at all is eligible): yes when no byte of the response reached the client (connect
+// failures, a reset or close before or during a response the gateway had not passed on), the
+// request is still at hand, its client is there and it has attempts left. A timeout is
+// answered 504, a malformed response 502 and a broken stream is cut: none is retried. Pure.
+bool should_retry(const FailedAttempt& attempt);
 
 // ---- The gateway server ------------------------------------------------------------------------
 

@@ -48,10 +48,11 @@ double seconds_between(TimePoint from, TimePoint to) {
   return std::chrono::duration<double>(to - from).count();
 }
 
-http::Response json_error(int status, std::string_view message) {
+http::Response error_response(ErrorShape shape, int status, std::string_view message,
+                              std::string_view param = {}) {
   http::Response response;
   response.status = status;
-  response.body = nlohmann::json{{"error", message}}.dump();
+  response.body = error_body(shape, status, message, param);
   return response;
 }
 
@@ -257,6 +258,10 @@ struct EndpointView {
   std::shared_ptr<EndpointRuntime> runtime;
   std::vector<VersionView> versions;
   std::vector<int64_t> weights;
+  // An endpoint with an "llm" version is a generative model (`GET /v1/models`); its
+  // max_model_len is the smallest known one of those versions (a request may reach any).
+  bool generative = false;
+  int64_t max_model_len = 0;
 };
 
 struct Snapshot {
@@ -300,9 +305,18 @@ struct ProxyCall : std::enable_shared_from_this<ProxyCall> {
   const EndpointView* view = nullptr;
   std::shared_ptr<EndpointRuntime> endpoint;
   std::shared_ptr<ReplicaRuntime> replica;
-  const ReplicaRuntime* excluded = nullptr;  // the replica that failed the first attempt
+  // The replica that failed the last attempt: a retry goes elsewhere, and a queued retry is
+  // not handed a slot there (the call's `replica` keeps it alive, so the address is unique).
+  const ReplicaRuntime* excluded = nullptr;
+  std::string version;  // for an OIP version path: only this version's replicas serve it
+  ErrorShape shape = ErrorShape::kPlain;
   http::ClientPool::CallHandle handle;
   std::atomic<CallState> state{CallState::kNew};
+
+  // Whether a slot on `candidate` may serve this call (the queue's dispatch asks).
+  bool accepts(const ReplicaRuntime& candidate) const {
+    return &candidate != excluded && (version.empty() || candidate.version == version);
+  }
   bool cold = false;  // queued for lack of any ready replica
   bool watching = false;
   bool client_gone = false;
@@ -334,12 +348,14 @@ struct WorkerState {
 std::string_view open_route_name(RouteKind kind) {
   switch (kind) {
     case RouteKind::kHealth:
+    case RouteKind::kServerMetadata:
       return "health";
     case RouteKind::kMetrics:
       return "metrics";
     case RouteKind::kStats:
       return "stats";
     case RouteKind::kListModels:
+    case RouteKind::kModel:
       return "models";
     default:
       return "";
@@ -457,14 +473,18 @@ class GatewayImpl final : public Gateway {
 
   // The request path; public for the callbacks that reach it through ProxyCall::gateway.
   void handle(http::Request&& request, http::Responder&& responder);
-  void answer_local(RouteKind kind, const http::Request& request, const Snapshot& snapshot,
-                    http::Responder&& responder);
+  void answer_local(const Route& route, const http::Request& request, const Snapshot& snapshot,
+                    ErrorShape shape, const std::string& request_id, http::Responder&& responder);
   WorkerState& worker();
   const std::shared_ptr<const Snapshot>& current_snapshot(WorkerState& worker);
 
   void admit(const std::shared_ptr<ProxyCall>& call);
+  // A slot on an eligible replica of `view` other than `excluded`, of the version named
+  // `version` (ignoring weights) when not empty, else of a version drawn by weight; null when
+  // none has room.
   std::shared_ptr<ReplicaRuntime> acquire(const EndpointView& view, Balancer& balancer,
-                                          Random& random, const ReplicaRuntime* excluded);
+                                          Random& random, const ReplicaRuntime* excluded,
+                                          std::string_view version);
   void enqueue(const std::shared_ptr<ProxyCall>& call);
   void dispatch_waiting(EndpointRuntime& endpoint, Balancer& balancer, Random& random);
   void expire_waiting(const std::shared_ptr<EndpointRuntime>& endpoint);
@@ -573,6 +593,13 @@ void GatewayImpl::publish_locked() {
       VersionView& version_view = view->versions.emplace_back();
       version_view.name = version.name;
       view->weights.push_back(version.traffic);
+      if (version.runtime == "llm") {
+        view->generative = true;
+        if (version.max_model_len > 0 &&
+            (view->max_model_len == 0 || version.max_model_len < view->max_model_len)) {
+          view->max_model_len = version.max_model_len;
+        }
+      }
       for (const ReplicaEntry& replica : version.replicas) {
         const std::string key = version.name + "/" + replica.id + "@" + replica.host + ":" +
                                 std::to_string(replica.port);
@@ -630,7 +657,9 @@ void GatewayImpl::publish_locked() {
       CallState expected = CallState::kQueued;
       if (call->state.compare_exchange_strong(expected, CallState::kExpired)) {
         call->loop.post([this, call] {
-          respond(*call, json_error(404, "endpoint '" + call->endpoint->name + "' was removed"));
+          respond(*call,
+                  error_response(call->shape, 404,
+                                 "endpoint '" + call->endpoint->name + "' was removed", "model"));
         });
       }
     }
@@ -652,37 +681,78 @@ void GatewayImpl::publish_locked() {
 // ---- The request path
 // ----------------------------------------------------------------------------
 
+// The client's X-Request-Id when it is a valid one, else a fresh one.
+void assign_request_id(const http::Request& request, Random& random, std::string& out) {
+  const std::string_view client_id = http::find_header(request.headers, "x-request-id");
+  if (valid_request_id(client_id)) {
+    out = std::string(client_id);
+    return;
+  }
+  // 15 base-32 digits (75 random bits), by hand: snprintf cost 0.4% of the gateway's CPU.
+  // 15 characters fit in std::string's own buffer, so the three copies (the call's, the
+  // replica's header, the client's header) cost no allocation.
+  static constexpr char kDigits[] = "0123456789abcdefghijklmnopqrstuv";
+  out.resize(15);
+  uint64_t bits = 0;
+  for (size_t i = 0; i < 15; ++i, bits >>= 5) {
+    if (i % 12 == 0) {
+      bits = random.next();  // 12 digits of 5 bits a draw
+    }
+    out[i] = kDigits[bits & 0x1f];
+  }
+}
+
 void GatewayImpl::handle(http::Request&& request, http::Responder&& responder) {
   WorkerState& state = worker();
   const std::shared_ptr<const Snapshot>& snapshot = current_snapshot(state);
   Route route =
       route_request(request.method, request.target, request.body, options_.default_endpoint);
   const std::string_view authorization = http::find_header(request.headers, "authorization");
+  std::string request_id;
+  assign_request_id(request, *state.random, request_id);
+  const ErrorShape shape = error_shape_for(request.target);
+  // The gateway's own refusals: counted as unrouted, in the route's protocol shape.
+  const auto refuse = [&](int status, std::string_view message, std::string_view param = {},
+                          std::string_view allow = {}) {
+    unrouted_.inc(status);
+    http::Response response = error_response(shape, status, message, param);
+    response.headers.emplace_back("X-Request-Id", request_id);
+    if (!allow.empty()) {
+      response.headers.emplace_back("Allow", std::string(allow));
+    }
+    responder.send(std::move(response));
+  };
 
   switch (route.kind) {
     case RouteKind::kHealth:
     case RouteKind::kMetrics:
     case RouteKind::kStats:
-    case RouteKind::kListModels: {
+    case RouteKind::kListModels:
+    case RouteKind::kModel:
+    case RouteKind::kServerMetadata: {
       if (!snapshot->is_open(open_route_name(route.kind))) {
         const AuthResult result = snapshot->auth->check(authorization, "");
         if (result != AuthResult::kAllowed) {
-          unrouted_.inc(401);
-          responder.send(json_error(401, result == AuthResult::kMissing ? "missing bearer token"
-                                                                        : "invalid bearer token"));
+          refuse(401,
+                 result == AuthResult::kMissing ? "missing bearer token" : "invalid bearer token");
           return;
         }
       }
-      answer_local(route.kind, request, *snapshot, std::move(responder));
+      answer_local(route, request, *snapshot, shape, request_id, std::move(responder));
       return;
     }
     case RouteKind::kNotFound:
-      unrouted_.inc(404);
-      responder.send(json_error(404, "no route for " + request.target));
+      refuse(404, "no route for " + request.target);
       return;
     case RouteKind::kBadRequest:
-      unrouted_.inc(400);
-      responder.send(json_error(400, route.error));
+      refuse(400, route.error, "model");
+      return;
+    case RouteKind::kMethodNotAllowed:
+      refuse(405,
+             std::string("method ") + std::string(http::method_name(request.method)) +
+                 " is not allowed on " + request.target + " (allowed: " + std::string(route.allow) +
+                 ")",
+             {}, route.allow);
       return;
     default:
       break;
@@ -691,25 +761,28 @@ void GatewayImpl::handle(http::Request&& request, http::Responder&& responder) {
   if (snapshot->auth_enabled) {
     const AuthResult result = snapshot->auth->check(authorization, route.endpoint);
     if (result != AuthResult::kAllowed) {
-      const int status = result == AuthResult::kForbidden ? 403 : 401;
-      unrouted_.inc(status);
-      responder.send(
-          json_error(status, result == AuthResult::kForbidden
-                                 ? "the token may not call endpoint '" + route.endpoint + "'"
-                                 : (result == AuthResult::kMissing ? "missing bearer token"
-                                                                   : "invalid bearer token")));
+      refuse(
+          result == AuthResult::kForbidden ? 403 : 401,
+          result == AuthResult::kForbidden
+              ? "the token may not call endpoint '" + route.endpoint + "'"
+              : (result == AuthResult::kMissing ? "missing bearer token" : "invalid bearer token"));
       return;
     }
   }
   const EndpointView* view = snapshot->find(route.endpoint);
   if (view == nullptr) {
-    unrouted_.inc(404);
-    responder.send(json_error(404, "endpoint '" + route.endpoint + "' not found"));
+    refuse(404, "endpoint '" + route.endpoint + "' not found", "model");
+    return;
+  }
+  if (!route.version.empty() && std::none_of(view->versions.begin(), view->versions.end(),
+                                             [&route](const VersionView& version) {
+                                               return version.name == route.version;
+                                             })) {
+    refuse(404, "model '" + route.endpoint + "' has no version '" + route.version + "'");
     return;
   }
   if (request.method == http::Method::kOther) {
-    unrouted_.inc(405);
-    responder.send(json_error(405, "method not allowed"));
+    refuse(405, "method not allowed", {}, "GET, HEAD, POST, PUT, DELETE");
     return;
   }
 
@@ -721,23 +794,9 @@ void GatewayImpl::handle(http::Request&& request, http::Responder&& responder) {
   call->snapshot = snapshot;
   call->view = view;
   call->endpoint = view->runtime;
-  const std::string_view client_id = http::find_header(request.headers, "x-request-id");
-  if (valid_request_id(client_id)) {
-    call->request_id = std::string(client_id);
-  } else {
-    // 15 base-32 digits (75 random bits), by hand: snprintf cost 0.4% of the gateway's CPU.
-    // 15 characters fit in std::string's own buffer, so the three copies (the call's, the
-    // replica's header, the client's header) cost no allocation.
-    static constexpr char kDigits[] = "0123456789abcdefghijklmnopqrstuv";
-    call->request_id.resize(15);
-    uint64_t bits = 0;
-    for (size_t i = 0; i < 15; ++i, bits >>= 5) {
-      if (i % 12 == 0) {
-        bits = state.random->next();  // 12 digits of 5 bits a draw
-      }
-      call->request_id[i] = kDigits[bits & 0x1f];
-    }
-  }
+  call->request_id = std::move(request_id);
+  call->version = std::move(route.version);
+  call->shape = shape;
   http::ClientRequest& upstream = call->request;
   upstream.method = request.method;
   upstream.target = std::move(route.upstream_target);
@@ -764,7 +823,8 @@ void GatewayImpl::handle(http::Request&& request, http::Responder&& responder) {
 
 void GatewayImpl::admit(const std::shared_ptr<ProxyCall>& call) {
   WorkerState& state = worker();
-  auto replica = acquire(*call->view, *state.balancer, *state.random, call->excluded);
+  auto replica =
+      acquire(*call->view, *state.balancer, *state.random, call->excluded, call->version);
   if (replica) {
     forward(call, std::move(replica));
     return;
@@ -773,16 +833,27 @@ void GatewayImpl::admit(const std::shared_ptr<ProxyCall>& call) {
 }
 
 std::shared_ptr<ReplicaRuntime> GatewayImpl::acquire(const EndpointView& view, Balancer& balancer,
-                                                     Random& random,
-                                                     const ReplicaRuntime* excluded) {
+                                                     Random& random, const ReplicaRuntime* excluded,
+                                                     std::string_view version) {
   thread_local std::vector<Candidate> candidates;
-  const auto first = pick_by_weight(view.weights, random);
+  std::optional<size_t> first;
+  if (version.empty()) {
+    first = pick_by_weight(view.weights, random);
+  } else {
+    for (size_t v = 0; v < view.versions.size() && !first; ++v) {
+      if (view.versions[v].name == version) {
+        first = v;
+      }
+    }
+  }
   if (!first) {
     return nullptr;
   }
   // The version drawn by weight first; when it has no room, the others in order, so a full
-  // version does not make requests wait while another has capacity.
-  for (size_t n = 0; n < view.versions.size(); ++n) {
+  // version does not make requests wait while another has capacity. A version path stays on
+  // its version.
+  const size_t versions = version.empty() ? view.versions.size() : 1;
+  for (size_t n = 0; n < versions; ++n) {
     const size_t v = (*first + n) % view.versions.size();
     if (n > 0 && view.weights[v] <= 0) {
       continue;
@@ -810,10 +881,12 @@ std::shared_ptr<ReplicaRuntime> GatewayImpl::acquire(const EndpointView& view, B
 
 void GatewayImpl::enqueue(const std::shared_ptr<ProxyCall>& call) {
   EndpointRuntime& endpoint = *call->endpoint;
+  // Cold: no replica that could serve the call is eligible (scale from zero, every replica
+  // ejected or starting, or the only one just failed it): wait as long as a cold start takes.
   bool any_eligible = false;
   for (const auto& version : call->view->versions) {
     for (const auto& replica : version.replicas) {
-      any_eligible = any_eligible || replica->eligible();
+      any_eligible = any_eligible || (replica->eligible() && call->accepts(*replica));
     }
   }
   call->cold = !any_eligible;
@@ -836,8 +909,8 @@ void GatewayImpl::enqueue(const std::shared_ptr<ProxyCall>& call) {
   if (full) {
     call->state.store(CallState::kExpired);
     endpoint.rejected.fetch_add(1, std::memory_order_relaxed);
-    http::Response response =
-        json_error(429, "endpoint '" + endpoint.name + "' is at capacity and its queue is full");
+    http::Response response = error_response(
+        call->shape, 429, "endpoint '" + endpoint.name + "' is at capacity and its queue is full");
     response.headers.emplace_back("Retry-After", "1");
     respond(*call, std::move(response));
     return;
@@ -863,25 +936,41 @@ void GatewayImpl::enqueue(const std::shared_ptr<ProxyCall>& call) {
 }
 
 // Hands free slots to the oldest waiters: take a slot first, then a waiter, so a slot is never
-// promised to a waiter that then finds none (and a waiter never sees a slot vanish).
+// promised to a waiter that then finds none (and a waiter never sees a slot vanish). The slot is
+// sought for what the oldest waiter needs (its version; not the replica that failed it); a
+// waiter that cannot use the slot keeps its place and the next one that can takes it.
 void GatewayImpl::dispatch_waiting(EndpointRuntime& endpoint, Balancer& balancer, Random& random) {
+  int misses = 0;
   while (endpoint.queued.load() > 0) {
     std::shared_ptr<const EndpointView> view;
+    const ReplicaRuntime* excluded = nullptr;
+    std::string version;
     {
       std::lock_guard lock(endpoint.mutex);
       view = endpoint.view.lock();
+      if (const auto* front = endpoint.queue.front(); front != nullptr) {
+        excluded = (*front)->excluded;
+        version = (*front)->version;
+      }
     }
     if (!view || endpoint.removed.load()) {
       return;
     }
-    auto replica = acquire(*view, balancer, random, nullptr);
+    auto replica = acquire(*view, balancer, random, excluded, version);
+    if (!replica && (excluded != nullptr || !version.empty())) {
+      replica = acquire(*view, balancer, random, nullptr, {});  // for a waiter further back
+    }
     if (!replica) {
       return;
     }
     std::shared_ptr<ProxyCall> call;
     {
       std::lock_guard lock(endpoint.mutex);
-      while (auto next = endpoint.queue.pop()) {
+      const auto takes = [&replica](const std::shared_ptr<ProxyCall>& waiting) {
+        // Calls no longer queued (their client left) are dropped on the way.
+        return waiting->state.load() != CallState::kQueued || waiting->accepts(*replica);
+      };
+      while (auto next = endpoint.queue.pop_first(takes)) {
         endpoint.queued.fetch_sub(1);
         endpoint.queue_gauge.add(-1);
         CallState expected = CallState::kQueued;
@@ -892,7 +981,13 @@ void GatewayImpl::dispatch_waiting(EndpointRuntime& endpoint, Balancer& balancer
       }
     }
     if (!call) {
-      replica->release();  // the loop looks again: a push may have raced with this pop
+      // A push may have raced with this pop (its own dispatch found this slot taken): look
+      // again. When no waiter may use the replicas with room, a later release, table swap or
+      // probe dispatches them; stop after a few misses.
+      replica->release();
+      if (++misses > 2) {
+        return;
+      }
       continue;
     }
     call->loop.post([this, call, replica = std::move(replica)]() mutable {
@@ -919,12 +1014,14 @@ void GatewayImpl::expire_waiting(const std::shared_ptr<EndpointRuntime>& endpoin
       const auto waited = options_.queue_timeout.count();
       http::Response response =
           call->cold
-              ? json_error(503, "endpoint '" + call->endpoint->name +
-                                    "' has no ready replica; none became ready within " +
-                                    std::to_string(options_.cold_start_timeout.count()) + " ms")
-              : json_error(429, "endpoint '" + call->endpoint->name +
-                                    "' is at capacity; no replica was free within " +
-                                    std::to_string(waited) + " ms");
+              ? error_response(call->shape, 503,
+                               "endpoint '" + call->endpoint->name +
+                                   "' has no ready replica; none became ready within " +
+                                   std::to_string(options_.cold_start_timeout.count()) + " ms")
+              : error_response(call->shape, 429,
+                               "endpoint '" + call->endpoint->name +
+                                   "' is at capacity; no replica was free within " +
+                                   std::to_string(waited) + " ms");
       response.headers.emplace_back("Retry-After", "1");
       respond(*call, std::move(response));
     });
@@ -936,7 +1033,7 @@ void GatewayImpl::forward(const std::shared_ptr<ProxyCall>& call,
   if (call->client_gone) {
     replica->release();
     dispatch_waiting(*call->endpoint, *worker().balancer, *worker().random);
-    respond(*call, json_error(499, "client closed the connection"));
+    respond(*call, error_response(call->shape, 499, "client closed the connection"));
     return;
   }
   call->state.store(CallState::kDispatched);
@@ -1015,15 +1112,17 @@ void GatewayImpl::on_upstream(const std::shared_ptr<ProxyCall>& call,
     return;
   }
   if (response.failure == http::UpstreamFailure::kCancelled) {
-    respond(*call, json_error(499, "client closed the connection"));
+    respond(*call, error_response(call->shape, 499, "client closed the connection"));
     return;
   }
   record_failure(call->replica);
-  const bool retryable = response.failure == http::UpstreamFailure::kConnect ||
-                         response.failure == http::UpstreamFailure::kClosedBeforeResponse;
   spdlog::debug("request {}: replica {} of '{}' failed ({}): {}", call->request_id, replica.id,
                 replica.endpoint, http::failure_name(response.failure), response.error);
-  if (retryable && response.unsent && call->attempts == 1 && !call->client_gone) {
+  if (should_retry(FailedAttempt{response.failure, response.unsent.has_value(), call->client_gone,
+                                 call->attempts})) {
+    // Nothing reached the client: send it again, to another replica or, when none is
+    // eligible, after waiting in the queue for one (a replacement, a probe back, a drain's
+    // successor). Only the queue's deadline then ends it (503 or 429).
     call->endpoint->retries.inc();
     call->excluded = call->replica.get();
     call->request = std::move(*response.unsent);
@@ -1031,13 +1130,15 @@ void GatewayImpl::on_upstream(const std::shared_ptr<ProxyCall>& call,
     return;
   }
   if (response.failure == http::UpstreamFailure::kTimeout) {
-    respond(*call, json_error(504, "replica '" + replica.id + "' of endpoint '" + replica.endpoint +
-                                       "' did not respond within " +
-                                       std::to_string(options_.upstream_timeout.count()) + " ms"));
+    respond(*call, error_response(call->shape, 504,
+                                  "replica '" + replica.id + "' of endpoint '" + replica.endpoint +
+                                      "' did not respond within " +
+                                      std::to_string(options_.upstream_timeout.count()) + " ms"));
     return;
   }
-  respond(*call, json_error(502, "replica '" + replica.id + "' of endpoint '" + replica.endpoint +
-                                     "' failed: " + response.error));
+  respond(*call, error_response(call->shape, 502,
+                                "replica '" + replica.id + "' of endpoint '" + replica.endpoint +
+                                    "' failed: " + response.error));
 }
 
 void GatewayImpl::on_stream_head(ProxyCall& call, int status, std::string content_type,
@@ -1108,7 +1209,7 @@ void GatewayImpl::on_client_gone(const std::shared_ptr<ProxyCall>& call) {
         endpoint.queue_gauge.add(-1);
       }
     }
-    respond(*call, json_error(499, "client closed the connection"));
+    respond(*call, error_response(call->shape, 499, "client closed the connection"));
     return;
   }
   worker().pool->cancel(call->handle);
@@ -1213,6 +1314,12 @@ void GatewayImpl::probe_later(std::shared_ptr<ReplicaRuntime> replica,
                              replica->endpoint);
                 replica->consecutive_failures.store(0);
                 replica->ejected.store(false);
+                // Requests waiting for lack of an eligible replica may take it now.
+                WorkerState& state = worker();
+                const EndpointView* view = current_snapshot(state)->find(replica->endpoint);
+                if (view != nullptr && view->runtime->queued.load() > 0) {
+                  dispatch_waiting(*view->runtime, *state.balancer, *state.random);
+                }
                 return;
               }
               probe_later(replica, std::min(delay * 2, options_.max_ejection_time));
@@ -1222,10 +1329,27 @@ void GatewayImpl::probe_later(std::shared_ptr<ReplicaRuntime> replica,
 
 // ---- Local routes ------------------------------------------------------------------------------
 
-void GatewayImpl::answer_local(RouteKind kind, const http::Request& request,
-                               const Snapshot& snapshot, http::Responder&& responder) {
+// An OpenAI model object for a generative endpoint, as vLLM writes it (max_model_len added).
+nlohmann::json model_object(const std::string& name, const EndpointView& view) {
+  return {{"id", name},
+          {"object", "model"},
+          {"created", 0},
+          {"owned_by", "flotilla"},
+          {"max_model_len",
+           view.max_model_len > 0 ? nlohmann::json(view.max_model_len) : nlohmann::json(nullptr)}};
+}
+
+void GatewayImpl::answer_local(const Route& route, const http::Request& request,
+                               const Snapshot& snapshot, ErrorShape shape,
+                               const std::string& request_id, http::Responder&& responder) {
   http::Response response;
-  switch (kind) {
+  const std::string_view authorization = http::find_header(request.headers, "authorization");
+  // Whether the request's token may see endpoint `name` (a model listing shows only those).
+  const auto may_see = [&](const std::string& name) {
+    return !snapshot.auth_enabled || snapshot.is_open("models") ||
+           snapshot.auth->check(authorization, name) == AuthResult::kAllowed;
+  };
+  switch (route.kind) {
     case RouteKind::kHealth: {
       const bool ready = !server_->draining();
       const bool live_route = request.target.starts_with("/v2/health/live");
@@ -1234,22 +1358,34 @@ void GatewayImpl::answer_local(RouteKind kind, const http::Request& request,
           live_route ? R"({"live":true})" : (ready ? R"({"ready":true})" : R"({"ready":false})");
       break;
     }
+    case RouteKind::kServerMetadata:
+      // OIP server metadata: the replicas answer the same for their own /v2.
+      response.body = std::string(R"({"name":"flotilla","version":")") + FLOTILLA_VERSION +
+                      R"(","extensions":[]})";
+      break;
     case RouteKind::kMetrics:
       response.content_type = "text/plain; version=0.0.4; charset=utf-8";
       response.body = registry_.render();
       break;
     case RouteKind::kListModels: {
-      const std::string_view authorization = http::find_header(request.headers, "authorization");
       nlohmann::json data = nlohmann::json::array();
       for (const std::string& name : snapshot.names) {
-        if (snapshot.auth_enabled && !snapshot.is_open("models") &&
-            snapshot.auth->check(authorization, name) != AuthResult::kAllowed) {
-          continue;  // list only what the token may call
+        const EndpointView& view = *snapshot.find(name);
+        if (view.generative && may_see(name)) {
+          data.push_back(model_object(name, view));
         }
-        data.push_back(
-            {{"id", name}, {"object", "model"}, {"created", 0}, {"owned_by", "flotilla"}});
       }
       response.body = nlohmann::json{{"object", "list"}, {"data", data}}.dump();
+      break;
+    }
+    case RouteKind::kModel: {
+      const EndpointView* view = snapshot.find(route.endpoint);
+      if (view == nullptr || !view->generative || !may_see(route.endpoint)) {
+        response = error_response(shape, 404, "the model '" + route.endpoint + "' does not exist",
+                                  "model");
+        break;
+      }
+      response.body = model_object(route.endpoint, *view).dump();
       break;
     }
     case RouteKind::kStats: {
@@ -1288,9 +1424,10 @@ void GatewayImpl::answer_local(RouteKind kind, const http::Request& request,
       break;
     }
     default:
-      response = json_error(404, "no route");
+      response = error_response(shape, 404, "no route");
   }
   unrouted_.inc(response.status);
+  response.headers.emplace_back("X-Request-Id", request_id);
   responder.send(std::move(response));
 }
 

@@ -8,6 +8,8 @@ namespace {
 
 constexpr std::string_view kInvocationsPrefix = "/serving-endpoints/";
 constexpr std::string_view kOipPrefix = "/v2/models/";
+constexpr std::string_view kVersionsInfix = "/versions/";
+constexpr std::string_view kModelsPrefix = "/v1/models/";
 
 std::string_view path_of(std::string_view target) {
   const size_t query = target.find('?');
@@ -49,6 +51,12 @@ Route route_request(http::Method method, std::string_view target, std::string_vi
                     std::string_view default_endpoint) {
   Route route;
   const std::string_view path = path_of(target);
+  const auto not_allowed = [&route](std::string_view allow) {
+    route.kind = RouteKind::kMethodNotAllowed;
+    route.allow = allow;
+    return route;
+  };
+  const bool get = method == http::Method::kGet || method == http::Method::kHead;
   if (path == "/v2/health/live" || path == "/v2/health/ready") {
     route.kind = RouteKind::kHealth;
     return route;
@@ -61,14 +69,39 @@ Route route_request(http::Method method, std::string_view target, std::string_vi
     route.kind = RouteKind::kStats;
     return route;
   }
-  if (path == "/v1/models" && method == http::Method::kGet) {
+  if (path == "/v2" || path == "/v2/") {
+    if (!get) {
+      return not_allowed("GET, HEAD");
+    }
+    route.kind = RouteKind::kServerMetadata;
+    return route;
+  }
+  if (path == "/v1/models") {
+    if (!get) {
+      return not_allowed("GET, HEAD");
+    }
     route.kind = RouteKind::kListModels;
+    return route;
+  }
+  if (path.starts_with(kModelsPrefix)) {
+    const std::string_view name = path.substr(kModelsPrefix.size());
+    if (name.empty() || name.find('/') != std::string_view::npos) {
+      return route;  // kNotFound
+    }
+    if (!get) {
+      return not_allowed("GET, HEAD");
+    }
+    route.kind = RouteKind::kModel;
+    route.endpoint = std::string(name);
     return route;
   }
   if (path.starts_with(kInvocationsPrefix)) {
     const std::string_view rest = path.substr(kInvocationsPrefix.size());
     const size_t slash = rest.find('/');
     if (slash != std::string_view::npos && slash > 0 && rest.substr(slash) == "/invocations") {
+      if (method != http::Method::kPost) {
+        return not_allowed("POST");
+      }
       route.kind = RouteKind::kInvocations;
       route.endpoint = std::string(rest.substr(0, slash));
       route.upstream_target = "/invocations";
@@ -78,17 +111,42 @@ Route route_request(http::Method method, std::string_view target, std::string_vi
   }
   if (path.starts_with(kOipPrefix)) {
     const std::string_view rest = path.substr(kOipPrefix.size());
-    const std::string_view name = rest.substr(0, rest.find('/'));
-    if (!name.empty()) {
-      route.kind = RouteKind::kOip;
-      route.endpoint = std::string(name);
+    const size_t name_end = rest.find('/');
+    const std::string_view name = rest.substr(0, name_end);
+    if (name.empty()) {
+      return route;
+    }
+    std::string_view tail = name_end == std::string_view::npos ? "" : rest.substr(name_end);
+    std::string_view version;
+    if (tail.starts_with(kVersionsInfix)) {
+      version = tail.substr(kVersionsInfix.size());
+      const size_t version_end = version.find('/');
+      tail = version_end == std::string_view::npos ? "" : version.substr(version_end);
+      version = version.substr(0, version_end);
+      if (version.empty()) {
+        return route;
+      }
+    }
+    if (tail == "/infer" && method != http::Method::kPost) {
+      return not_allowed("POST");
+    }
+    route.kind = RouteKind::kOip;
+    route.endpoint = std::string(name);
+    if (version.empty()) {
       route.upstream_target = std::string(target);
+    } else {
+      route.version = std::string(version);
+      route.upstream_target.reserve(target.size());
+      route.upstream_target.append(kOipPrefix);
+      route.upstream_target.append(name);
+      route.upstream_target.append(tail);
+      route.upstream_target.append(target.substr(path.size()));  // the query, if any
     }
     return route;
   }
   if (path == "/v1/completions" || path == "/v1/chat/completions") {
     if (method != http::Method::kPost) {
-      return route;
+      return not_allowed("POST");
     }
     auto model = find_model(body);
     if (!model.is_ok()) {

@@ -520,7 +520,8 @@ void Connection::fail(UpstreamFailure failure, const std::string& error) {
   ClientResponse response;
   response.failure = failure;
   response.error = error;
-  if (failure == UpstreamFailure::kConnect || failure == UpstreamFailure::kClosedBeforeResponse) {
+  if (failure == UpstreamFailure::kConnect || failure == UpstreamFailure::kClosedBeforeResponse ||
+      failure == UpstreamFailure::kClosedDuringResponse) {
     response.unsent = std::move(request_);
   }
   finish(std::move(response), false);

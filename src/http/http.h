@@ -236,8 +236,9 @@ struct ClientResponse {
   Headers headers;
   std::string content_type;
   std::string body;
-  // The request, handed back when failure is kConnect or kClosedBeforeResponse so the caller
-  // can send it elsewhere. Optional: an empty one costs nothing to move.
+  // The request, handed back when failure is kConnect, kClosedBeforeResponse or
+  // kClosedDuringResponse (a whole response, none of it passed on) so the caller can send it
+  // elsewhere. Optional: an empty one costs nothing to move.
   std::optional<ClientRequest> unsent;
 };
 

@@ -22,6 +22,17 @@ Result<RuntimeKind> parse_runtime_kind(std::string_view name) {
                           "' (use auto, xgboost, llm or synthetic)");
 }
 
+Result<int64_t> llm_context_length(const std::string& model_path) {
+  const fs::path path = fs::path(model_path) / "config.json";
+  std::ifstream file(path);
+  if (!file) {
+    return not_found("cannot read '" + path.string() + "'");
+  }
+  const std::string text((std::istreambuf_iterator<char>(file)), std::istreambuf_iterator<char>());
+  FLOTILLA_ASSIGN_OR_RETURN(llm::ModelConfig config, llm::parse_model_config(text));
+  return int64_t{config.max_position};
+}
+
 Result<RuntimeKind> detect_runtime(const std::string& model_path) {
   std::error_code ec;
   if (!fs::exists(model_path, ec)) {

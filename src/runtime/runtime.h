@@ -116,6 +116,11 @@ class Runtime {
 // names a Llama-family architecture: llm. Never kSynthetic.
 Result<RuntimeKind> detect_runtime(const std::string& model_path);
 
+// The context length (prompt plus generated tokens) of the language model in directory
+// `model_path`, from its config.json: what its replicas report as `max_model_len`. Reads the
+// file; errors as parse_model_config's, kNotFound when there is no config.json.
+Result<int64_t> llm_context_length(const std::string& model_path);
+
 // Loads the model at `model_path`. Errors name the file and the problem (kNotFound for a
 // missing file, kInvalidArgument for an unreadable or invalid one).
 Result<std::unique_ptr<Runtime>> load_runtime(RuntimeKind kind, const std::string& model_path,

@@ -208,5 +208,23 @@ TEST(ReconcilerTest, TableValidatesForTheGateway) {
   EXPECT_TRUE(gateway::validate_endpoint_table(plan.table).is_ok());
 }
 
+// Issue 18 item 15: the gateway lists only generative endpoints in /v1/models, with their
+// max_model_len; the table carries both from the spec (runtime) and the model (context length).
+TEST(ReconcilerTest, TableCarriesRuntimeAndContextLengthOfLlmVersions) {
+  ServedModelSpec chat = served("chat", "/m/llama", 50);
+  chat.runtime = "llm";
+  const ServedModelSpec tree = served("tree", "/m/a.json", 50);
+  const auto context_length = [](const ServedModelSpec& spec) {
+    return spec.model == "/m/llama" ? int64_t{4096} : int64_t{-1};
+  };
+  const ReconcilePlan plan = reconcile({{endpoint({chat, tree}), std::nullopt, std::nullopt}}, {},
+                                       same_runtime, context_length);
+  ASSERT_EQ(plan.table.endpoints[0].versions.size(), 2u);
+  EXPECT_EQ(plan.table.endpoints[0].versions[0].runtime, "llm");
+  EXPECT_EQ(plan.table.endpoints[0].versions[0].max_model_len, 4096);
+  EXPECT_EQ(plan.table.endpoints[0].versions[1].runtime, "xgboost");
+  EXPECT_EQ(plan.table.endpoints[0].versions[1].max_model_len, 0);  // not asked for non-llm
+}
+
 }  // namespace
 }  // namespace flotilla::control

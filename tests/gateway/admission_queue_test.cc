@@ -77,5 +77,22 @@ TEST(AdmissionQueueTest, RemovesAWaiterThatLeftAndFreesItsPlace) {
   EXPECT_EQ(queue.pop(), std::nullopt);
 }
 
+// A slot on a replica some waiters must not use (it failed them, or is of another version) goes
+// to the oldest waiter that may use it; the others keep their places (issue 18 item 1).
+TEST(AdmissionQueueTest, PopFirstSkipsWaitersThatCannotTakeTheSlot) {
+  AdmissionQueue<int> queue(8);
+  for (int id = 1; id <= 4; ++id) {
+    EXPECT_EQ(queue.push(int{id}, at_ms(100)), std::nullopt);
+  }
+  EXPECT_EQ(*queue.front(), 1);
+  EXPECT_EQ(queue.pop_first([](int id) { return id % 2 == 0; }), 2);
+  EXPECT_EQ(queue.pop_first([](int id) { return id > 9; }), std::nullopt);
+  EXPECT_EQ(queue.size(), 3u);
+  EXPECT_EQ(queue.pop(), 1);
+  EXPECT_EQ(queue.pop(), 3);
+  EXPECT_EQ(queue.pop(), 4);
+  EXPECT_EQ(queue.front(), nullptr);
+}
+
 }  // namespace
 }  // namespace flotilla::gateway

@@ -88,5 +88,25 @@ TEST(EndpointTableTest, RejectsBadConfigsNamingTheField) {
   }
 }
 
+TEST(EndpointTableTest, VersionsMayNameTheirRuntimeAndContextLength) {
+  auto table = parse_endpoint_table_yaml(R"(
+endpoints:
+  - name: chat
+    versions:
+      - {name: v1, runtime: llm, max_model_len: 2048, replicas: []}
+)");
+  ASSERT_TRUE(table.is_ok()) << table.status().message();
+  EXPECT_EQ(table->endpoints[0].versions[0].runtime, "llm");
+  EXPECT_EQ(table->endpoints[0].versions[0].max_model_len, 2048);
+  auto bad = parse_endpoint_table_yaml(R"(
+endpoints:
+  - name: chat
+    versions:
+      - {name: v1, runtime: llm, max_model_len: -1}
+)");
+  ASSERT_FALSE(bad.is_ok());
+  EXPECT_THAT(bad.status().message(), HasSubstr("endpoints[0].versions[0].max_model_len"));
+}
+
 }  // namespace
 }  // namespace flotilla::gateway

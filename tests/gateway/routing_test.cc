@@ -62,8 +62,30 @@ INSTANTIATE_TEST_SUITE_P(
                   RouteKind::kBadRequest, "", ""},
         RouteCase{"ChatNotObject", Method::kPost, "/v1/chat/completions", "[]", "",
                   RouteKind::kBadRequest, "", ""},
-        RouteCase{"ChatGet", Method::kGet, "/v1/chat/completions", "", "", RouteKind::kNotFound, "",
+        RouteCase{"ChatGet", Method::kGet, "/v1/chat/completions", "", "",
+                  RouteKind::kMethodNotAllowed, "", ""},
+        RouteCase{"InvocationsGet", Method::kGet, "/serving-endpoints/fraud/invocations", "", "",
+                  RouteKind::kMethodNotAllowed, "", ""},
+        RouteCase{"OipInferGet", Method::kGet, "/v2/models/fraud/infer", "", "",
+                  RouteKind::kMethodNotAllowed, "", ""},
+        RouteCase{"ListModelsPost", Method::kPost, "/v1/models", "", "",
+                  RouteKind::kMethodNotAllowed, "", ""},
+        RouteCase{"Model", Method::kGet, "/v1/models/llm", "", "", RouteKind::kModel, "llm", ""},
+        RouteCase{"ModelNested", Method::kGet, "/v1/models/a/b", "", "", RouteKind::kNotFound, "",
                   ""},
+        RouteCase{"ServerMetadata", Method::kGet, "/v2", "", "", RouteKind::kServerMetadata, "",
+                  ""},
+        RouteCase{"OipVersionInfer", Method::kPost, "/v2/models/fraud/versions/v2/infer?q=1", "",
+                  "", RouteKind::kOip, "fraud", "/v2/models/fraud/infer?q=1"},
+        RouteCase{"OipVersionMetadata", Method::kGet, "/v2/models/fraud/versions/v2", "", "",
+                  RouteKind::kOip, "fraud", "/v2/models/fraud"},
+        RouteCase{"OipVersionReady", Method::kGet, "/v2/models/fraud/versions/v2/ready", "", "",
+                  RouteKind::kOip, "fraud", "/v2/models/fraud/ready"},
+        RouteCase{"OipVersionEmpty", Method::kGet, "/v2/models/fraud/versions//ready", "", "",
+                  RouteKind::kNotFound, "", ""},
+        RouteCase{"InvalidUtf8Path", Method::kGet, "/\xff", "", "", RouteKind::kNotFound, "", ""},
+        RouteCase{"InvalidUtf8Endpoint", Method::kPost, "/serving-endpoints/\xff/invocations", "",
+                  "", RouteKind::kInvocations, "\xff", "/invocations"},
         RouteCase{"ListModels", Method::kGet, "/v1/models", "", "", RouteKind::kListModels, "", ""},
         RouteCase{"Live", Method::kGet, "/v2/health/live", "", "", RouteKind::kHealth, "", ""},
         RouteCase{"Ready", Method::kGet, "/v2/health/ready", "", "", RouteKind::kHealth, "", ""},
@@ -75,6 +97,17 @@ INSTANTIATE_TEST_SUITE_P(
         RouteCase{"CatchAllDoesNotTakeMetrics", Method::kGet, "/metrics", "", "default",
                   RouteKind::kMetrics, "", ""}),
     [](const ::testing::TestParamInfo<RouteCase>& info) { return info.param.name; });
+
+TEST(RouteRequestTest, VersionPathNamesTheVersion) {
+  EXPECT_EQ(route_request(Method::kPost, "/v2/models/fraud/versions/v2/infer", "", "").version,
+            "v2");
+  EXPECT_EQ(route_request(Method::kPost, "/v2/models/fraud/infer", "", "").version, "");
+}
+
+TEST(RouteRequestTest, MethodNotAllowedSaysWhatIs) {
+  EXPECT_EQ(route_request(Method::kGet, "/v1/completions", "", "").allow, "POST");
+  EXPECT_EQ(route_request(Method::kPost, "/v1/models/x", "", "").allow, "GET, HEAD");
+}
 
 TEST(RouteRequestTest, BadRequestSaysWhy) {
   const Route route = route_request(Method::kPost, "/v1/completions", R"({"prompt":"x"})", "");

@@ -644,7 +644,8 @@ class ControlTestCase(unittest.TestCase):
         return j
 
     def assertGatewayError(self, r, status):
-        return harness.assert_json_error(self, r, status)
+        """The gateway's own error in its route's shape; returns the message."""
+        return harness.assert_gateway_error(self, r, status)
 
     def assertNoFailures(self, load, what):
         self.assertEqual(load.failures, [],
@@ -2015,8 +2016,61 @@ class Autoscaling(ControlTestCase):
         up.create(spec(name, served("v1", broken, runtime="synthetic",
                                     concurrency={"min": 0, "max": 8}, scale_to_zero=True)))
         r = up.gw("POST", f"/serving-endpoints/{name}/invocations", {"instances": [[1.0]]})
-        self.assertGatewayError(r, 503)
-        self.assertIn(name, r.json()["error"])
+        self.assertIn(name, self.assertGatewayError(r, 503))
+
+
+
+# =========================================================================== issue 18
+
+class GatewayIssue18(ControlTestCase):
+    """Issue 18 at the gateway of `flotilla up`. Item 1: kill -9 of the only replica of an
+    endpoint under load; the requests it held and those arriving before its replacement is
+    ready wait in the gateway (retried, then queued with the cold-start deadline) instead of
+    failing with 502. Item 6: invalid UTF-8 in the target on the API and gateway ports."""
+
+    def test_sole_replica_killed_under_load_no_request_fails(self):
+        up, name = self.start_up_for_test(), "sole"
+        s = spec(name, served("v1", CLASSIFIER, concurrency={"min": 1, "max": 8}))
+        up.create(s)
+        view = up.wait_serving(name, s)
+        pids = ready_replicas(view)
+        self.assertEqual(len(pids), 1, view["replicas"])
+        (victim_id, victim_pid), = pids.items()
+        load = Load(up, name, threads=8, deadline_s=30).start()
+        self.addCleanup(load.stop)
+        load.wait_for(lambda ld: ld.count() >= 200, "load running")
+        ticks = harness.process_start_ticks(victim_pid)
+        self.assertTrue(harness.signal_alive(victim_pid, signal.SIGKILL, ticks))
+
+        def replaced(v):
+            return any(r["state"] == "ready" and r["id"] != victim_id for r in v["replicas"])
+        up.wait_view(name, replaced, "a replacement replica ready", deadline_s=10)
+        seen = load.count()
+        load.wait_for(lambda ld: ld.count() >= seen + 300, "load on the replacement")
+        load.stop()
+        self.assertNoFailures(load, "kill -9 of the sole replica")
+        up.delete(name)
+
+    def test_invalid_utf8_in_the_target_is_a_json_error_on_both_ports(self):
+        # issue 18 item 6: the gateway answered these 500 "request handler threw"
+        up = self.start_up_for_test()
+        for port, path in ((up.api_port, b"/\xff"),
+                           (up.api_port, b"/api/2.0/serving-endpoints/\xff"),
+                           (up.api_port, b"/api/2.0/serving-endpoints/\xff/events"),
+                           (up.gateway_port, b"/\xff"),
+                           (up.gateway_port, b"/serving-endpoints/\xff/invocations"),
+                           (up.gateway_port, b"/v2/models/\xff/infer")):
+            with self.subTest(port=port, path=path):
+                c = harness.RawConn(port)
+                try:
+                    c.send(b"POST " + path + b" HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n"
+                           b"Authorization: Bearer " + up.token.encode() + b"\r\n\r\n{}")
+                    r = c.read_response()
+                finally:
+                    c.close()
+                self.assertIn(r.status, (400, 404, 405), r)
+                self.assertIsInstance(r.json(), dict, r)  # valid JSON, hence valid UTF-8
+        self.assertNotIn("request handler threw", up.stderr())
 
 
 

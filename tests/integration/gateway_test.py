@@ -146,8 +146,13 @@ def rep(rid, server, cap=None, state=None):
     return entry
 
 
-def ver(name, replicas, traffic=100):
-    return {"name": name, "traffic": traffic, "replicas": replicas}
+def ver(name, replicas, traffic=100, runtime=None, max_model_len=None):
+    v = {"name": name, "traffic": traffic, "replicas": replicas}
+    if runtime is not None:
+        v["runtime"] = runtime
+    if max_model_len is not None:
+        v["max_model_len"] = max_model_len
+    return v
 
 
 def config_yaml(endpoints, token_records=(), open_routes=None):
@@ -159,8 +164,10 @@ def config_yaml(endpoints, token_records=(), open_routes=None):
         lines += [f"  - name: {json.dumps(name)}", "    versions:"]
         for v in versions:
             lines += [f"      - name: {json.dumps(v['name'])}",
-                      f"        traffic: {v['traffic']}",
-                      "        replicas:"]
+                      f"        traffic: {v['traffic']}"]
+            lines += [f"        {k}: {json.dumps(v[k])}" for k in ("runtime", "max_model_len")
+                      if k in v]
+            lines += ["        replicas:"]
             lines += [f"          - {json.dumps(r)}" for r in v["replicas"]]
     if token_records or open_routes is not None:
         lines += ["auth:", "  tokens:"]
@@ -369,8 +376,9 @@ class Load:
 class GatewayTestCase(unittest.TestCase):
     maxDiff = 4000
 
-    def assertJsonError(self, r, status):
-        return harness.assert_json_error(self, r, status)
+    def assertJsonError(self, r, status, shape=None, request_id=True):
+        """One of the gateway's own errors, in its route's shape (any shape when None)."""
+        return harness.assert_gateway_error(self, r, status, shape, request_id)
 
     def assertOk(self, r):
         self.assertEqual(r.status, 200, r)
@@ -402,7 +410,7 @@ class Routing(GatewayTestCase):
         cls.echo = start_echo(cls, cls_level=True)
         cls.gw = Gateway(cls, config_yaml({
             "fraud": [ver("v1", [rep("r1", cls.replica)])],
-            "llm": [ver("v1", [rep("e1", cls.echo)])],
+            "llm": [ver("v1", [rep("e1", cls.echo)], runtime="llm", max_model_len=2048)],
         }), cls_level=True)
 
     def test_invocations_route_to_replica_invocations(self):
@@ -421,7 +429,7 @@ class Routing(GatewayTestCase):
         self.assertEqual(j.get("model_name"), "fraud", j)
         self.assertEqual(j.get("id"), "q7", j)
         self.assertEqual(j["outputs"][0]["shape"], [3], j)
-        self.assertEqual(self.gw.req("POST", "/v2/models/fraud/versions/1/infer",
+        self.assertEqual(self.gw.req("POST", "/v2/models/fraud/versions/v1/infer",
                                      oip()).status, 200)
 
     def test_oip_metadata_and_ready(self):
@@ -431,15 +439,20 @@ class Routing(GatewayTestCase):
         j = self.assertOk(self.gw.req("GET", "/v2/models/fraud/ready"))
         self.assertTrue(j.get("ready"), j)
         # the OIP path goes to the replica unchanged
-        j = self.assertOk(self.gw.req("GET", "/v2/models/llm/versions/3/ready?x=y"))
-        self.assertEqual((j["method"], j["path"]), ("GET", "/v2/models/llm/versions/3/ready?x=y"))
+        j = self.assertOk(self.gw.req("GET", "/v2/models/llm/ready?x=y"))
+        self.assertEqual((j["method"], j["path"]), ("GET", "/v2/models/llm/ready?x=y"))
+        # a version path goes to that version's replicas, without the version segment
+        j = self.assertOk(self.gw.req("GET", "/v2/models/llm/versions/v1/ready?x=y"))
+        self.assertEqual((j["method"], j["path"]), ("GET", "/v2/models/llm/ready?x=y"))
 
     def test_list_models(self):
+        # only generative (llm runtime) endpoints are models to OpenAI clients
         j = self.assertOk(self.gw.req("GET", "/v1/models"))
         self.assertEqual(j.get("object"), "list", j)
-        self.assertEqual([m["id"] for m in j["data"]], ["fraud", "llm"], j)
+        self.assertEqual([m["id"] for m in j["data"]], ["llm"], j)
         for m in j["data"]:
             self.assertEqual(m.get("object"), "model", m)
+            self.assertEqual(m.get("max_model_len"), 2048, m)
 
     def test_openai_routes_by_model(self):
         for path in ("/v1/chat/completions", "/v1/completions", "/v1/completions?stream=false"):
@@ -456,22 +469,23 @@ class Routing(GatewayTestCase):
                 ("GET", "/v2/models/nope", None),
                 ("POST", "/v1/chat/completions", {"model": "nope", "messages": []})):
             with self.subTest(path=path):
-                self.assertJsonError(self.gw.req(method, path, body), 404)
+                shape = {"/se": "mlflow", "/v1": "openai"}.get(path[:3], "oip")
+                self.assertJsonError(self.gw.req(method, path, body), 404, shape)
 
     def test_openai_body_without_model_is_400(self):
         for body in ({"prompt": "x"}, {"model": 7, "prompt": "x"}, b"{not json", b"[1, 2]"):
             with self.subTest(body=body):
                 r = self.gw.req("POST", "/v1/completions", body,
                                 {"Content-Type": "application/json"})
-                self.assertJsonError(r, 400)
+                self.assertJsonError(r, 400, "openai")
 
     def test_unknown_path_is_404_json(self):
-        for method, path in (("GET", "/nope"), ("POST", "/invocations"),
-                             ("GET", "/serving-endpoints/fraud/other"),
-                             ("GET", "/serving-endpoints//invocations"),
-                             ("GET", "/v2/models/")):
+        for method, path, shape in (("GET", "/nope", "oip"), ("POST", "/invocations", "oip"),
+                                    ("GET", "/serving-endpoints/fraud/other", "mlflow"),
+                                    ("POST", "/serving-endpoints//invocations", "mlflow"),
+                                    ("GET", "/v2/models/", "oip")):
             with self.subTest(path=path):
-                self.assertJsonError(self.gw.req(method, path), 404)
+                self.assertJsonError(self.gw.req(method, path), 404, shape)
 
     def test_health(self):
         self.assertEqual(self.assertOk(self.gw.req("GET", "/v2/health/live")), {"live": True})
@@ -757,19 +771,19 @@ class Failover(GatewayTestCase):
         self.assertTrue(gw.replica_stats("k", "r1")["ejected"], "dead replica not ejected")
 
 
-    def test_dead_replicas_502_then_ejected_then_503_then_probed_back(self):
+    def test_dead_replicas_ejected_then_503_then_probed_back(self):
         dead = [RefusingPort(self), RefusingPort(self)]
         gw = Gateway(self, config_yaml({"x": [ver("v1", [rep("d0", dead[0].address),
                                                          rep("d1", dead[1].address)])]}),
                      {"--eject-after": 2, "--cold-start-timeout-ms": 300})
-        # both refuse: the first attempt and its one retry fail
+        # both refuse: the request alternates between them until both are ejected (two
+        # failures each, --eject-after 2), then waits as for a cold start: 503, never a 502
         r = gw.req("POST", infer_path("x"), oip(), {"X-Request-Id": "twice-1"})
-        self.assertJsonError(r, 502)
+        self.assertJsonError(r, 503, "oip")
+        self.assertEqual(r.headers.get("retry-after"), "1", r.headers)
         line = gw.wait_access(lambda ln: ln.get("request_id") == "twice-1", "access log")
-        self.assertEqual((line["code"], line["attempts"]), (502, 2), line)
-        self.assertEqual(gw.metric_sum("flotilla_gateway_retries_total", endpoint="x"), 1)
-        # the second failure of each ejects both (--eject-after 2)
-        self.assertJsonError(gw.req("POST", infer_path("x"), oip()), 502)
+        self.assertEqual((line["code"], line["attempts"]), (503, 4), line)
+        self.assertEqual(gw.metric_sum("flotilla_gateway_retries_total", endpoint="x"), 4)
         self.assertEqual([r["ejected"] for r in gw.endpoint_stats("x")["replicas"]],
                          [True, True])
         self.assertEqual(gw.metric_sum("flotilla_gateway_replica_ejections_total",
@@ -908,7 +922,8 @@ class Auth(GatewayTestCase):
         cls.all_token, all_record = mint_token("all")
         cls.a_token, a_record = mint_token("scoped", "a")
         cls.gw = Gateway(cls, config_yaml(
-            {"a": [ver("v1", [rep("e1", cls.echo)])], "b": [ver("v1", [rep("e2", cls.echo)])]},
+            {"a": [ver("v1", [rep("e1", cls.echo)], runtime="llm")],
+             "b": [ver("v1", [rep("e2", cls.echo)], runtime="llm")]},
             token_records=[all_record, a_record], open_routes=["health", "metrics"]),
             cls_level=True)
 
@@ -985,14 +1000,14 @@ class Limits(GatewayTestCase):
     def test_header_over_limit_is_431(self):
         c = self.conn()
         c.send(raw_request("POST", infer_path("a"), b"{}", {"X-Big": "x" * 2000}))
-        self.assertJsonError(c.read_response(), 431)
+        self.assertJsonError(c.read_response(), 431, request_id=False)
         # the limit is on the header, not on one field: under it still passes
         self.assertOk(self.gw.req("POST", infer_path("a"), {}, {"X-Small": "x" * 200}))
 
     def test_body_over_limit_is_413(self):
         r = self.gw.req("POST", infer_path("a"), b"x" * 2000,
                         {"Content-Type": "application/json"})
-        self.assertJsonError(r, 413)
+        self.assertJsonError(r, 413, request_id=False)
         self.assertOk(self.gw.req("POST", infer_path("a"), b"y" * 900,
                                   {"Content-Type": "application/json"}))
 
@@ -1032,7 +1047,7 @@ class Limits(GatewayTestCase):
             self.assertEqual(c.read_response().status, 200)
         third = self.conn(gw.port)
         third.send(raw_request("POST", infer_path("a"), oip()))
-        self.assertJsonError(third.read_response(), 503)
+        self.assertJsonError(third.read_response(), 503, request_id=False)
         closed, _, _ = third.wait_closed(5)
         self.assertTrue(closed, "the rejected connection stays open")
         # a slot freed is a slot to use
@@ -1421,6 +1436,322 @@ class Streaming(GatewayTestCase):
         self.assertEqual(gw.metric_sum("flotilla_gateway_requests_total", endpoint="llm",
                                        code="502"), 1)
         wait_until(lambda: gw.endpoint_stats("llm")["in_flight"] == 0, 5, what="released")
+
+
+
+# =========================================================================== issue 18
+
+def raw_exchange(port, data):
+    """Sends raw request bytes (any, invalid UTF-8 included) on a fresh connection and reads
+    one response."""
+    c = RawConn(port)
+    try:
+        c.send(data)
+        return c.read_response()
+    finally:
+        c.close()
+
+
+class ReplicaDeathIssue18(GatewayTestCase):
+    """Issue 18 item 1: a request whose replica failed before any response byte reached the
+    client never fails while the endpoint can come back: it goes to another replica, or waits
+    in the admission queue (cold-start deadline) for a replacement."""
+
+    def test_single_replica_killed_and_replaced_under_load_loses_nothing(self):
+        first = start_replica(self, "solo", 2)
+        gw = Gateway(self, config_yaml({"solo": [ver("v1", [rep("r1", first)])]}))
+        load = Load(gw.port, infer_path("solo"), oip(), threads=8, total=3000,
+                    deadline_s=40).start()
+        self.addCleanup(load.stop)
+        load.wait_completed(300)
+        first.kill()   # SIGKILL: in-flight requests reset, new connects refused
+        # what the warm pool does under `flotilla up`: a replacement, in the table soon after
+        second = start_replica(self, "solo", 2)
+        gw.rewrite(config_yaml({"solo": [ver("v1", [rep("r2", second)])]}),
+                   lambda g: g.replica_stats("solo", "r2") is not None, "replacement applied")
+        load.join()
+        self.assertNoFailures(load)
+        self.assertEqual(load.completed, 3000)
+        self.assertGreater(gw.metric_sum("flotilla_gateway_retries_total", endpoint="solo"), 0,
+                           "the kill left no retry in /metrics")
+        self.assertGreater(replica_own_requests(second), 0)
+
+    def test_retry_waits_for_a_replacement_with_its_body(self):
+        dead = RefusingPort(self)
+        gw = Gateway(self, config_yaml({"w": [ver("v1", [rep("d0", dead.address)])]}))
+        body = {"model": "w", "prompt": "kept " * 200}
+        out = {}
+        conn = RawConn(gw.port)
+        self.addCleanup(conn.close)
+        conn.send(raw_request("POST", "/v1/completions", body, {"X-Request-Id": "held-1"}))
+        reader = threading.Thread(target=read_response_at, args=(conn, out, "r"), daemon=True)
+        reader.start()
+        wait_until(lambda: gw.endpoint_stats("w")["queued"] == 1, 5, interval_s=0.02,
+                   what="the failed request waiting in the queue")
+        echo = start_echo(self)
+        gw.rewrite(config_yaml({"w": [ver("v1", [rep("e1", echo)])]}),
+                   lambda g: g.replica_stats("w", "e1") is not None, "replacement applied")
+        reader.join(10)
+        _, r = out["r"]
+        j = self.assertOk(r)
+        self.assertEqual(json.loads(j["body"]), body, "the body was not kept for the retry")
+        self.assertEqual(r.headers.get("x-request-id"), "held-1", r.headers)
+        line = gw.wait_access(lambda ln: ln.get("request_id") == "held-1", "access log")
+        self.assertEqual(line["code"], 200, line)
+        self.assertGreaterEqual(line["attempts"], 2, line)
+
+    def test_no_replacement_by_the_deadline_is_503_in_the_route_shape(self):
+        dead = RefusingPort(self)
+        gw = Gateway(self, config_yaml({"x": [ver("v1", [rep("d0", dead.address)])]}),
+                     {"--cold-start-timeout-ms": 300})
+        for method, path, body, shape in (
+                ("POST", "/v1/chat/completions", {"model": "x", "messages": []}, "openai"),
+                ("POST", "/serving-endpoints/x/invocations", {"instances": [[1]]}, "mlflow"),
+                ("POST", infer_path("x"), oip(), "oip")):
+            with self.subTest(path=path):
+                r = gw.req(method, path, body)
+                self.assertJsonError(r, 503, shape)
+                self.assertEqual(r.headers.get("retry-after"), "1", r.headers)
+        r = gw.req("POST", "/v1/completions", {"model": "x", "prompt": "p"})
+        self.assertEqual(r.json()["error"]["type"], "unavailable_error", r)
+        r = gw.req("POST", "/serving-endpoints/x/invocations", {"instances": [[1]]})
+        self.assertEqual(r.json()["error_code"], "TEMPORARILY_UNAVAILABLE", r)
+
+
+class ErrorShapesIssue18(GatewayTestCase):
+    """Issue 18 item 14: the gateway's own errors in the protocol shape of the route, with
+    X-Request-Id on every answer; item 6: invalid UTF-8 in the target is a 404, not a 500."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.echo = start_echo(cls, cls_level=True)
+        cls.token_a, record_a = mint_token("only-a", "a")
+        cls.token_all, record_all = mint_token("every")
+        cls.gw = Gateway(cls, config_yaml({
+            "a": [ver("v1", [rep("e1", cls.echo)], runtime="llm", max_model_len=4096)],
+            "b": [ver("v1", [rep("e2", cls.echo)])],
+        }, token_records=[record_a, record_all], open_routes=["health"]), cls_level=True)
+
+    def auth(self, token=None):
+        return {"Authorization": f"Bearer {token or self.token_a}"}
+
+    ROUTES = (  # (path for endpoint E, body for endpoint E, shape)
+        ("/v1/chat/completions", lambda e: {"model": e, "messages": []}, "openai"),
+        ("/serving-endpoints/{e}/invocations", lambda e: {"instances": [[1]]}, "mlflow"),
+        ("/v2/models/{e}/infer", lambda e: oip(), "oip"),
+    )
+
+    def each_route(self, endpoint):
+        for path, body, shape in self.ROUTES:
+            yield path.format(e=endpoint), body(endpoint), shape
+
+    def test_401_403_404_in_each_route_shape(self):
+        openai_types = {401: "authentication_error", 403: "permission_error",
+                        404: "not_found_error"}
+        mlflow_codes = {401: "UNAUTHENTICATED", 403: "PERMISSION_DENIED",
+                        404: "RESOURCE_DOES_NOT_EXIST"}
+        cases = ((401, "a", {}), (401, "a", self.auth("flt_only-a_" + "0" * 64)),
+                 (403, "b", self.auth()), (404, "nope", self.auth(self.token_all)))
+        for status, endpoint, headers in cases:
+            for path, body, shape in self.each_route(endpoint):
+                with self.subTest(status=status, path=path):
+                    r = self.gw.req("POST", path, body, headers)
+                    self.assertJsonError(r, status, shape)
+                    j = r.json()
+                    if shape == "openai":
+                        self.assertEqual(j["error"]["type"], openai_types[status], j)
+                        if status == 404:
+                            self.assertEqual(j["error"]["code"], "model_not_found", j)
+                    elif shape == "mlflow":
+                        self.assertEqual(j["error_code"], mlflow_codes[status], j)
+
+    def test_get_on_a_post_route_is_405_with_allow(self):
+        for path, _, shape in self.each_route("a"):
+            with self.subTest(path=path):
+                r = self.gw.req("GET", path, headers=self.auth())
+                self.assertJsonError(r, 405, shape)
+                self.assertEqual(r.headers.get("allow"), "POST", r.headers)
+        r = self.gw.req("POST", "/v1/models", {}, self.auth())
+        self.assertJsonError(r, 405, "openai")
+        self.assertEqual(r.headers.get("allow"), "GET, HEAD", r.headers)
+
+    def test_every_answer_has_a_request_id(self):
+        for method, path, headers in (("GET", "/v2/health/live", {}),
+                                      ("GET", "/v1/models", self.auth()),
+                                      ("GET", "/gateway/stats", {}),
+                                      ("GET", "/v2", self.auth()),
+                                      ("GET", "/nope", {})):
+            with self.subTest(path=path):
+                r = self.gw.req(method, path, headers=headers)
+                self.assertTrue(r.headers.get("x-request-id"), r)
+        # a proxied answer keeps the id the client gave, and the replica saw the same
+        r = self.gw.req("POST", "/v1/completions", {"model": "a", "prompt": "x"},
+                        dict(self.auth(), **{"X-Request-Id": "given-7"}))
+        j = self.assertOk(r)
+        self.assertEqual(r.headers.get("x-request-id"), "given-7")
+        sent = {k.lower(): v for k, v in j["headers"]}
+        self.assertEqual(sent.get("x-request-id"), "given-7")
+
+    def test_replica_error_paths_echo_invalid_utf8_as_json(self):
+        replica = start_replica(self, "fraud", 1)
+        for method, path in ((b"GET", b"/\xff"), (b"POST", b"/v2/models/\xff/infer"),
+                             (b"POST", b"/v2/models/\xff"), (b"GET", b"/v1/models/\xff")):
+            with self.subTest(path=path):
+                r = raw_exchange(replica.port, method + b" " + path + b" HTTP/1.1\r\n"
+                                 b"Host: x\r\nContent-Length: 2\r\n\r\n{}")
+                self.assertIn(r.status, (400, 404, 405), r)
+                self.assertIsInstance(r.json(), dict)   # valid JSON (UTF-8) whatever the path
+
+    def test_queue_full_is_429_in_the_openai_shape_with_retry_after(self):
+        slow = start_replica(self, "slow", 400)
+        gw = Gateway(self, config_yaml({"slow": [ver("v1", [rep("s1", slow, cap=1)])]}),
+                     {"--queue-size": 0})
+        holder = RawConn(gw.port)
+        self.addCleanup(holder.close)
+        holder.send(raw_request("POST", infer_path("slow"), oip()))
+        wait_until(lambda: gw.endpoint_stats("slow")["in_flight"] == 1, 5, interval_s=0.02,
+                   what="the only slot taken")
+        r = gw.req("POST", "/v1/completions", {"model": "slow", "prompt": "x"})
+        self.assertJsonError(r, 429, "openai")
+        self.assertEqual(r.json()["error"]["type"], "rate_limit_error", r)
+        self.assertEqual(r.headers.get("retry-after"), "1", r.headers)
+        self.assertEqual(holder.read_response().status, 200)
+
+
+class ModelsAndVersionsIssue18(GatewayTestCase):
+    """Issue 18 items 15 and 16 (gateway part): /v1/models lists generative endpoints with
+    max_model_len, GET /v1/models/{id}; OIP version paths go to that version; GET /v2."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.replica = start_replica(cls, "m", 1, cls_level=True)
+        cls.echo = start_echo(cls, cls_level=True)
+        cls.gw = Gateway(cls, config_yaml({
+            # v2 takes no traffic: only its version path reaches it
+            "m": [ver("v1", [rep("r1", cls.replica)], traffic=100),
+                  ver("v2", [rep("e1", cls.echo)], traffic=0)],
+            "chat": [ver("base", [rep("e2", cls.echo)], runtime="llm", max_model_len=8192)],
+            "tree": [ver("v1", [rep("e3", cls.echo)], runtime="xgboost")],
+        }), cls_level=True)
+
+    def test_list_models_has_only_generative_endpoints_with_max_model_len(self):
+        j = self.assertOk(self.gw.req("GET", "/v1/models"))
+        self.assertEqual(j["object"], "list")
+        self.assertEqual(j["data"], [{"id": "chat", "object": "model", "created": 0,
+                                      "owned_by": "flotilla", "max_model_len": 8192}])
+
+    def test_get_one_model(self):
+        j = self.assertOk(self.gw.req("GET", "/v1/models/chat"))
+        self.assertEqual((j["id"], j["object"], j["max_model_len"]), ("chat", "model", 8192))
+        for name in ("tree", "nope"):
+            with self.subTest(name=name):
+                r = self.gw.req("GET", f"/v1/models/{name}")
+                self.assertJsonError(r, 404, "openai")
+                self.assertEqual(r.json()["error"]["code"], "model_not_found")
+
+    def test_version_paths_go_to_that_version(self):
+        # v1 (traffic 100) is the synthetic replica; the version path of v2 reaches the echo,
+        # without the version segment
+        j = self.assertOk(self.gw.req("POST", "/v2/models/m/versions/v1/infer", oip()))
+        self.assertIn("outputs", j)
+        for path, want in (("/v2/models/m/versions/v2/infer?q=1", "/v2/models/m/infer?q=1"),
+                           ("/v2/models/m/versions/v2", "/v2/models/m"),
+                           ("/v2/models/m/versions/v2/ready", "/v2/models/m/ready")):
+            with self.subTest(path=path):
+                method = "POST" if "/infer" in path else "GET"
+                j = self.assertOk(self.gw.req(method, path, oip() if method == "POST" else None))
+                self.assertEqual(j["path"], want, j)
+        j = self.assertOk(self.gw.req("GET", "/v2/models/m/versions/v1/ready"))
+        self.assertTrue(j.get("ready"), j)
+
+    def test_unknown_version_is_404_oip(self):
+        for method, path in (("POST", "/v2/models/m/versions/v9/infer"),
+                             ("GET", "/v2/models/m/versions/v9"),
+                             ("GET", "/v2/models/m/versions/v9/ready")):
+            with self.subTest(path=path):
+                msg = self.assertJsonError(self.gw.req(method, path, oip() if method == "POST"
+                                                       else None), 404, "oip")
+                self.assertIn("v9", msg)
+
+    def test_invalid_utf8_in_the_target_is_a_json_404(self):
+        # issue 18 item 6: these answered 500 "request handler threw"
+        for path, shape in ((b"/\xff", "oip"), (b"/serving-endpoints/\xff/invocations", "mlflow"),
+                            (b"/v2/models/\xff/infer", "oip"),
+                            (b"/v1/models/\xff", "openai")):
+            with self.subTest(path=path):
+                method = b"GET" if path.startswith(b"/v1/models") or path == b"/\xff" else b"POST"
+                r = raw_exchange(self.gw.port, method + b" " + path + b" HTTP/1.1\r\n"
+                                 b"Host: x\r\nContent-Length: 2\r\n\r\n{}")
+                self.assertJsonError(r, 404, shape)
+        self.assertEqual(self.gw.metric_sum("flotilla_bug_total"), 0)
+
+    def test_server_metadata(self):
+        j = self.assertOk(self.gw.req("GET", "/v2"))
+        self.assertEqual(j.get("name"), "flotilla", j)
+        self.assertIsInstance(j.get("version"), str, j)
+        self.assertEqual(j.get("extensions"), [], j)
+
+
+
+OPENAI_SDK_PROBE = r"""
+import json, sys
+import openai
+port, token = sys.argv[1], sys.argv[2]
+out = {}
+def call(name, f):
+    try:
+        out[name] = {"ok": f()}
+    except openai.APIStatusError as e:
+        out[name] = {"class": type(e).__name__, "status": e.status_code, "type": e.type,
+                     "code": e.code, "param": e.param, "message": e.message,
+                     "request_id": e.response.headers.get("x-request-id")}
+good = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key=token, max_retries=0)
+bad = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="flt_x_" + "0" * 64,
+                    max_retries=0)
+call("unknown_model", lambda: good.completions.create(model="nope", prompt="x"))
+call("bad_key", lambda: bad.chat.completions.create(model="chat", messages=[]))
+call("retrieve_unknown", lambda: good.models.retrieve("tree"))
+call("list", lambda: [(m.id, (m.model_extra or {}).get("max_model_len"))
+                      for m in good.models.list()])
+call("retrieve", lambda: good.models.retrieve("chat").id)
+print(json.dumps(out))
+"""
+
+
+class OpenAiSdkIssue18(GatewayTestCase):
+    """Issue 18 item 14 with the official openai client (pinned; a venv made by
+    tests/integration/openai_venv.sh, skipped when PyPI cannot be reached): it reads the
+    gateway's errors as typed exceptions with `type` and `code`, and its model list."""
+
+    def test_sdk_reads_error_type_and_code_and_the_model_list(self):
+        venv = os.path.join(os.path.dirname(os.path.abspath(FLOTILLA_BIN)), "openai-venv")
+        made = subprocess.run(["bash", os.path.join(HERE, "openai_venv.sh"), venv],
+                              capture_output=True, timeout=300)
+        if made.returncode != 0:
+            reason = made.stderr.decode(errors="replace").strip().splitlines()[-1:] or ["?"]
+            print(f"skipping: no venv with the openai client: {reason[0]}", file=sys.stderr)
+            self.skipTest(f"no venv with the openai client: {reason[0]}")
+        python = made.stdout.decode().strip()
+        echo = start_echo(self)
+        token, record = mint_token("sdk")
+        gw = Gateway(self, config_yaml({
+            "chat": [ver("v1", [rep("e1", echo)], runtime="llm", max_model_len=4096)],
+            "tree": [ver("v1", [rep("e2", echo)], runtime="xgboost")],
+        }, token_records=[record]))
+        p = subprocess.run([python, "-c", OPENAI_SDK_PROBE, str(gw.port), token],
+                           capture_output=True, timeout=60)
+        self.assertEqual(p.returncode, 0, p.stderr.decode(errors="replace"))
+        got = json.loads(p.stdout)
+        self.assertEqual({k: got["unknown_model"][k] for k in ("class", "status", "type", "code")},
+                         {"class": "NotFoundError", "status": 404, "type": "not_found_error",
+                          "code": "model_not_found"}, got)
+        self.assertTrue(got["unknown_model"]["request_id"], got)
+        self.assertEqual({k: got["bad_key"][k] for k in ("class", "status", "type", "code")},
+                         {"class": "AuthenticationError", "status": 401,
+                          "type": "authentication_error", "code": "invalid_api_key"}, got)
+        self.assertEqual(got["retrieve_unknown"]["class"], "NotFoundError", got)
+        self.assertEqual(got["list"], {"ok": [["chat", 4096]]}, got)
+        self.assertEqual(got["retrieve"], {"ok": "chat"}, got)
 
 
 if __name__ == "__main__":

@@ -408,6 +408,38 @@ def assert_json_error(test, r, status):
     return j
 
 
+def assert_gateway_error(test, r, status, shape=None, request_id=True):
+    """`r` is one of the gateway's own errors: `status`, JSON, an X-Request-Id, and the body in
+    the protocol shape of its route (issue 18 item 14): "openai" {"error": {"message", "type",
+    "param", "code"}} (the fields the openai client reads), "mlflow" {"error_code", "message"},
+    "oip" {"error": "..."}; shape None accepts any of the three. `request_id` False for the
+    errors the HTTP server makes before the gateway sees the request (413, 431, 503 for too many
+    connections). Returns the message."""
+    test.assertEqual(r.status, status, r)
+    test.assertIn("application/json", r.headers.get("content-type", ""), r)
+    if request_id:
+        test.assertTrue(r.headers.get("x-request-id"), r.headers)
+    j = r.json()
+    test.assertIsInstance(j, dict, r)
+    if isinstance(j.get("error"), dict):
+        got, e = "openai", j["error"]
+        test.assertEqual(set(e), {"message", "type", "param", "code"}, r)
+        test.assertIsInstance(e["type"], str, r)
+        message = e["message"]
+    elif "error_code" in j:
+        got, message = "mlflow", j.get("message")
+        test.assertEqual(set(j), {"error_code", "message"}, r)
+        test.assertRegex(j["error_code"], r"^[A-Z_]+$", r)
+    else:
+        got, message = "oip", j.get("error")
+        test.assertEqual(set(j), {"error"}, r)
+    test.assertIsInstance(message, str, r)
+    test.assertTrue(message, r)
+    if shape is not None:
+        test.assertEqual(got, shape, r)
+    return message
+
+
 # --------------------------------------------------------------------------- process table
 # For servers that start processes of their own (`flotilla up` runs replicas as child processes
 # in their own process groups): find them in /proc, and kill only what is still the process
