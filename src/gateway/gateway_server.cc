@@ -457,8 +457,9 @@ class GatewayImpl final : public Gateway {
 
   // The request path; public for the callbacks that reach it through ProxyCall::gateway.
   void handle(http::Request&& request, http::Responder&& responder);
+  // `scope`: the endpoints whose series and stats the caller may see (empty: all).
   void answer_local(RouteKind kind, const http::Request& request, const Snapshot& snapshot,
-                    http::Responder&& responder);
+                    const std::vector<std::string>& scope, http::Responder&& responder);
   WorkerState& worker();
   const std::shared_ptr<const Snapshot>& current_snapshot(WorkerState& worker);
 
@@ -664,8 +665,11 @@ void GatewayImpl::handle(http::Request&& request, http::Responder&& responder) {
     case RouteKind::kMetrics:
     case RouteKind::kStats:
     case RouteKind::kListModels: {
+      // The endpoints whose series and stats the caller sees (empty: all). A token scoped to
+      // some sees only theirs: the names, replicas and counts of others are not its to read.
+      std::vector<std::string> scope;
       if (!snapshot->is_open(open_route_name(route.kind))) {
-        const AuthResult result = snapshot->auth->check(authorization, "");
+        const AuthResult result = snapshot->auth->check_scope(authorization, &scope);
         if (result != AuthResult::kAllowed) {
           unrouted_.inc(401);
           responder.send(json_error(401, result == AuthResult::kMissing ? "missing bearer token"
@@ -673,7 +677,7 @@ void GatewayImpl::handle(http::Request&& request, http::Responder&& responder) {
           return;
         }
       }
-      answer_local(route.kind, request, *snapshot, std::move(responder));
+      answer_local(route.kind, request, *snapshot, scope, std::move(responder));
       return;
     }
     case RouteKind::kNotFound:
@@ -1223,7 +1227,8 @@ void GatewayImpl::probe_later(std::shared_ptr<ReplicaRuntime> replica,
 // ---- Local routes ------------------------------------------------------------------------------
 
 void GatewayImpl::answer_local(RouteKind kind, const http::Request& request,
-                               const Snapshot& snapshot, http::Responder&& responder) {
+                               const Snapshot& snapshot, const std::vector<std::string>& scope,
+                               http::Responder&& responder) {
   http::Response response;
   switch (kind) {
     case RouteKind::kHealth: {
@@ -1236,7 +1241,7 @@ void GatewayImpl::answer_local(RouteKind kind, const http::Request& request,
     }
     case RouteKind::kMetrics:
       response.content_type = "text/plain; version=0.0.4; charset=utf-8";
-      response.body = registry_.render();
+      response.body = scope_metrics(registry_.render(), scope);
       break;
     case RouteKind::kListModels: {
       const std::string_view authorization = http::find_header(request.headers, "authorization");
@@ -1255,6 +1260,9 @@ void GatewayImpl::answer_local(RouteKind kind, const http::Request& request,
     case RouteKind::kStats: {
       nlohmann::json endpoints = nlohmann::json::array();
       for (const std::string& name : snapshot.names) {
+        if (!scope.empty() && std::find(scope.begin(), scope.end(), name) == scope.end()) {
+          continue;
+        }
         const EndpointView& view = *snapshot.find(name);
         nlohmann::json replicas = nlohmann::json::array();
         for (const auto& version : view.versions) {
