@@ -1,6 +1,7 @@
 // The control plane's REST API (docs/control-plane.md), shaped after the managed-serving API
 // users already script against: /api/2.0/serving-endpoints and /api/2.0/tokens. Errors are
 // {"error_code": "...", "message": "..."} with the matching HTTP status.
+#include <algorithm>
 #include <charconv>
 
 #include "control/control_plane.h"
@@ -84,9 +85,33 @@ http::Response ControlPlaneImpl::handle_api(const http::Request& request) {
     return json_response(200, {{"status", "ok"}});
   }
   if (path == "/metrics" && request.method == http::Method::kGet) {
+    // The same series as the gateway's /metrics, under the same rule: any valid token (none with
+    // `--open-routes metrics`), one scoped to endpoints seeing only theirs.
+    std::vector<std::string> scope;
+    if (std::find(options_.open_routes.begin(), options_.open_routes.end(), "metrics") ==
+        options_.open_routes.end()) {
+      gateway::AuthResult result;
+      {
+        std::lock_guard lock(mu_);
+        std::vector<gateway::TokenRecord> records;
+        for (const TokenRow& row : tokens_) {
+          records.push_back(row.record);
+        }
+        result = gateway::Authenticator(std::move(records))
+                     .check_scope(http::find_header(request.headers, "authorization"), &scope);
+      }
+      if (result == gateway::AuthResult::kMissing) {
+        return error_response(401, "UNAUTHENTICATED",
+                              "missing Authorization: Bearer <token> (any token; one scoped to "
+                              "endpoints sees only their series)");
+      }
+      if (result != gateway::AuthResult::kAllowed) {
+        return error_response(401, "UNAUTHENTICATED", "invalid token");
+      }
+    }
     http::Response response;
     response.content_type = "text/plain; version=0.0.4";
-    response.body = registry_.render();
+    response.body = gateway::scope_metrics(registry_.render(), scope);
     return response;
   }
   std::string actor;

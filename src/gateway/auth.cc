@@ -1,9 +1,11 @@
 // Bearer tokens: minting, hashing, the per-request check and the `auth:` config section.
 #include "gateway/auth.h"
 
+#include <algorithm>
 #include <array>
 #include <initializer_list>
 #include <memory>
+#include <optional>
 #include <set>
 #include <utility>
 
@@ -331,45 +333,135 @@ Authenticator::Authenticator(std::vector<TokenRecord> tokens) {
   }
 }
 
-AuthResult Authenticator::check(std::string_view authorization, std::string_view endpoint) const {
+const TokenRecord* Authenticator::verify(std::string_view authorization, AuthResult* result) const {
+  *result = AuthResult::kInvalid;
   if (authorization.empty()) {
-    return AuthResult::kMissing;
+    *result = AuthResult::kMissing;
+    return nullptr;
   }
   std::string_view token = bearer_token(authorization);
   if (!token.starts_with(kTokenPrefix)) {
-    return AuthResult::kInvalid;
+    return nullptr;
   }
   token.remove_prefix(kTokenPrefix.size());
   // Neither the id nor the secret may hold '_', so the first one separates them.
   const size_t separator = token.find('_');
   if (separator == std::string_view::npos) {
-    return AuthResult::kInvalid;
+    return nullptr;
   }
   const std::string_view id = token.substr(0, separator);
   const std::string_view secret = token.substr(separator + 1);
   if (!is_valid_id(id) || !is_lower_hex(secret, 2 * kSecretBytes)) {
-    return AuthResult::kInvalid;
+    return nullptr;
   }
   // Ids are public, so answering an unknown one without hashing leaks nothing.
   const auto it = tokens_.find(id);
   if (it == tokens_.end()) {
-    return AuthResult::kInvalid;
+    return nullptr;
   }
   const TokenRecord& record = it->second;
   const std::string digest = hash_secret(record.salt, secret);
   if (digest.size() != kDigestHexLength || record.sha256.size() != kDigestHexLength ||
       CRYPTO_memcmp(digest.data(), record.sha256.data(), kDigestHexLength) != 0) {
-    return AuthResult::kInvalid;
+    return nullptr;
   }
-  if (endpoint.empty() || record.endpoints.empty()) {
-    return AuthResult::kAllowed;
+  *result = AuthResult::kAllowed;
+  return &record;
+}
+
+AuthResult Authenticator::check(std::string_view authorization, std::string_view endpoint) const {
+  AuthResult result;
+  const TokenRecord* record = verify(authorization, &result);
+  if (record == nullptr || endpoint.empty() || record->endpoints.empty()) {
+    return result;
   }
-  for (const std::string& allowed : record.endpoints) {
+  for (const std::string& allowed : record->endpoints) {
     if (allowed == endpoint) {
       return AuthResult::kAllowed;
     }
   }
   return AuthResult::kForbidden;
+}
+
+AuthResult Authenticator::check_scope(std::string_view authorization,
+                                      std::vector<std::string>* endpoints) const {
+  AuthResult result;
+  const TokenRecord* record = verify(authorization, &result);
+  if (record != nullptr) {
+    *endpoints = record->endpoints;
+  }
+  return result;
+}
+
+namespace {
+
+// The value of label `name` in the label set of the sample line `line` (unescaped), or nullopt
+// when it has no such label or its label set is malformed.
+std::optional<std::string> label_value(std::string_view line, std::string_view name) {
+  const size_t open = line.find('{');
+  if (open == std::string_view::npos || line.substr(0, open).find(' ') != std::string_view::npos) {
+    return std::nullopt;
+  }
+  size_t at = open + 1;
+  while (at < line.size() && line[at] != '}') {
+    const size_t equals = line.find('=', at);
+    if (equals == std::string_view::npos || equals + 1 >= line.size() || line[equals + 1] != '"') {
+      return std::nullopt;
+    }
+    const std::string_view key = line.substr(at, equals - at);
+    std::string value;
+    size_t end = equals + 2;
+    for (; end < line.size() && line[end] != '"'; ++end) {
+      if (line[end] == '\\' && end + 1 < line.size()) {
+        ++end;
+        value += line[end] == 'n' ? '\n' : line[end];
+      } else {
+        value += line[end];
+      }
+    }
+    if (end >= line.size()) {
+      return std::nullopt;  // an unterminated value
+    }
+    if (key == name) {
+      return value;
+    }
+    at = end + 1;
+    if (at < line.size() && line[at] == ',') {
+      ++at;
+    }
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
+std::string scope_metrics(std::string_view exposition, const std::vector<std::string>& endpoints) {
+  if (endpoints.empty()) {
+    return std::string(exposition);
+  }
+  std::string out;
+  std::string header;  // the current family's comment lines, written before its first sample
+  size_t start = 0;
+  while (start < exposition.size()) {
+    const size_t end = std::min(exposition.find('\n', start), exposition.size());
+    const std::string_view line = exposition.substr(start, end - start);
+    start = end + 1;
+    if (line.starts_with("#")) {
+      if (line.starts_with("# HELP ")) {
+        header.clear();  // a new family
+      }
+      header.append(line).push_back('\n');
+      continue;
+    }
+    const std::optional<std::string> endpoint = label_value(line, "endpoint");
+    if (!endpoint || std::find(endpoints.begin(), endpoints.end(), *endpoint) == endpoints.end()) {
+      continue;
+    }
+    out += header;
+    header.clear();
+    out.append(line).push_back('\n');
+  }
+  return out;
 }
 
 Result<AuthConfig> parse_auth_config_yaml(std::string_view text) {

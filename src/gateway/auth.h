@@ -72,6 +72,10 @@ class Authenticator {
   // digests are compared in constant time.
   AuthResult check(std::string_view authorization, std::string_view endpoint) const;
 
+  // check() for a route that is no one endpoint's (/metrics, /gateway/stats): on kAllowed,
+  // `*endpoints` is set to the token's scope, the endpoints it may call (empty: all).
+  AuthResult check_scope(std::string_view authorization, std::vector<std::string>* endpoints) const;
+
   // The number of distinct token ids indexed.
   size_t size() const { return tokens_.size(); }
 
@@ -81,8 +85,19 @@ class Authenticator {
     using is_transparent = void;
     size_t operator()(std::string_view text) const { return std::hash<std::string_view>{}(text); }
   };
+  // The record a well-formed, known token with the right secret names; nullptr (and why in
+  // `*result`) for any other.
+  const TokenRecord* verify(std::string_view authorization, AuthResult* result) const;
+
   std::unordered_map<std::string, TokenRecord, Hash, std::equal_to<>> tokens_;
 };
+
+// What a token scoped to `endpoints` may see of the Prometheus text `exposition` (/metrics on
+// the gateway's and the control plane's ports): the samples labelled endpoint="<one of them>",
+// under their families' HELP and TYPE lines. Every other sample is left out (the process's, and
+// the gateway-wide and control-plane series, which sum over every endpoint), and so is a family
+// left with none. `endpoints` empty (a token for every endpoint): the exposition as it is.
+std::string scope_metrics(std::string_view exposition, const std::vector<std::string>& endpoints);
 
 // The `auth:` section of the gateway config (docs/gateway.md).
 struct AuthConfig {

@@ -473,8 +473,10 @@ class GatewayImpl final : public Gateway {
 
   // The request path; public for the callbacks that reach it through ProxyCall::gateway.
   void handle(http::Request&& request, http::Responder&& responder);
+  // `scope`: the endpoints whose series and stats the caller may see (empty: all).
   void answer_local(const Route& route, const http::Request& request, const Snapshot& snapshot,
-                    ErrorShape shape, const std::string& request_id, http::Responder&& responder);
+                    ErrorShape shape, const std::string& request_id,
+                    const std::vector<std::string>& scope, http::Responder&& responder);
   WorkerState& worker();
   const std::shared_ptr<const Snapshot>& current_snapshot(WorkerState& worker);
 
@@ -730,15 +732,18 @@ void GatewayImpl::handle(http::Request&& request, http::Responder&& responder) {
     case RouteKind::kListModels:
     case RouteKind::kModel:
     case RouteKind::kServerMetadata: {
+      // The endpoints whose series and stats the caller sees (empty: all). A token scoped to
+      // some sees only theirs: the names, replicas and counts of others are not its to read.
+      std::vector<std::string> scope;
       if (!snapshot->is_open(open_route_name(route.kind))) {
-        const AuthResult result = snapshot->auth->check(authorization, "");
+        const AuthResult result = snapshot->auth->check_scope(authorization, &scope);
         if (result != AuthResult::kAllowed) {
           refuse(401,
                  result == AuthResult::kMissing ? "missing bearer token" : "invalid bearer token");
           return;
         }
       }
-      answer_local(route, request, *snapshot, shape, request_id, std::move(responder));
+      answer_local(route, request, *snapshot, shape, request_id, scope, std::move(responder));
       return;
     }
     case RouteKind::kNotFound:
@@ -1341,7 +1346,9 @@ nlohmann::json model_object(const std::string& name, const EndpointView& view) {
 
 void GatewayImpl::answer_local(const Route& route, const http::Request& request,
                                const Snapshot& snapshot, ErrorShape shape,
-                               const std::string& request_id, http::Responder&& responder) {
+                               const std::string& request_id,
+                               const std::vector<std::string>& scope,
+                               http::Responder&& responder) {
   http::Response response;
   const std::string_view authorization = http::find_header(request.headers, "authorization");
   // Whether the request's token may see endpoint `name` (a model listing shows only those).
@@ -1365,7 +1372,7 @@ void GatewayImpl::answer_local(const Route& route, const http::Request& request,
       break;
     case RouteKind::kMetrics:
       response.content_type = "text/plain; version=0.0.4; charset=utf-8";
-      response.body = registry_.render();
+      response.body = scope_metrics(registry_.render(), scope);
       break;
     case RouteKind::kListModels: {
       nlohmann::json data = nlohmann::json::array();
@@ -1391,6 +1398,9 @@ void GatewayImpl::answer_local(const Route& route, const http::Request& request,
     case RouteKind::kStats: {
       nlohmann::json endpoints = nlohmann::json::array();
       for (const std::string& name : snapshot.names) {
+        if (!scope.empty() && std::find(scope.begin(), scope.end(), name) == scope.end()) {
+          continue;
+        }
         const EndpointView& view = *snapshot.find(name);
         nlohmann::json replicas = nlohmann::json::array();
         for (const auto& version : view.versions) {

@@ -297,7 +297,28 @@ class Cache final : public ArtifactCache {
     return std::unique_ptr<LazyArtifact>(std::move(pull));
   }
 
+  // A directory artifact already in the cache, pinned by the pull's locks; nullptr when absent
+  // (the locks are released then).
+  Result<std::unique_ptr<LazyArtifact>> cached_directory(const std::string& id) {
+    FLOTILLA_ASSIGN_OR_RETURN(PullLocks locks, lock_artifact(id));
+    const std::string final_dir = dir_ + "/artifacts/" + id;
+    if (!fs::exists(final_dir)) {
+      return std::unique_ptr<LazyArtifact>();
+    }
+    touch(final_dir);
+    return std::unique_ptr<LazyArtifact>(
+        std::make_unique<LazyPull>(final_dir, std::move(locks.pin)));
+  }
+
   Result<std::unique_ptr<LazyArtifact>> pull_manifest(const Url& url, const PullOptions& options) {
+    if (url.sha256) {
+      // A pinned manifest names its artifact (m-<its digest>): a cached one needs no request.
+      FLOTILLA_ASSIGN_OR_RETURN(std::unique_ptr<LazyArtifact> cached,
+                                cached_directory("m-" + *url.sha256));
+      if (cached) {
+        return cached;
+      }
+    }
     std::string body;
     HttpConnection connection(url, options.io_timeout);
     constexpr size_t kMaxManifest = 16 << 20;
@@ -318,11 +339,20 @@ class Cache final : public ArtifactCache {
           body.append(data, size);
           return Status::ok();
         }));
+    // The pin vouches for the manifest, and the manifest for every file's digest: checked
+    // before any of them is trusted.
+    const std::string digest = sha256_hex(body);
+    if (url.sha256 && digest != *url.sha256) {
+      return Status(StatusCode::kFailedPrecondition,
+                    url.text() + ": the manifest does not match its pin: expected sha256 " +
+                        *url.sha256 + ", got " + digest + " (" + std::to_string(body.size()) +
+                        " bytes); nothing was cached");
+    }
     Result<Manifest> manifest = parse_manifest(body);
     if (!manifest.is_ok()) {
       return manifest.status().with_context(url.text());
     }
-    const std::string id = "m-" + sha256_hex(body);
+    const std::string id = "m-" + digest;
     const std::string final_dir = dir_ + "/artifacts/" + id;
     FLOTILLA_ASSIGN_OR_RETURN(PullLocks locks, lock_artifact(id));
     if (fs::exists(final_dir)) {
@@ -509,6 +539,7 @@ Result<std::string> LazyPull::finish() {
     return status;
   }
   std::error_code ec;
+  fs::create_directories(staging_, ec);  // a manifest with no files stages nothing
   if (::rename(staging_.c_str(), final_dir_.c_str()) != 0) {
     const int error = errno;
     fs::remove_all(staging_, ec);

@@ -365,5 +365,71 @@ TEST(TokenRecordYamlTest, RoundTripsThroughTheParser) {
   EXPECT_EQ(auth.check("Bearer " + minted->token, "fraud"), AuthResult::kAllowed);
 }
 
+// Issue 18, item 12: /metrics and /gateway/stats by a token's scope.
+TEST(CheckScopeTest, GivesAValidTokensEndpoints) {
+  auto scoped = generate_token("scoped", {"a", "c"});
+  auto every = generate_token("every", {});
+  ASSERT_TRUE(scoped.is_ok() && every.is_ok());
+  const Authenticator auth({scoped->record, every->record});
+  std::vector<std::string> scope = {"stale"};
+  EXPECT_EQ(auth.check_scope("Bearer " + scoped->token, &scope), AuthResult::kAllowed);
+  EXPECT_EQ(scope, (std::vector<std::string>{"a", "c"}));
+  EXPECT_EQ(auth.check_scope("Bearer " + every->token, &scope), AuthResult::kAllowed);
+  EXPECT_TRUE(scope.empty());
+  EXPECT_EQ(auth.check_scope("", &scope), AuthResult::kMissing);
+  EXPECT_EQ(auth.check_scope("Bearer flt_every_" + std::string(64, '0'), &scope),
+            AuthResult::kInvalid);
+  EXPECT_EQ(auth.check_scope("Basic x", &scope), AuthResult::kInvalid);
+}
+
+TEST(ScopeMetricsTest, KeepsOnlyTheScopedEndpointsSeriesUnderTheirFamilies) {
+  const std::string exposition =
+      "# HELP flotilla_gateway_requests_total Requests\n"
+      "# TYPE flotilla_gateway_requests_total counter\n"
+      "flotilla_gateway_requests_total{endpoint=\"a\",replica=\"a-1\"} 3\n"
+      "flotilla_gateway_requests_total{endpoint=\"b\",replica=\"b-1\"} 4\n"
+      "flotilla_gateway_requests_total{replica=\"x\",endpoint=\"c\"} 5\n"
+      "# HELP flotilla_gateway_unrouted_total Unrouted\n"
+      "# TYPE flotilla_gateway_unrouted_total counter\n"
+      "flotilla_gateway_unrouted_total{code=\"404\"} 9\n"
+      "# HELP process_open_fds Fds\n"
+      "# TYPE process_open_fds gauge\n"
+      "process_open_fds 12\n"
+      "# HELP flotilla_gateway_latency_seconds Latency\n"
+      "# TYPE flotilla_gateway_latency_seconds histogram\n"
+      "flotilla_gateway_latency_seconds_bucket{endpoint=\"b\",le=\"+Inf\"} 4\n"
+      "flotilla_gateway_latency_seconds_bucket{endpoint=\"a\",le=\"0.1\"} 1\n"
+      "flotilla_gateway_latency_seconds_bucket{endpoint=\"a\",le=\"+Inf\"} 3\n"
+      "flotilla_gateway_latency_seconds_sum{endpoint=\"a\"} 0.2\n"
+      "flotilla_gateway_latency_seconds_count{endpoint=\"a\"} 3\n"
+      // A label value that only looks like the label, and an escaped quote before it.
+      "# HELP odd Odd\n"
+      "# TYPE odd gauge\n"
+      "odd{path=\"endpoint=\\\"a\\\"\"} 1\n"
+      "odd{path=\"x\\\"y\",endpoint=\"a\"} 2\n";
+  EXPECT_EQ(scope_metrics(exposition, {"a", "c"}),
+            "# HELP flotilla_gateway_requests_total Requests\n"
+            "# TYPE flotilla_gateway_requests_total counter\n"
+            "flotilla_gateway_requests_total{endpoint=\"a\",replica=\"a-1\"} 3\n"
+            "flotilla_gateway_requests_total{replica=\"x\",endpoint=\"c\"} 5\n"
+            "# HELP flotilla_gateway_latency_seconds Latency\n"
+            "# TYPE flotilla_gateway_latency_seconds histogram\n"
+            "flotilla_gateway_latency_seconds_bucket{endpoint=\"a\",le=\"0.1\"} 1\n"
+            "flotilla_gateway_latency_seconds_bucket{endpoint=\"a\",le=\"+Inf\"} 3\n"
+            "flotilla_gateway_latency_seconds_sum{endpoint=\"a\"} 0.2\n"
+            "flotilla_gateway_latency_seconds_count{endpoint=\"a\"} 3\n"
+            "# HELP odd Odd\n"
+            "# TYPE odd gauge\n"
+            "odd{path=\"x\\\"y\",endpoint=\"a\"} 2\n");
+  EXPECT_EQ(scope_metrics(exposition, {}), exposition) << "an unscoped token sees everything";
+  EXPECT_EQ(scope_metrics(exposition, {"nothing-here"}), "");
+  // Malformed lines are left out, never read past their end.
+  EXPECT_EQ(scope_metrics("x{endpoint=\"a\n"
+                          "y{endpoint=a} 1\n"
+                          "z{endpoint=\"a\\",
+                          {"a"}),
+            "");
+}
+
 }  // namespace
 }  // namespace flotilla::gateway

@@ -2356,5 +2356,91 @@ class IdleAutoscaler(ControlTestCase):
         self.assertEqual(lowered, [], "the target fell on an idle or lightly loaded endpoint")
         self.assertGreaterEqual(up.view(name)["autoscaler"]["target_concurrency"], start)
 
+
+# =========================================================================== issue 18, item 12
+
+class MetricsAndStatsByScope(ControlTestCase):
+    """/metrics on both ports and the gateway's /gateway/stats need a token: any valid one sees
+    everything, one scoped to endpoints sees only their series and stats; `--open-routes
+    metrics` opens /metrics (both ports) for a local Prometheus, and nothing else."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.up = up = cls.start_up()
+        for n in ("mine", "theirs"):
+            up.create(spec(n, served("v1", CLASSIFIER)))
+        for n in ("mine", "theirs"):
+            up.wait_serving(n)
+            assert up.invoke(n).status == 200
+        cls.scoped = up._ok(up.api("POST", "/api/2.0/tokens",
+                                   {"id": "scoped", "endpoints": ["mine"]}), "token")["token"]
+        cls.every = up._ok(up.api("POST", "/api/2.0/tokens", {"id": "every"}), "token")["token"]
+
+    def metrics(self, port_name, token):
+        call = self.up.api if port_name == "API" else self.up.gw
+        return call("GET", "/metrics", token=token)
+
+    def assertPromtool(self, text):
+        ok, output = harness.promtool_check_metrics(text)
+        self.assertTrue(ok, f"promtool check metrics failed:\n{output}\n{text[:2000]}")
+
+    def test_metrics_need_a_token_on_both_ports(self):
+        for port_name in ("API", "gateway"):
+            with self.subTest(port=port_name):
+                self.assertEqual(self.metrics(port_name, None).status, 401)
+                self.assertEqual(self.metrics(port_name, "flt_every_" + "1" * 64).status, 401)
+                self.assertEqual(self.metrics(port_name, "garbage").status, 401)
+
+    def test_a_token_for_every_endpoint_sees_every_series(self):
+        for port_name in ("API", "gateway"):
+            for token in (self.up.token, self.every):
+                with self.subTest(port=port_name, admin=token == self.up.token):
+                    r = self.metrics(port_name, token)
+                    self.assertEqual(r.status, 200, r)
+                    text = r.body.decode()
+                    self.assertPromtool(text)
+                    samples = harness.parse_metrics(text)
+                    endpoints = {dict(labels).get("endpoint") for _, labels in samples}
+                    self.assertLessEqual({"mine", "theirs"}, endpoints)
+                    self.assertIn("process_open_fds", {name for name, _ in samples})
+
+    def test_a_scoped_token_sees_only_its_endpoints_series(self):
+        for port_name in ("API", "gateway"):
+            with self.subTest(port=port_name):
+                r = self.metrics(port_name, self.scoped)
+                self.assertEqual(r.status, 200, r)
+                text = r.body.decode()
+                self.assertPromtool(text)
+                self.assertFalse("theirs" in text, "another endpoint's series")
+                samples = harness.parse_metrics(text)
+                self.assertTrue(samples, "nothing of its own endpoint")
+                self.assertEqual({dict(labels).get("endpoint") for _, labels in samples},
+                                 {"mine"}, "only series labelled with its endpoint")
+                names = {name for name, _ in samples}
+                self.assertIn("flotilla_gateway_requests_total", names)
+
+    def test_stats_by_scope(self):
+        up = self.up
+        self.assertEqual(up.gw("GET", "/gateway/stats", token=None).status, 401)
+        self.assertEqual(up.gw("GET", "/gateway/stats", token="flt_x_" + "0" * 64).status, 401)
+        for token, names in ((up.token, ["mine", "theirs"]), (self.every, ["mine", "theirs"]),
+                             (self.scoped, ["mine"])):
+            r = up.gw("GET", "/gateway/stats", token=token)
+            self.assertEqual(r.status, 200, r)
+            self.assertEqual(sorted(e["name"] for e in r.json()["endpoints"]), names)
+            self.assertEqual(token == self.scoped, "theirs" not in r.body.decode())
+
+    def test_open_routes_metrics_opens_metrics_on_both_ports_and_nothing_else(self):
+        up = self.start_up_for_test("--open-routes", "health", "metrics")
+        for port_name, call in (("API", up.api), ("gateway", up.gw)):
+            with self.subTest(port=port_name):
+                r = call("GET", "/metrics", token=None)
+                self.assertEqual(r.status, 200, r)
+                self.assertPromtool(r.body.decode())
+        self.assertEqual(up.gw("GET", "/gateway/stats", token=None).status, 401)
+        self.assertEqual(up.api("GET", "/api/2.0/serving-endpoints", token=None).status, 401)
+        up.stop()
+
+
 if __name__ == "__main__":
     unittest.main()

@@ -69,6 +69,17 @@ class RangeServer {
     return most_in_flight_;
   }
 
+  // Requests for /NAME of any kind (probes, ranges, whole), counted as they arrive.
+  int requests(const std::string& name) {
+    std::lock_guard lock(mu_);
+    return requests_[name];
+  }
+  // Serves `data` as /NAME from now on.
+  void replace(const std::string& name, std::string data) {
+    std::lock_guard lock(mu_);
+    files_[name] = std::move(data);
+  }
+
  private:
   void handle(http::Request&& request, http::Responder&& responder) {
     std::string path = request.target.substr(1);
@@ -76,12 +87,17 @@ class RangeServer {
     if (!honour_range) {
       path = path.substr(8);
     }
-    auto file = files_.find(path);
-    if (file == files_.end()) {
-      responder.send(http::Response{404, "text/plain", "not found", {}});
-      return;
+    std::string data;
+    {
+      std::lock_guard lock(mu_);
+      ++requests_[path];
+      auto file = files_.find(path);
+      if (file == files_.end()) {
+        responder.send(http::Response{404, "text/plain", "not found", {}});
+        return;
+      }
+      data = file->second;
     }
-    const std::string& data = file->second;
     std::optional<std::pair<uint64_t, uint64_t>> range;
     for (const auto& [name, value] : request.headers) {
       unsigned long long first = 0, last = 0;
@@ -121,9 +137,10 @@ class RangeServer {
         delay_);
   }
 
-  std::map<std::string, std::string> files_;
+  std::map<std::string, std::string> files_;  // guarded by mu_
   std::chrono::milliseconds delay_;
   std::mutex mu_;
+  std::map<std::string, int> requests_;
   std::vector<uint64_t> ranges_;
   int in_flight_ = 0;
   int most_in_flight_ = 0;
@@ -322,6 +339,87 @@ TEST_F(LazyPullTest, AHeldArtifactIsPinnedAgainstEviction) {
   EXPECT_FALSE(fs::exists(*second_path));
   EXPECT_TRUE(fs::exists(*third_path));
   EXPECT_EQ(cache->size_bytes(), 4 * kRange);
+}
+
+// Issue 18, item 11: a "#sha256=" pin on a manifest URL pins the manifest, and so, through its
+// digests, every file. A manifest that does not match is refused before any file is asked for.
+class ManifestPinTest : public LazyPullTest {
+ protected:
+  void SetUp() override {
+    LazyPullTest::SetUp();
+    weights_ = random_bytes(3 * kRange + 1, 9);
+    Manifest manifest;
+    manifest.files = {{"weights.bin", weights_.size(), sha256_hex(weights_)}};
+    manifest_ = manifest_json(manifest);
+  }
+  std::string weights_;
+  std::string manifest_;
+};
+
+TEST_F(ManifestPinTest, AManifestThatDoesNotMatchItsPinIsRefusedBeforeAnyFile) {
+  // What the pin promised, and what a server (or someone between) sends instead: another
+  // manifest, itself consistent, whose file digests match the other content it serves.
+  const std::string pin = sha256_hex(manifest_);
+  const std::string tampered_weights = random_bytes(weights_.size(), 10);
+  Manifest tampered;
+  tampered.files = {{"weights.bin", tampered_weights.size(), sha256_hex(tampered_weights)}};
+  const std::string tampered_manifest = manifest_json(tampered);
+  RangeServer server(
+      {{std::string(kManifestName), tampered_manifest}, {"weights.bin", tampered_weights}});
+  auto cache = open_cache();
+  const std::string url = server.url(std::string(kManifestName));
+
+  Result<std::string> path = cache->pull(url + "#sha256=" + pin, options(2));
+  ASSERT_FALSE(path.is_ok()) << "a manifest that is not the pinned one was trusted";
+  EXPECT_EQ(path.status().code(), StatusCode::kFailedPrecondition);
+  const std::string& message = path.status().message();
+  EXPECT_THAT(message, HasSubstr(url));
+  EXPECT_THAT(message, HasSubstr("expected sha256 " + pin));
+  EXPECT_THAT(message, HasSubstr("got " + sha256_hex(tampered_manifest)));
+  EXPECT_EQ(server.requests("weights.bin"), 0) << "a file of the unverified manifest was fetched";
+  EXPECT_EQ(entries("blobs"), 0u);
+  EXPECT_EQ(entries("artifacts"), 0u);
+  EXPECT_EQ(entries("partial"), 0u);
+
+  // The lazy path refuses it the same way, before returning.
+  auto lazy = cache->pull_lazy(url + "#sha256=" + pin, options(2));
+  ASSERT_FALSE(lazy.is_ok());
+  EXPECT_EQ(lazy.status().code(), StatusCode::kFailedPrecondition);
+  EXPECT_EQ(server.requests("weights.bin"), 0);
+}
+
+TEST_F(ManifestPinTest, APinnedManifestIsPulledAndThenServedFromTheCacheWithoutAsking) {
+  RangeServer server({{std::string(kManifestName), manifest_}, {"weights.bin", weights_}});
+  auto cache = open_cache();
+  const std::string pinned =
+      server.url(std::string(kManifestName)) + "#sha256=" + sha256_hex(manifest_);
+  Result<std::string> path = cache->pull(pinned, options(2));
+  ASSERT_TRUE(path.is_ok()) << path.status().message();
+  EXPECT_THAT(*path, HasSubstr("/artifacts/m-" + sha256_hex(manifest_)));
+  EXPECT_EQ(read_at(*path + "/weights.bin", 0, weights_.size()), weights_);
+  EXPECT_EQ(server.requests(std::string(kManifestName)), 1);
+
+  // The pinned content is what the cache holds, so the server is not asked again, even once
+  // it serves something else under that URL.
+  server.replace(std::string(kManifestName), "{\"files\": []}");
+  Result<std::string> again = cache->pull(pinned, options(2));
+  ASSERT_TRUE(again.is_ok()) << again.status().message();
+  EXPECT_EQ(*again, *path);
+  EXPECT_EQ(server.requests(std::string(kManifestName)), 1);
+  // Unpinned, the URL is fetched and its new content is what the pull returns.
+  Result<std::string> unpinned = cache->pull(server.url(std::string(kManifestName)), options(2));
+  ASSERT_TRUE(unpinned.is_ok()) << unpinned.status().message();
+  EXPECT_NE(*unpinned, *path);
+  EXPECT_EQ(server.requests(std::string(kManifestName)), 2);
+}
+
+TEST_F(LazyPullTest, AManifestWithNoFilesIsAnEmptyDirectory) {
+  RangeServer server({{std::string(kManifestName), "{\"files\": []}"}});
+  auto cache = open_cache();
+  Result<std::string> path = cache->pull(server.url(std::string(kManifestName)), options(2));
+  ASSERT_TRUE(path.is_ok()) << path.status().message();
+  EXPECT_TRUE(fs::is_directory(*path));
+  EXPECT_TRUE(fs::is_empty(*path));
 }
 
 }  // namespace
