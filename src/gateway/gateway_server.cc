@@ -1346,8 +1346,7 @@ nlohmann::json model_object(const std::string& name, const EndpointView& view) {
 
 void GatewayImpl::answer_local(const Route& route, const http::Request& request,
                                const Snapshot& snapshot, ErrorShape shape,
-                               const std::string& request_id,
-                               const std::vector<std::string>& scope,
+                               const std::string& request_id, const std::vector<std::string>& scope,
                                http::Responder&& responder) {
   http::Response response;
   const std::string_view authorization = http::find_header(request.headers, "authorization");
