@@ -233,7 +233,7 @@ struct Route {
   std::string version;
   std::string upstream_target;  // path and query to send to the replica
   std::string error;            // for kBadRequest
-  std::string_view allow;       // for kMethodNotAllowed: the Allow header ("POST")
+  std::string_view allow;       // for kMethodNotAllowed: the Allow header, a literal ("POST")
 };
 
 // Classifies a request. `default_endpoint` (may be empty) receives paths no route claims.
