@@ -426,8 +426,11 @@ class LocalOrchestrator final : public Orchestrator {
     }
     for (auto& [id, process] : processes_) {
       Replica& replica = process.replica;
-      if (replica.pid != pid || replica.state == ReplicaState::kFailed ||
-          replica.state == ReplicaState::kStopped) {
+      if (replica.pid != pid) {
+        continue;
+      }
+      if (replica.state == ReplicaState::kFailed || replica.state == ReplicaState::kStopped) {
+        remove_cgroup(process);  // a hung one, failed when killed: its cgroup is empty now
         continue;
       }
       remove_cgroup(process);
@@ -791,7 +794,6 @@ class LocalOrchestrator final : public Orchestrator {
         replica.state = ReplicaState::kFailed;
         replica.reason = std::string("hung: no liveness answer in ") + seconds + " s; replaced";
         process.failed_at = now;
-        remove_cgroup(process);
         count_failure(replica.deployment.key);
         pending_events_.push_back({replica, "hung", replica.reason});
         replaced = true;
