@@ -222,7 +222,8 @@ std::function<int()> add_up_command(CLI::App& app) {
       ->check(CLI::Range(0, 64))
       ->capture_default_str();
   cmd->add_option("--open-routes", flags->open_routes,
-                  "Gateway routes served without a token: health, metrics, stats, models")
+                  "Routes served without a token: health, metrics (/metrics on both ports, "
+                  "for a local Prometheus), stats, models")
       ->check(CLI::IsMember({"health", "metrics", "stats", "models"}))
       ->capture_default_str();
   cmd->add_option("--drain-timeout-ms", flags->drain_timeout_ms,

@@ -153,7 +153,11 @@ Status SafetensorsSet::add_file(const std::string& path) {
     return invalid_argument(path + ": header is not a JSON object");
   }
   std::span<const std::byte> data = bytes.subspan(8 + header_bytes);
-  for (const auto& [name, entry] : header.items()) {
+  for (const auto& item : header.items()) {
+    // Not a structured binding: the lambda below captures the name, which clang 14 (the fuzz
+    // build's) cannot do for a binding.
+    const std::string& name = item.key();
+    const Json& entry = item.value();
     if (name == "__metadata__") {
       continue;
     }
@@ -179,7 +183,11 @@ Status SafetensorsSet::add_file(const std::string& path) {
         return fail("bad shape");
       }
       view.shape.push_back(d.get<int64_t>());
-      elements *= view.shape.back();
+      // Checked: a product that wrapped around could match the few bytes a huge shape holds.
+      if (__builtin_mul_overflow(elements, view.shape.back(), &elements) ||
+          elements > (int64_t{1} << 60)) {
+        return fail("shape " + shape_string(view.shape) + " has too many elements");
+      }
     }
     const Json& offsets = entry["data_offsets"];
     if (!offsets[0].is_number_unsigned() || !offsets[1].is_number_unsigned()) {

@@ -11,6 +11,7 @@
 #include <map>
 
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include "llm/llm_fixtures.h"
 
@@ -371,6 +372,29 @@ TEST(ModelLoaderTest, AnAwaitFailureFailsTheLoad) {
 TEST(ModelLoaderTest, DetectsLlmDirectories) {
   EXPECT_TRUE(is_llm_directory(LlmFixtures::get().model("qwen2-tied")));
   EXPECT_FALSE(is_llm_directory(LlmFixtures::get().dir()));
+}
+
+// Found by tests/fuzz/safetensors_fuzz (issue 18): a shape whose element count overflows int64
+// was multiplied out unchecked. This one wraps around to 4 elements, exactly the 16 bytes of
+// F32 data the tensor holds, so it was accepted; each dimension is under the 2^40 bound.
+TEST(SafetensorsTest, RefusesAShapeWhoseElementCountOverflows) {
+  const std::string dir =
+      ::testing::TempDir() + "/safetensors-overflow-" + std::to_string(::getpid());
+  std::filesystem::create_directories(dir);
+  const std::string header =
+      R"({"w": {"dtype": "F32", "shape": [4, 5, 5581, 8681, 49477, 384773], )"
+      R"("data_offsets": [0, 16]}})";
+  const uint64_t length = header.size();
+  std::ofstream out(dir + "/model.safetensors", std::ios::binary | std::ios::trunc);
+  out.write(reinterpret_cast<const char*>(&length), 8);
+  out << header << std::string(16, '\0');
+  out.close();
+  Result<SafetensorsSet> set = SafetensorsSet::open_directory(dir);
+  std::filesystem::remove_all(dir);
+  ASSERT_FALSE(set.is_ok()) << "a shape of 2^64 + 4 elements passed for 4";
+  EXPECT_EQ(set.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(set.status().message().find("too many elements"), std::string::npos)
+      << set.status().message();
 }
 
 }  // namespace
