@@ -1018,7 +1018,9 @@ void GatewayImpl::on_upstream(const std::shared_ptr<ProxyCall>& call,
     respond(*call, json_error(499, "client closed the connection"));
     return;
   }
-  record_failure(call->replica);
+  if (!response.local_failure) {  // out of descriptors here says nothing about the replica
+    record_failure(call->replica);
+  }
   const bool retryable = response.failure == http::UpstreamFailure::kConnect ||
                          response.failure == http::UpstreamFailure::kClosedBeforeResponse;
   spdlog::debug("request {}: replica {} of '{}' failed ({}): {}", call->request_id, replica.id,
