@@ -1498,7 +1498,7 @@ class FileDescriptors(GatewayTestCase):
         return harness.start_process(self, [
             PYTHON, "-c", limit, FLOTILLA_BIN, "gateway", "--listen", "127.0.0.1:0",
             "--config", config, "--workers", "2", "--header-timeout-ms", "60000",
-            "--upstream-timeout-ms", "5000"])
+            "--upstream-timeout-ms", "5000", "--cold-start-timeout-ms", "1000"])
 
     def test_over_the_budget_503_no_ejection_no_abort_and_few_log_lines(self):
         replica = start_replica(self, "a", 300)
