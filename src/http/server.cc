@@ -10,8 +10,9 @@
 // (a stream: after finish()); when the last session is gone, every loop stops and run() returns.
 //
 // Descriptors (docs/gateway.md, "File descriptors"): the connection cap is sized from
-// RLIMIT_NOFILE at bind(). Past the cap a connection is answered 503 with a lingering close;
-// past a few more (the cap's sixteenth), 503 and an immediate close. Should accept still fail
+// RLIMIT_NOFILE at bind(). Past the cap a connection is answered 503 with a lingering close
+// (not counted against the cap); past a few more sessions in all (a sixteenth of the cap plus
+// 16), 503 and an immediate close. Should accept still fail
 // for want of a descriptor (something else took them), one spare descriptor held for the
 // purpose is given up to accept the connection and answer it 503; when even that fails, the
 // worker retries after a pause, and the failure is logged at most once per kLogPeriod.
@@ -152,7 +153,8 @@ class ServerImpl final : public Server {
   bool draining() const override { return draining_.load(std::memory_order_relaxed); }
   bool stopped() const { return stopped_.load(); }
   int worker_count() const override { return static_cast<int>(workers_.size()); }
-  void session_closed();
+  // `served`: the session counted against the cap (it was not answered 503 at once).
+  void session_closed(bool served);
 
  private:
   void size_connection_cap(int worker_count);
@@ -172,10 +174,11 @@ class ServerImpl final : public Server {
   Handler handler_;
   std::vector<std::unique_ptr<Worker>> workers_;
   uint16_t port_ = 0;
-  std::atomic<size_t> connections_{0};
-  size_t max_connections_ = 0;  // options_.max_connections, lowered to fit the descriptors
-  size_t max_lingering_ = 0;    // sessions at most, 503s lingering included
-  std::string refusal_;         // the 503 that refuse() writes, made at bind()
+  std::atomic<size_t> connections_{0};  // every session, 503s lingering included
+  std::atomic<size_t> served_{0};       // the sessions within the cap
+  size_t max_connections_ = 0;          // options_.max_connections, lowered to fit the descriptors
+  size_t max_lingering_ = 0;            // sessions at most, 503s lingering included
+  std::string refusal_;                 // the 503 that refuse() writes, made at bind()
   std::atomic<int> spare_descriptor_{-1};
   LogLimiter accept_log_;
   LogLimiter refusal_log_;
@@ -204,6 +207,7 @@ class Session : public std::enable_shared_from_this<Session> {
   void start(bool reject) {
     worker_.sessions.insert(this);
     if (reject) {
+      rejected_ = true;
       keep_alive_ = false;
       // The client may have sent its request already: closing with it unread would reset the
       // connection, which can destroy the 503 before the client reads it.
@@ -594,7 +598,7 @@ class Session : public std::enable_shared_from_this<Session> {
     beast::error_code ignored;
     socket_.close(ignored);
     worker_.sessions.erase(this);
-    server_.session_closed();
+    server_.session_closed(!rejected_);
   }
 
   Socket socket_;
@@ -621,6 +625,7 @@ class Session : public std::enable_shared_from_this<Session> {
   bool stream_complete_ = false;
   size_t lingered_bytes_ = 0;
   TimePoint first_header_deadline_;  // the accept plus header_timeout
+  bool rejected_ = false;            // answered 503 at the accept, not counted against the cap
   bool first_request_ = true;        // no request dispatched yet on this connection
   std::function<void()> on_gone_;
   uint64_t watch_generation_ = 0;
@@ -1236,13 +1241,17 @@ void ServerImpl::accept(Worker& worker) {
       return;
     }
     socket.set_option(tcp::no_delay(true), ec);
-    const bool reject = open >= max_connections_;
+    // Connections answered 503 and lingering do not count against the cap: one served
+    // connection closing frees a slot at once.
+    const size_t served = served_.fetch_add(1);
+    const bool reject = served >= max_connections_;
     if (reject) {
+      served_.fetch_sub(1);
       if (uint64_t held_back = 0; refusal_log_.allow(held_back)) {
         spdlog::warn(
-            "too many connections: {} open, at the limit of {}; answering 503 ({} more "
+            "too many connections: {} served, at the limit of {}; answering 503 ({} more "
             "in the last {} s)",
-            open, max_connections_, held_back, kLogPeriod.count());
+            served, max_connections_, held_back, kLogPeriod.count());
       }
     }
     std::make_shared<Session>(std::move(socket), *this, worker)->start(reject);
@@ -1417,7 +1426,10 @@ void ServerImpl::drain_on_signals(std::chrono::milliseconds timeout) {
   });
 }
 
-void ServerImpl::session_closed() {
+void ServerImpl::session_closed(bool served) {
+  if (served) {
+    served_.fetch_sub(1);
+  }
   if (connections_.fetch_sub(1) == 1 && draining_.load()) {
     stop_all();
   }
