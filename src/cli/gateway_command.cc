@@ -115,6 +115,8 @@ int run_gateway(const GatewayFlags& flags) {
   options.server.max_body_bytes = flags.max_body_bytes;
   options.server.max_header_bytes = flags.max_header_bytes;
   options.server.max_connections = flags.max_connections;
+  // Each client connection may hold an upstream one while its request is in flight.
+  options.server.fd_share = 0.5;
   options.server.header_timeout = std::chrono::milliseconds(flags.header_timeout_ms);
   options.server.body_timeout = std::chrono::milliseconds(flags.body_timeout_ms);
   options.server.idle_timeout = std::chrono::milliseconds(flags.idle_timeout_ms);
@@ -235,7 +237,8 @@ std::function<int()> add_gateway_command(CLI::App& app) {
       ->check(CLI::Range(size_t{256}, size_t{1} << 20))
       ->capture_default_str();
   cmd->add_option("--max-connections", flags->max_connections,
-                  "Open client connections at most (503 above)")
+                  "Open client connections at most (503 above); lowered to fit the open-file "
+                  "limit (docs/gateway.md)")
       ->check(CLI::Range(size_t{1}, size_t{1'000'000}))
       ->capture_default_str();
   cmd->add_option("--header-timeout-ms", flags->header_timeout_ms,

@@ -13,6 +13,7 @@
 
 #include "cli/commands.h"
 #include "common/common.h"
+#include "http/http.h"
 #include "orchestrator/orchestrator.h"
 #include "replica/replica.h"
 #include "runtime/runtime.h"
@@ -421,6 +422,11 @@ int main(int argc, char** argv) {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
+  }
+  // Servers size their connection caps from the descriptor limit: a shell's default soft
+  // limit (1024) is usually far below the hard one.
+  if (app.got_subcommand("replica") || app.got_subcommand("gateway") || app.got_subcommand("up")) {
+    flotilla::http::raise_open_file_limit();
   }
   if (app.got_subcommand("replica")) {
     return replica_flags.standby ? flotilla::run_standby(replica_flags)

@@ -138,6 +138,12 @@ int run_up(const UpFlags& flags) {
   gateway_options.server.host = gateway_address->first;
   gateway_options.server.port = gateway_address->second;
   gateway_options.server.workers = flags.gateway_workers;
+  // One descriptor budget for the whole process (docs/gateway.md, "File descriptors"): the
+  // gateway's client connections take 7/16 of it and their upstream connections as much, the
+  // control API 1/16; the reserve covers the API's loops, the orchestrator (spawns, probes,
+  // replica logs), SQLite and the logs.
+  gateway_options.server.fd_reserve = 128;
+  gateway_options.server.fd_share = 7.0 / 16;
   gateway_options.cold_start_timeout = std::chrono::milliseconds(flags.cold_start_timeout_ms);
   gateway::AuthConfig closed;
   closed.enabled = true;  // no request passes before the control plane publishes the tokens
@@ -152,6 +158,8 @@ int run_up(const UpFlags& flags) {
   control_options.data_dir = data_dir;
   control_options.api.host = api_address->first;
   control_options.api.port = api_address->second;
+  control_options.api.fd_reserve = 128;
+  control_options.api.fd_share = 1.0 / 16;
   control_options.gateway_url =
       "http://" + gateway_address->first + ":" + std::to_string((*gateway)->port());
   control_options.open_routes = flags.open_routes;

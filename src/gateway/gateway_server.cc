@@ -1120,7 +1120,9 @@ void GatewayImpl::on_upstream(const std::shared_ptr<ProxyCall>& call,
     respond(*call, error_response(call->shape, 499, "client closed the connection"));
     return;
   }
-  record_failure(call->replica);
+  if (!response.local_failure) {  // out of descriptors here says nothing about the replica
+    record_failure(call->replica);
+  }
   spdlog::debug("request {}: replica {} of '{}' failed ({}): {}", call->request_id, replica.id,
                 replica.endpoint, http::failure_name(response.failure), response.error);
   if (should_retry(FailedAttempt{response.failure, response.unsent.has_value(), call->client_gone,

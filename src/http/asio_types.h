@@ -35,6 +35,16 @@ inline bool is_malformed_http(const beast::error_code& ec) {
          ec != bhttp::error::end_of_stream && ec != bhttp::error::partial_message;
 }
 
+// A failure of this process's own resources rather than of the peer: out of descriptors
+// (per process or system-wide), socket buffers, memory or local ports.
+inline bool is_local_resource_error(int error) {
+  return error == EMFILE || error == ENFILE || error == ENOBUFS || error == ENOMEM ||
+         error == EADDRNOTAVAIL;
+}
+inline bool is_local_resource_error(const beast::error_code& ec) {
+  return ec.category() == boost::system::system_category() && is_local_resource_error(ec.value());
+}
+
 // Sends `head` then `body` with one non-blocking sendmsg (no SIGPIPE). Returns the bytes sent
 // (possibly fewer than both: the socket buffer is full), 0 when nothing could be sent now, or
 // -errno on a failure.

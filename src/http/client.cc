@@ -87,6 +87,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
 
  private:
   void connect();
+  void resolve(const std::shared_ptr<Resolver>& resolver);
   void on_connect(beast::error_code ec);
   void write();
   void read();
@@ -95,7 +96,8 @@ class Connection : public std::enable_shared_from_this<Connection> {
   void read_stream();
   void on_read_stream(beast::error_code ec);
   void fail_read(beast::error_code ec);
-  void fail(UpstreamFailure failure, const std::string& error);
+  // `local`: the failure is this process's (out of descriptors...), see ClientResponse.
+  void fail(UpstreamFailure failure, const std::string& error, bool local = false);
   void finish(ClientResponse&& response, bool keep);
 
   Socket socket_;
@@ -285,7 +287,14 @@ void Connection::start(ClientRequest&& request, std::chrono::milliseconds timeou
 
 void Connection::on_connect(beast::error_code ec) {
   if (ec) {
-    fail(UpstreamFailure::kConnect, timed_out_ ? "connect timed out" : "connect: " + ec.message());
+    if (timed_out_) {
+      fail(UpstreamFailure::kConnect, "connect timed out");
+    } else if (is_local_resource_error(ec)) {
+      // Opening the socket failed here, or the kernel had no local port for it.
+      fail(UpstreamFailure::kConnect, "connect: local: " + ec.message(), /*local=*/true);
+    } else {
+      fail(UpstreamFailure::kConnect, "connect: " + ec.message());
+    }
     return;
   }
   connected_ = true;
@@ -304,8 +313,21 @@ void Connection::connect() {
         [self = shared_from_this()](beast::error_code ec) { self->on_connect(ec); });
     return;
   }
-  // Host names: resolve asynchronously (Kubernetes mode); loopback tests use literals.
-  auto resolver = std::make_shared<Resolver>(socket_.get_executor());
+  // Host names: resolve asynchronously (Kubernetes mode); loopback tests use literals. Asio's
+  // resolver starts a thread of its own at its first use, which throws when none can be made.
+  try {
+    auto resolver = std::make_shared<Resolver>(socket_.get_executor());
+    resolve(resolver);
+  } catch (const std::exception& e) {
+    // Posted: the caller's callback never runs inside send().
+    asio::post(socket_.get_executor(), [self = shared_from_this(), what = std::string(e.what())] {
+      self->fail(UpstreamFailure::kConnect, "cannot resolve '" + self->host_ + "': local: " + what,
+                 /*local=*/true);
+    });
+  }
+}
+
+void Connection::resolve(const std::shared_ptr<Resolver>& resolver) {
   resolver->async_resolve(
       host_, std::to_string(port_),
       [self = shared_from_this(), resolver](beast::error_code ec,
@@ -500,7 +522,7 @@ void Connection::fail_read(beast::error_code ec) {
   }
 }
 
-void Connection::fail(UpstreamFailure failure, const std::string& error) {
+void Connection::fail(UpstreamFailure failure, const std::string& error, bool local) {
   connected_ = false;
   buffer_.clear();
   reader_.reset();
@@ -520,6 +542,7 @@ void Connection::fail(UpstreamFailure failure, const std::string& error) {
   ClientResponse response;
   response.failure = failure;
   response.error = error;
+  response.local_failure = local;
   if (failure == UpstreamFailure::kConnect || failure == UpstreamFailure::kClosedBeforeResponse ||
       failure == UpstreamFailure::kClosedDuringResponse) {
     response.unsent = std::move(request_);

@@ -32,10 +32,10 @@ ClientResponse failed(UpstreamFailure failure, std::string error) {
   return response;
 }
 
-}  // namespace
-
-ClientResponse fetch(const std::string& host, uint16_t port, ClientRequest request,
-                     std::chrono::milliseconds timeout) {
+// fetch() itself, less the exceptions: Asio throws when the io_context it makes here cannot
+// get its descriptors (epoll, eventfd, timerfd), or a resolver its thread.
+ClientResponse fetch_or_throw(const std::string& host, uint16_t port, ClientRequest& request,
+                              std::chrono::milliseconds timeout) {
   asio::io_context context;
   beast::tcp_stream stream(context);
   bhttp::request<bhttp::string_body> message(to_verb(request.method), request.target, 11);
@@ -64,7 +64,9 @@ ClientResponse fetch(const std::string& host, uint16_t port, ClientRequest reque
     if (ec) {
       outcome = failed(
           ec == beast::error::timeout ? UpstreamFailure::kTimeout : UpstreamFailure::kConnect,
-          "connect to " + host + ":" + std::to_string(port) + ": " + ec.message());
+          "connect to " + host + ":" + std::to_string(port) + ": " +
+              (is_local_resource_error(ec) ? "local: " : "") + ec.message());
+      outcome->local_failure = is_local_resource_error(ec);
       return;
     }
     stream.socket().set_option(tcp::no_delay(true), ec);
@@ -106,6 +108,29 @@ ClientResponse fetch(const std::string& host, uint16_t port, ClientRequest reque
     return failed(UpstreamFailure::kTimeout, "no response");
   }
   return std::move(*outcome);
+}
+
+}  // namespace
+
+ClientResponse fetch(const std::string& host, uint16_t port, ClientRequest request,
+                     std::chrono::milliseconds timeout) {
+  // A probe must not take the process down when descriptors run out (a throw here used to
+  // abort `flotilla up`): it fails like a connect that could not be made, marked as ours.
+  try {
+    return fetch_or_throw(host, port, request, timeout);
+  } catch (const boost::system::system_error& e) {
+    ClientResponse response =
+        failed(UpstreamFailure::kConnect, "connect to " + host + ":" + std::to_string(port) +
+                                              ": local: " + e.code().message());
+    response.local_failure = is_local_resource_error(e.code()) || e.code().value() == EAGAIN;
+    return response;
+  } catch (const std::exception& e) {
+    ClientResponse response =
+        failed(UpstreamFailure::kConnect,
+               "connect to " + host + ":" + std::to_string(port) + ": local: " + e.what());
+    response.local_failure = true;
+    return response;
+  }
 }
 
 }  // namespace flotilla::http

@@ -28,10 +28,21 @@ struct ServerOptions {
   int workers = 0;    // event loops; 0: one per core
   size_t max_body_bytes = 8 * 1024 * 1024;
   size_t max_header_bytes = 16 * 1024;
+  // Open client connections at most; one past it is answered 503 (Connection: close) and
+  // closed. create() lowers it to fit the process's descriptor limit (soft RLIMIT_NOFILE, see
+  // raise_open_file_limit): of the limit, fd_reserve descriptors plus 4 per worker (its event
+  // loop's and its listener's) are kept for everything that is not a client connection, and
+  // client connections may take fd_share of the rest: 1 for a server that opens nothing per
+  // connection, 0.5 for a proxy whose in-flight requests each hold an upstream connection too.
+  // Server::max_connections() tells the cap in force; docs/gateway.md, "File descriptors".
   size_t max_connections = 10000;
-  // The whole header must arrive within header_timeout of its first byte (slowloris), the
-  // body within body_timeout of the header; a keep-alive connection waits idle_timeout for the
-  // first byte of its next request.
+  size_t fd_reserve = 64;
+  double fd_share = 1.0;
+  // The header of a connection's first request must arrive within header_timeout of the
+  // accept, a connection that sends nothing included; a keep-alive connection waits
+  // idle_timeout for the first byte of its next request, whose header must then arrive within
+  // header_timeout of that byte (slowloris). The body must arrive within body_timeout of the
+  // header.
   std::chrono::milliseconds header_timeout{10'000};
   std::chrono::milliseconds body_timeout{30'000};
   std::chrono::milliseconds idle_timeout{60'000};
@@ -173,10 +184,19 @@ class Server {
   // Drains on SIGTERM or SIGINT.
   virtual void drain_on_signals(std::chrono::milliseconds timeout) = 0;
   virtual size_t open_connections() const = 0;
+  // The connection cap in force: ServerOptions::max_connections, lowered to fit the
+  // descriptor limit.
+  virtual size_t max_connections() const = 0;
   // True once a drain has started (readiness should then answer "not ready").
   virtual bool draining() const = 0;
   virtual int worker_count() const = 0;
 };
+
+// Raises this process's soft limit on open descriptors (RLIMIT_NOFILE) to its hard limit, so a
+// server is not held to a shell's default 1024; returns the soft limit in force afterwards.
+// Call once at the start of a long-running process, before any server is created; child
+// processes inherit the raised limit.
+uint64_t raise_open_file_limit();
 
 // ---- Client: keep-alive connections to upstream servers -----------------------------------------
 
@@ -230,6 +250,10 @@ struct ClientRequest {
 struct ClientResponse {
   UpstreamFailure failure = UpstreamFailure::kNone;
   std::string error;  // why, when failure != kNone
+  // The failure is this process's own, not the upstream's: out of descriptors, memory or
+  // local ports (EMFILE, ENFILE, ENOBUFS, ENOMEM, EADDRNOTAVAIL). It says nothing about the
+  // upstream's health (a gateway must not eject a replica for it).
+  bool local_failure = false;
   int status = 0;
   // End-to-end headers; hop-by-hop ones (Connection, Keep-Alive, Transfer-Encoding,
   // Content-Length, ...) are left out. Content-Type is in content_type.

@@ -7,12 +7,36 @@
 
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <utility>
 
 #include "http/asio_types.h"
 #include "http/http.h"
 
 namespace flotilla::http {
+
+namespace detail {
+
+// RFC 9112 §6.1 and §6.3: a body's length is known only when chunked is the final transfer
+// coding, and chunked being the only one supported here, it must be the only one. Sets `ec`
+// (bad_transfer_encoding, read as malformed HTTP) for any other Transfer-Encoding (identity,
+// gzip, "chunked, identity", ...), for a second Transfer-Encoding field, and for one in an
+// HTTP/1.0 message; with Content-Length, Beast has already refused the message.
+inline void check_transfer_encoding(std::string_view value, int version, bool& seen,
+                                    beast::error_code& ec) {
+  while (!value.empty() && (value.front() == ' ' || value.front() == '\t')) {
+    value.remove_prefix(1);
+  }
+  while (!value.empty() && (value.back() == ' ' || value.back() == '\t')) {
+    value.remove_suffix(1);
+  }
+  if (seen || version < 11 || !equals_ignore_case(value, "chunked")) {
+    ec = bhttp::error::bad_transfer_encoding;
+  }
+  seen = true;
+}
+
+}  // namespace detail
 
 // Reads one request. Header, body and keep-alive limits are basic_parser's own.
 class RequestReader final : public bhttp::basic_parser<true> {
@@ -53,13 +77,18 @@ class RequestReader final : public bhttp::basic_parser<true> {
   void on_response_impl(int, beast::string_view, int, beast::error_code&) override {}
 
   void on_field_impl(bhttp::field name, beast::string_view name_string, beast::string_view value,
-                     beast::error_code&) override {
+                     beast::error_code& ec) override {
     const std::string_view text(value.data(), value.size());
     if (name == bhttp::field::content_type && !content_type_seen_) {
       content_type_seen_ = true;
       request_.content_type.assign(text);
     } else if (name == bhttp::field::expect && equals_ignore_case(text, "100-continue")) {
       expects_continue_ = true;
+    } else if (name == bhttp::field::transfer_encoding) {
+      detail::check_transfer_encoding(text, version_, transfer_encoding_seen_, ec);
+      if (ec) {
+        return;
+      }
     }
     if (capture_headers_) {
       request_.headers.emplace_back(std::string(name_string.data(), name_string.size()),
@@ -89,6 +118,7 @@ class RequestReader final : public bhttp::basic_parser<true> {
   int version_ = 11;
   bool content_type_seen_ = false;
   bool expects_continue_ = false;
+  bool transfer_encoding_seen_ = false;
 };
 
 // Reads one response into a ClientResponse: end-to-end headers only (hop-by-hop ones describe
@@ -124,14 +154,18 @@ class ResponseReader final : public bhttp::basic_parser<false> {
 
   void on_request_impl(bhttp::verb, beast::string_view, beast::string_view, int,
                        beast::error_code&) override {}
-  void on_response_impl(int code, beast::string_view, int, beast::error_code&) override {
+  void on_response_impl(int code, beast::string_view, int version, beast::error_code&) override {
     response_.status = code;
+    version_ = version;
   }
 
   void on_field_impl(bhttp::field name, beast::string_view name_string, beast::string_view value,
-                     beast::error_code&) override {
+                     beast::error_code& ec) override {
     if (name == bhttp::field::content_type) {
       response_.content_type.assign(value.data(), value.size());
+    } else if (name == bhttp::field::transfer_encoding) {
+      detail::check_transfer_encoding(std::string_view(value.data(), value.size()), version_,
+                                      transfer_encoding_seen_, ec);
     } else if (!is_hop_by_hop(name)) {
       response_.headers.emplace_back(std::string(name_string.data(), name_string.size()),
                                      std::string(value.data(), value.size()));
@@ -156,6 +190,8 @@ class ResponseReader final : public bhttp::basic_parser<false> {
   void on_finish_impl(beast::error_code&) override {}
 
   ClientResponse response_;
+  int version_ = 11;
+  bool transfer_encoding_seen_ = false;
   bool streaming_ = false;
   std::string piece_;
 };

@@ -8,16 +8,29 @@
 // producer queues them → terminating chunk → wait_for_request, or close when it is cut.
 // Drain: acceptors close, sessions waiting idle close, the others close after their response
 // (a stream: after finish()); when the last session is gone, every loop stops and run() returns.
+//
+// Descriptors (docs/gateway.md, "File descriptors"): the connection cap is sized from
+// RLIMIT_NOFILE at bind(). Past the cap a connection is answered 503 with a lingering close
+// (not counted against the cap); past a few more sessions in all (a sixteenth of the cap plus
+// 16), 503 and an immediate close. Should accept still fail
+// for want of a descriptor (something else took them), one spare descriptor held for the
+// purpose is given up to accept the connection and answer it 503; when even that fails, the
+// worker retries after a pause, and the failure is logged at most once per kLogPeriod.
+#include <algorithm>
 #include <array>
 #include <atomic>
 #include <charconv>
+#include <cstring>
+#include <limits>
 #include <mutex>
 #include <optional>
 #include <thread>
 #include <unordered_set>
 
+#include <fcntl.h>
 #include <nlohmann/json.hpp>
 #include <spdlog/spdlog.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include "http/asio_types.h"
@@ -32,6 +45,17 @@ using TimePoint = std::chrono::steady_clock::time_point;
 
 // How often a worker looks for sessions past their deadline: timeouts are accurate to this.
 constexpr auto kSweepPeriod = std::chrono::milliseconds(50);
+// Lingering close (nginx's): after an answer to a request not read to its end, what the client
+// still sends is read and dropped until it closes, for at most this long and this many bytes
+// past the body limit, so that a client that sends its whole body before reading (Python's
+// urllib, curl without Expect) reads the answer instead of a reset.
+constexpr auto kLingerTime = std::chrono::seconds(5);
+constexpr size_t kLingerBytesPastLimit = 16 << 20;
+// How long a worker waits before it accepts again when no descriptor is left.
+constexpr auto kAcceptRetry = std::chrono::milliseconds(100);
+// At most one log line per period for each kind of overload (accept failing, 503s past the
+// cap); the line says how many it stands for.
+constexpr auto kLogPeriod = std::chrono::seconds(10);
 
 class ServerImpl;
 class Session;
@@ -42,7 +66,37 @@ struct Worker {
   std::optional<tcp::acceptor> acceptor;
   std::unordered_set<Session*> sessions;  // touched only on this worker's thread
   std::optional<asio::steady_timer> sweep_timer;
+  // Made with the worker, so that no descriptor or allocation is needed to back off once
+  // descriptors run out.
+  asio::steady_timer accept_timer{context};
+  // Where lingering closes read the bytes they drop; shared by this worker's sessions (one
+  // read runs at a time on the worker's thread, and the bytes are never looked at).
+  std::array<char, 64 * 1024> discard;
   std::thread thread;
+};
+
+// Lets one line through per kLogPeriod and counts the ones it holds back. Thread-safe.
+class LogLimiter {
+ public:
+  // True when a line may be written now; `held_back` is then how many were held back since
+  // the last one.
+  bool allow(uint64_t& held_back) {
+    const int64_t now = std::chrono::steady_clock::now().time_since_epoch().count();
+    int64_t last = last_.load(std::memory_order_relaxed);
+    const int64_t period = std::chrono::steady_clock::duration(kLogPeriod).count();
+    if ((last != kNever && now - last < period) ||
+        !last_.compare_exchange_strong(last, now, std::memory_order_relaxed)) {
+      held_back_.fetch_add(1, std::memory_order_relaxed);
+      return false;
+    }
+    held_back = held_back_.exchange(0, std::memory_order_relaxed);
+    return true;
+  }
+
+ private:
+  static constexpr int64_t kNever = std::numeric_limits<int64_t>::min();
+  std::atomic<int64_t> last_{kNever};
+  std::atomic<uint64_t> held_back_{0};
 };
 
 namespace {
@@ -92,16 +146,27 @@ class ServerImpl final : public Server {
   void drain(std::chrono::milliseconds timeout) override;
   void drain_on_signals(std::chrono::milliseconds timeout) override;
   size_t open_connections() const override { return connections_.load(); }
+  size_t max_connections() const override { return max_connections_; }
 
   const ServerOptions& options() const { return options_; }
   const Handler& handler() const { return handler_; }
   bool draining() const override { return draining_.load(std::memory_order_relaxed); }
   bool stopped() const { return stopped_.load(); }
   int worker_count() const override { return static_cast<int>(workers_.size()); }
-  void session_closed();
+  // `served`: the session counted against the cap (it was not answered 503 at once).
+  void session_closed(bool served);
 
  private:
+  void size_connection_cap(int worker_count);
   void accept(Worker& worker);
+  void accept_later(Worker& worker);
+  // Past every cap, or out of descriptors: a 503 written at once (no lingering), then closed.
+  void refuse(int descriptor);
+  // Out of descriptors: gives up the spare one to accept a waiting connection and refuse it.
+  enum class SpareOutcome { kRefused, kNothingWaiting, kFailed /* no spare, or no luck */ };
+  SpareOutcome refuse_with_spare(Worker& worker);
+  // Accepts once a connection waits (out of descriptors, accept fails even when none does).
+  void accept_when_readable(Worker& worker);
   void sweep(Worker& worker);
   void stop_all();
 
@@ -109,7 +174,14 @@ class ServerImpl final : public Server {
   Handler handler_;
   std::vector<std::unique_ptr<Worker>> workers_;
   uint16_t port_ = 0;
-  std::atomic<size_t> connections_{0};
+  std::atomic<size_t> connections_{0};  // every session, 503s lingering included
+  std::atomic<size_t> served_{0};       // the sessions within the cap
+  size_t max_connections_ = 0;          // options_.max_connections, lowered to fit the descriptors
+  size_t max_lingering_ = 0;            // sessions at most, 503s lingering included
+  std::string refusal_;                 // the 503 that refuse() writes, made at bind()
+  std::atomic<int> spare_descriptor_{-1};
+  LogLimiter accept_log_;
+  LogLimiter refusal_log_;
   std::atomic<bool> draining_{false};
   std::atomic<bool> drained_cleanly_{true};
   std::atomic<bool> stopped_{false};
@@ -135,10 +207,19 @@ class Session : public std::enable_shared_from_this<Session> {
   void start(bool reject) {
     worker_.sessions.insert(this);
     if (reject) {
+      rejected_ = true;
       keep_alive_ = false;
-      write(error_response(server_.options(), 503, "too many connections"));
+      // The client may have sent its request already: closing with it unread would reset the
+      // connection, which can destroy the 503 before the client reads it.
+      unread_input_ = true;
+      write(error_response(server_.options(), 503,
+                           "too many connections: the server is at its limit of " +
+                               std::to_string(server_.max_connections())));
       return;
     }
+    // The first request's header timeout runs from the accept: a connection that sends
+    // nothing is closed at header_timeout, not held for idle_timeout.
+    first_header_deadline_ = std::chrono::steady_clock::now() + server_.options().header_timeout;
     wait_for_request();
   }
 
@@ -266,7 +347,8 @@ class Session : public std::enable_shared_from_this<Session> {
       return;
     }
     idle_ = true;
-    deadline_ = std::chrono::steady_clock::now() + server_.options().idle_timeout;
+    deadline_ = first_request_ ? first_header_deadline_
+                               : std::chrono::steady_clock::now() + server_.options().idle_timeout;
     socket_.async_read_some(buffer_.prepare(4096),
                             [self = shared_from_this()](beast::error_code ec, size_t bytes) {
                               self->idle_ = false;
@@ -310,8 +392,12 @@ class Session : public std::enable_shared_from_this<Session> {
     }
   }
 
+  // The header timeout of a later request on a keep-alive connection runs from its first byte
+  // (it has just arrived: the read that brought it is what led here).
   void read_header() {
-    deadline_ = std::chrono::steady_clock::now() + server_.options().header_timeout;
+    deadline_ = first_request_
+                    ? first_header_deadline_
+                    : std::chrono::steady_clock::now() + server_.options().header_timeout;
     bhttp::async_read_header(
         socket_, buffer_, *reader_,
         [self = shared_from_this()](beast::error_code ec, size_t) { self->on_header(ec); });
@@ -404,6 +490,10 @@ class Session : public std::enable_shared_from_this<Session> {
     } else if (ec == bhttp::error::header_limit) {
       reject(431, "request header is larger than the limit of " +
                       std::to_string(server_.options().max_header_bytes) + " bytes");
+    } else if (ec == bhttp::error::bad_transfer_encoding) {
+      reject(400,
+             "unsupported Transfer-Encoding: only 'chunked', alone and without Content-Length, "
+             "is accepted");
     } else if (is_malformed_http(ec)) {
       reject(400, "malformed HTTP request: " + ec.message());
     } else {
@@ -422,6 +512,7 @@ class Session : public std::enable_shared_from_this<Session> {
 
   void dispatch() {
     deadline_ = TimePoint::max();
+    first_request_ = false;
     keep_alive_ = reader_->keep_alive();
     request_version_ = reader_->version();
     Request request = std::move(reader_->request());
@@ -456,25 +547,28 @@ class Session : public std::enable_shared_from_this<Session> {
     wait_for_request();
   }
 
-  // After rejecting a request that was not read to its end: read and drop what the client still
-  // sends (say, the rest of an over-large body) for a moment before closing. Closing with unread
-  // input makes the kernel send RST, which can destroy the response before the client reads
-  // it (nginx's lingering close).
+  // After answering a request that was not read to its end (the answer is out, our side is
+  // shut down): read and drop what the client still sends (say, the rest of an over-large
+  // body) until it closes, for at most kLingerTime and the body limit plus
+  // kLingerBytesPastLimit. Closing with unread input makes the kernel send RST, which can
+  // destroy the response before the client reads it (nginx's lingering close).
   void linger() {
-    static constexpr size_t kMaxLingerBytes = 1 << 20;
-    if (!linger_buffer_) {
-      linger_buffer_ = std::make_unique<std::array<char, 4096>>();
-    }
-    deadline_ = std::chrono::steady_clock::now() + std::chrono::seconds(1);
-    socket_.async_read_some(asio::buffer(*linger_buffer_),
+    deadline_ = std::chrono::steady_clock::now() + kLingerTime;
+    drop_input();
+  }
+  void drop_input() {
+    socket_.async_read_some(asio::buffer(worker_.discard),
                             [self = shared_from_this()](beast::error_code ec, size_t bytes) {
-                              self->lingered_bytes_ += bytes;
-                              if (ec || self->lingered_bytes_ > kMaxLingerBytes) {
-                                self->finish();
-                                return;
-                              }
-                              self->linger();
+                              self->on_dropped(ec, bytes);
                             });
+  }
+  void on_dropped(beast::error_code ec, size_t bytes) {
+    lingered_bytes_ += bytes;
+    if (ec || lingered_bytes_ > server_.options().max_body_bytes + kLingerBytesPastLimit) {
+      finish();
+      return;
+    }
+    drop_input();
   }
 
   // ---- Streamed responses: all on this session's worker thread ----------------------------
@@ -504,7 +598,7 @@ class Session : public std::enable_shared_from_this<Session> {
     beast::error_code ignored;
     socket_.close(ignored);
     worker_.sessions.erase(this);
-    server_.session_closed();
+    server_.session_closed(!rejected_);
   }
 
   Socket socket_;
@@ -529,8 +623,10 @@ class Session : public std::enable_shared_from_this<Session> {
   bool stream_writing_ = false;
   bool stream_ending_ = false;
   bool stream_complete_ = false;
-  std::unique_ptr<std::array<char, 4096>> linger_buffer_;
   size_t lingered_bytes_ = 0;
+  TimePoint first_header_deadline_;  // the accept plus header_timeout
+  bool rejected_ = false;            // answered 503 at the accept, not counted against the cap
+  bool first_request_ = true;        // no request dispatched yet on this connection
   std::function<void()> on_gone_;
   uint64_t watch_generation_ = 0;
   bool watching_ = false;
@@ -1005,6 +1101,54 @@ ServerImpl::~ServerImpl() {
       worker->thread.join();
     }
   }
+  if (const int spare = spare_descriptor_.exchange(-1); spare >= 0) {
+    ::close(spare);
+  }
+}
+
+uint64_t raise_open_file_limit() {
+  rlimit limit{};
+  if (::getrlimit(RLIMIT_NOFILE, &limit) != 0) {
+    return 0;
+  }
+  if (limit.rlim_cur < limit.rlim_max) {
+    const rlim_t before = limit.rlim_cur;
+    limit.rlim_cur = limit.rlim_max;
+    if (::setrlimit(RLIMIT_NOFILE, &limit) != 0) {
+      spdlog::warn("cannot raise the open-file limit from {} to {}: {}", before, limit.rlim_max,
+                   std::strerror(errno));
+      limit.rlim_cur = before;
+    }
+  }
+  return limit.rlim_cur == RLIM_INFINITY ? std::numeric_limits<uint64_t>::max()
+                                         : static_cast<uint64_t>(limit.rlim_cur);
+}
+
+// The descriptor budget (docs/gateway.md, "File descriptors"): of the soft RLIMIT_NOFILE,
+// fd_reserve plus 4 per worker (epoll, eventfd and timerfd of its loop, its listener) plus the
+// spare are kept back; client connections may take fd_share of the rest, B. The cap is B less
+// a sixteenth, which 503s with a lingering close may hold; past B, a 503 closes at once.
+void ServerImpl::size_connection_cap(int worker_count) {
+  rlimit limit{};
+  uint64_t soft = std::numeric_limits<uint64_t>::max();
+  if (::getrlimit(RLIMIT_NOFILE, &limit) == 0 && limit.rlim_cur != RLIM_INFINITY) {
+    soft = limit.rlim_cur;
+  }
+  const uint64_t kept = options_.fd_reserve + 4 * static_cast<uint64_t>(worker_count) + 1;
+  const double share = std::clamp(options_.fd_share, 0.0, 1.0);
+  const uint64_t budget =
+      soft > kept ? static_cast<uint64_t>(static_cast<double>(soft - kept) * share) : 0;
+  const uint64_t fits = std::max<uint64_t>(1, budget - budget / 16);
+  max_connections_ = static_cast<size_t>(std::min<uint64_t>(options_.max_connections, fits));
+  max_lingering_ =
+      static_cast<size_t>(std::min<uint64_t>(std::max<uint64_t>(budget, max_connections_ + 1),
+                                             max_connections_ + max_connections_ / 16 + 16));
+  if (max_connections_ < options_.max_connections) {
+    spdlog::info(
+        "serving at most {} connections (not {}) to fit the open-file limit of {} descriptors; "
+        "raise the hard limit (ulimit -Hn) for more",
+        max_connections_, options_.max_connections, soft);
+  }
 }
 
 Status ServerImpl::bind() {
@@ -1045,28 +1189,141 @@ Status ServerImpl::bind() {
   }
   const uint16_t port = first.local_endpoint().port();
   port_ = port;
+  size_connection_cap(count);
+  spare_descriptor_.store(::open("/dev/null", O_RDONLY | O_CLOEXEC));
+  Response refusal = error_response(options_, 503, "too many connections");
+  refusal_ = "HTTP/1.1 503 Service Unavailable\r\nContent-Type: " + refusal.content_type +
+             "\r\nContent-Length: " + std::to_string(refusal.body.size()) +
+             "\r\nConnection: close\r\n\r\n" + refusal.body;
   return Status::ok();
 }
 
+// Nothing on this path may throw for want of descriptors: the accepted socket comes in the
+// completion (an accept failure is an error code), a Session opens none, and the back-off
+// timer exists already.
 void ServerImpl::accept(Worker& worker) {
-  worker.acceptor->async_accept(
-      worker.context.get_executor(), [this, &worker](beast::error_code ec, Socket socket) {
-        if (ec == asio::error::operation_aborted || !worker.acceptor->is_open()) {
-          return;
-        }
-        if (ec) {
-          // Typically out of file descriptors: back off briefly instead of spinning.
-          spdlog::warn("accept failed: {}", ec.message());
-          auto timer =
-              std::make_shared<asio::steady_timer>(worker.context, std::chrono::milliseconds(50));
-          timer->async_wait([this, &worker, timer](beast::error_code) { accept(worker); });
-          return;
-        }
-        socket.set_option(tcp::no_delay(true), ec);
-        const bool reject = connections_.fetch_add(1) >= options_.max_connections;
-        std::make_shared<Session>(std::move(socket), *this, worker)->start(reject);
-        accept(worker);
-      });
+  worker.acceptor->async_accept(worker.context.get_executor(), [this, &worker](beast::error_code ec,
+                                                                               Socket socket) {
+    if (ec == asio::error::operation_aborted || !worker.acceptor->is_open()) {
+      return;
+    }
+    if (ec == asio::error::connection_aborted) {
+      accept(worker);  // the client left while queued: nothing wrong here
+      return;
+    }
+    if (ec) {
+      // Linux fails accept for want of a descriptor before it looks at the queue: the
+      // error says nothing about whether a connection waits.
+      const SpareOutcome outcome =
+          is_local_resource_error(ec) ? refuse_with_spare(worker) : SpareOutcome::kFailed;
+      if (outcome == SpareOutcome::kRefused) {
+        accept(worker);  // more may wait
+        return;
+      }
+      if (outcome == SpareOutcome::kNothingWaiting) {
+        accept_when_readable(worker);
+        return;
+      }
+      // Out of descriptors with no spare (or another failure): pause instead of spinning
+      // on a listener that stays readable.
+      if (uint64_t held_back = 0; accept_log_.allow(held_back)) {
+        spdlog::warn("accept failed: {} ({} more failures in the last {} s); retrying every {} ms",
+                     ec.message(), held_back, kLogPeriod.count(), kAcceptRetry.count());
+      }
+      accept_later(worker);
+      return;
+    }
+    const size_t open = connections_.fetch_add(1);
+    if (open >= max_lingering_) {
+      connections_.fetch_sub(1);
+      refuse(socket.release(ec));
+      accept(worker);
+      return;
+    }
+    socket.set_option(tcp::no_delay(true), ec);
+    // Connections answered 503 and lingering do not count against the cap: one served
+    // connection closing frees a slot at once.
+    const size_t served = served_.fetch_add(1);
+    const bool reject = served >= max_connections_;
+    if (reject) {
+      served_.fetch_sub(1);
+      if (uint64_t held_back = 0; refusal_log_.allow(held_back)) {
+        spdlog::warn(
+            "too many connections: {} served, at the limit of {}; answering 503 ({} more "
+            "in the last {} s)",
+            served, max_connections_, held_back, kLogPeriod.count());
+      }
+    }
+    std::make_shared<Session>(std::move(socket), *this, worker)->start(reject);
+    accept(worker);
+  });
+}
+
+void ServerImpl::accept_later(Worker& worker) {
+  worker.accept_timer.expires_after(kAcceptRetry);
+  worker.accept_timer.async_wait([this, &worker](beast::error_code ec) {
+    if (ec || !worker.acceptor->is_open()) {
+      return;
+    }
+    if (spare_descriptor_.load(std::memory_order_relaxed) < 0) {
+      // Given up earlier and not taken back then: try again now that time has passed.
+      const int spare = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
+      int none = -1;
+      if (spare >= 0 && !spare_descriptor_.compare_exchange_strong(none, spare)) {
+        ::close(spare);
+      }
+    }
+    accept_when_readable(worker);
+  });
+}
+
+void ServerImpl::refuse(int descriptor) {
+  if (descriptor < 0) {
+    return;
+  }
+  // Small enough for any socket buffer; a request already received is dropped unread, which
+  // may reset the connection: past every cap, a descriptor freed now matters more.
+  [[maybe_unused]] const ssize_t sent = send_head_and_body(descriptor, refusal_, {});
+  ::close(descriptor);
+  if (uint64_t held_back = 0; refusal_log_.allow(held_back)) {
+    spdlog::warn(
+        "too many connections: {} open; answering 503 and closing at once ({} more in "
+        "the last {} s)",
+        connections_.load(), held_back, kLogPeriod.count());
+  }
+}
+
+ServerImpl::SpareOutcome ServerImpl::refuse_with_spare(Worker& worker) {
+  const int spare = spare_descriptor_.exchange(-1);
+  if (spare < 0) {
+    return SpareOutcome::kFailed;
+  }
+  ::close(spare);
+  const int descriptor =
+      ::accept4(worker.acceptor->native_handle(), nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
+  const int accept_error = errno;
+  refuse(descriptor);
+  // Taken back at once: the descriptor the refusal freed is the lowest free one, hence likely
+  // the spare's again. When another thread took it meanwhile, accept_later() tries again.
+  const int again = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
+  int none = -1;
+  if (again >= 0 && !spare_descriptor_.compare_exchange_strong(none, again)) {
+    ::close(again);
+  }
+  if (descriptor >= 0) {
+    return SpareOutcome::kRefused;
+  }
+  return accept_error == EAGAIN || accept_error == EWOULDBLOCK ? SpareOutcome::kNothingWaiting
+                                                               : SpareOutcome::kFailed;
+}
+
+void ServerImpl::accept_when_readable(Worker& worker) {
+  worker.acceptor->async_wait(tcp::acceptor::wait_read, [this, &worker](beast::error_code ec) {
+    if (ec || !worker.acceptor->is_open()) {
+      return;
+    }
+    accept(worker);
+  });
 }
 
 int current_worker_index() {
@@ -1169,7 +1426,10 @@ void ServerImpl::drain_on_signals(std::chrono::milliseconds timeout) {
   });
 }
 
-void ServerImpl::session_closed() {
+void ServerImpl::session_closed(bool served) {
+  if (served) {
+    served_.fetch_sub(1);
+  }
   if (connections_.fetch_sub(1) == 1 && draining_.load()) {
     stop_all();
   }

@@ -22,6 +22,7 @@ import http.client
 import json
 import os
 import re
+import resource
 import select
 import shutil
 import signal
@@ -1752,6 +1753,187 @@ class OpenAiSdkIssue18(GatewayTestCase):
         self.assertEqual(got["retrieve_unknown"]["class"], "NotFoundError", got)
         self.assertEqual(got["list"], {"ok": [["chat", 4096]]}, got)
         self.assertEqual(got["retrieve"], {"ok": "chat"}, got)
+
+
+# =========================================================================== issue 18: framing
+
+class Framing(GatewayTestCase):
+    """Issue 18, items 7-9: Transfer-Encoding other than a single chunked, a body over the limit
+    sent whole before the answer is read (urllib), the header timeout from the accept."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.echo = start_echo(cls, cls_level=True)
+        cls.gw = Gateway(cls, config_yaml({"a": [ver("v1", [rep("e1", cls.echo)])]}),
+                         {"--max-body-bytes": 1000, "--header-timeout-ms": 300,
+                          "--idle-timeout-ms": 60000}, cls_level=True)
+
+    def conn(self):
+        c = RawConn(self.gw.port)
+        self.addCleanup(c.close)
+        return c
+
+    def test_transfer_encoding_not_a_single_final_chunked_is_400_and_nothing_smuggled(self):
+        for te in ("chunked, identity", "identity", "gzip"):
+            with self.subTest(te=te):
+                c = self.conn()
+                smuggled = b"POST /v2/models/a/infer HTTP/1.1\r\nHost: x\r\nX-Smuggled: 1\r\n" \
+                           b"Content-Length: 2\r\n\r\n{}"
+                c.send(b"POST /v2/models/a/infer HTTP/1.1\r\nHost: x\r\n"
+                       b"Transfer-Encoding: " + te.encode() + b"\r\n\r\n" + smuggled)
+                r = c.read_response()
+                self.assertJsonError(r, 400)
+                self.assertEqual(r.headers.get("connection"), "close", r)
+                closed, _, data = c.wait_closed(5)
+                self.assertTrue(closed, "the connection stays open after the 400")
+                self.assertEqual(data, b"", "a second answer: the body was read as a request")
+
+    def test_body_over_the_limit_sent_whole_by_urllib_reads_413(self):
+        import urllib.error
+        import urllib.request
+        request = urllib.request.Request(
+            f"http://127.0.0.1:{self.gw.port}{infer_path('a')}", data=b"x" * (4 << 20),
+            headers={"Content-Type": "application/json"}, method="POST")
+        with self.assertRaises(urllib.error.HTTPError) as caught:
+            urllib.request.urlopen(request, timeout=HTTP_TIMEOUT_S)
+        self.assertEqual(caught.exception.code, 413)
+        self.assertIn("error", json.loads(caught.exception.read()))
+
+    def test_a_connection_that_sends_nothing_is_closed_at_the_header_timeout(self):
+        c = self.conn()
+        closed, took, data = c.wait_closed(8)
+        self.assertTrue(closed, "a silent connection lived past the header timeout")
+        self.assertEqual(data, b"")
+        self.assertLess(took, 8)
+
+
+# =========================================================================== issue 18: descriptors
+
+class FileDescriptors(GatewayTestCase):
+    """Issue 18, item 2: a gateway held to 256 descriptors (soft and hard, so raising the soft
+    limit gains nothing) in front of a replica, with more connections than it can hold, and
+    then with no descriptor left at all."""
+
+    LIMIT = 256
+    CONNECTIONS = 300  # more than the gateway could hold descriptors for
+
+    def start_gateway(self, replica):
+        directory = fresh_dir()
+        config = harness.write_yaml(directory, "gateway.yaml",
+                                    config_yaml({"a": [ver("v1", [rep("r", replica)])]}))
+        limit = (f"import os, resource, sys; "
+                 f"resource.setrlimit(resource.RLIMIT_NOFILE, ({self.LIMIT}, {self.LIMIT})); "
+                 f"os.execv(sys.argv[1], sys.argv[1:])")
+        # The header timeout is long: connections held idle on purpose must not be closed.
+        return harness.start_process(self, [
+            PYTHON, "-c", limit, FLOTILLA_BIN, "gateway", "--listen", "127.0.0.1:0",
+            "--config", config, "--workers", "2", "--header-timeout-ms", "60000",
+            "--upstream-timeout-ms", "5000", "--cold-start-timeout-ms", "1000"])
+
+    def test_over_the_budget_503_no_ejection_no_abort_and_few_log_lines(self):
+        replica = start_replica(self, "a", 300)
+        gw = self.start_gateway(replica)
+        m = wait_until(lambda: re.search(r"serving at most (\d+) connections", gw.stderr()), 5,
+                       what="the connection cap in the log")
+        cap = int(m.group(1))
+        self.assertLess(cap, self.LIMIT)
+
+        socks = []
+        self.addCleanup(lambda: [s.close() for s in socks])
+        for _ in range(self.CONNECTIONS):
+            socks.append(socket.create_connection(("127.0.0.1", gw.port), timeout=5))
+
+        def answered(sock):
+            """True once the gateway wrote to (or closed) `sock` on its own: a 503 past the cap."""
+            readable, _, _ = select.select([sock], [], [], 0)
+            return bool(readable)
+
+        # Every connection is accepted: the cap's worth are held idle, the others get a 503.
+        wait_until(lambda: sum(map(answered, socks)) == self.CONNECTIONS - cap, 10,
+                   interval_s=0.05, what=f"{self.CONNECTIONS - cap} connections answered 503")
+        served = [s for s in socks if not answered(s)]
+        self.assertEqual(len(served), cap)
+        for sock in socks:
+            if sock in served:
+                continue
+            data = b""
+            sock.settimeout(5)
+            try:
+                while b"\r\n\r\n" not in data:
+                    chunk = sock.recv(65536)
+                    if not chunk:
+                        break
+                    data += chunk
+            except ConnectionResetError:
+                pass
+            self.assertTrue(data.startswith(b"HTTP/1.1 503"), data[:200])
+            self.assertIn(b"Connection: close", data)
+
+        # Connections within the cap are served; ten at once need ten upstream connections.
+        conns = [_SocketConn(sock) for sock in served[:10]]
+        for c in conns:
+            c.send(raw_request("POST", infer_path("a"), oip()))
+        for c in conns:
+            self.assertOk(c.read_response())
+
+        # No descriptor left at all (something else took them): new connections are refused
+        # cleanly, requests that need a new upstream connection fail as the gateway's own
+        # shortage, and the replica is not ejected for it.
+        fds = len(os.listdir(f"/proc/{gw.proc.pid}/fd"))
+        resource.prlimit(gw.proc.pid, resource.RLIMIT_NOFILE, (fds, self.LIMIT))
+        late = [socket.create_connection(("127.0.0.1", gw.port), timeout=5) for _ in range(5)]
+        self.addCleanup(lambda: [s.close() for s in late])
+        for sock in late:
+            data = b""
+            try:
+                while True:
+                    chunk = sock.recv(65536)
+                    if not chunk:
+                        break
+                    data += chunk
+            except ConnectionResetError:
+                pass
+            self.assertTrue(data == b"" or data.startswith(b"HTTP/1.1 503"), data[:200])
+        # Twenty at once: more than the upstream connections pooled from the ten before.
+        more = [_SocketConn(sock) for sock in served[10:30]]
+        for c in more:
+            c.send(raw_request("POST", infer_path("a"), oip()))
+        statuses = collections.Counter(c.read_response().status for c in more)
+        self.assertLessEqual(set(statuses), {200, 502, 503}, statuses)
+        self.assertGreater(statuses[502] + statuses[503], 0,
+                           f"nothing ran short of descriptors: {statuses}")
+        resource.prlimit(gw.proc.pid, resource.RLIMIT_NOFILE, (self.LIMIT, self.LIMIT))
+
+        for c in conns:  # served on as before
+            c.send(raw_request("POST", infer_path("a"), oip()))
+            self.assertOk(c.read_response())
+        self.assertTrue(gw.alive(), gw.stderr())
+        for sock in served[30:]:  # room for the checks' own connections
+            sock.close()
+        r = wait_until(lambda: _try_req(gw.port, "GET", "/metrics"), 5, what="/metrics")
+        samples = parse_metrics(r.body.decode())
+        ejections = sum(v for (n, _), v in samples.items()
+                        if n == "flotilla_gateway_replica_ejections_total")
+        self.assertEqual(ejections, 0, "a replica was ejected for the gateway's shortage")
+        log = gw.stderr()
+        self.assertLessEqual(log.count("accept failed"), 2, log)
+        self.assertLessEqual(log.count("too many connections"), 4, log)
+
+
+class _SocketConn(RawConn):
+    """A RawConn on a socket the test opened itself."""
+
+    def __init__(self, sock):  # noqa: super().__init__ would connect anew
+        self.sock, self.buf = sock, b""
+
+
+def _try_req(port, method, path):
+    """The response, or None when the request could not be made (yet)."""
+    try:
+        r = req(port, method, path, timeout=2)
+        return r if r.status == 200 else None
+    except OSError:
+        return None
 
 
 if __name__ == "__main__":

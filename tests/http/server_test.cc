@@ -1,0 +1,268 @@
+// The server's framing, timeouts and descriptor handling over real sockets on 127.0.0.1
+// (issue 18): Transfer-Encoding other than a single chunked, a body over the limit sent whole
+// before reading, the header timeout from the accept, the connection cap sized from
+// RLIMIT_NOFILE, 503 past it, and accept running out of descriptors.
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <gtest/gtest.h>
+#include <poll.h>
+
+#include "http/fd_limit.h"
+#include "http/http.h"
+#include "http/raw_client.h"
+
+namespace flotilla::http {
+namespace {
+
+class ServerTest : public ::testing::Test {
+ protected:
+  // Serves with an echo handler (200 with the request's body) on one worker; every target
+  // served is kept for targets().
+  void start(ServerOptions options = {}) {
+    options.workers = 1;
+    auto server = Server::create(options, [this](Request&& request, Responder&& responder) {
+      {
+        std::lock_guard lock(mutex_);
+        targets_.push_back(request.target);
+      }
+      responder.send(Response{200, "text/plain", std::move(request.body), {}});
+    });
+    ASSERT_TRUE(server.is_ok()) << server.status().message();
+    server_ = std::move(server).value();
+    runner_ = std::thread([this] { server_->run(); });
+  }
+
+  void TearDown() override {
+    if (server_) {
+      server_->drain(5s);
+      runner_.join();
+    }
+  }
+
+  std::vector<std::string> targets() {
+    std::lock_guard lock(mutex_);
+    return targets_;
+  }
+
+  uint16_t port() const { return server_->port(); }
+
+  std::unique_ptr<Server> server_;
+  std::thread runner_;
+  std::mutex mutex_;
+  std::vector<std::string> targets_;
+};
+
+// True when nothing (no byte, FIN or RST) arrives on `client` for `how_long`.
+bool stays_quiet(const RawClient& client, std::chrono::milliseconds how_long) {
+  pollfd polled{client.descriptor(), POLLIN, 0};
+  return ::poll(&polled, 1, static_cast<int>(how_long.count())) == 0;
+}
+
+constexpr std::string_view kGet = "GET /a HTTP/1.1\r\nHost: t\r\n\r\n";
+
+// ---- Transfer-Encoding (RFC 9112 §6.1, §6.3) --------------------------------------------------
+
+TEST_F(ServerTest, TransferEncodingOtherThanASingleChunkedIs400AndCloses) {
+  start();
+  // The body is a request of its own: were the message read as having no body, it would be
+  // served as the next request (request smuggling).
+  const std::string smuggled = "GET /smuggled HTTP/1.1\r\nHost: t\r\n\r\n";
+  const std::vector<std::string> heads = {
+      "POST /a HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked, identity\r\n\r\n",
+      "POST /a HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: identity\r\n\r\n",
+      "POST /a HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: gzip\r\n\r\n",
+      "POST /a HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: gzip, chunked\r\n\r\n",
+      "POST /a HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: gzip\r\nTransfer-Encoding: "
+      "chunked\r\n\r\n",
+      "POST /a HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked\r\nTransfer-Encoding: chunked"
+      "\r\n\r\n",
+      "POST /a HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: identity\r\nContent-Length: 0\r\n\r\n",
+      "POST /a HTTP/1.1\r\nHost: t\r\nContent-Length: 0\r\nTransfer-Encoding: gzip\r\n\r\n",
+      "POST /a HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked\r\nContent-Length: 0\r\n\r\n",
+      "POST /a HTTP/1.1\r\nHost: t\r\nContent-Length: 0\r\nTransfer-Encoding: chunked\r\n\r\n",
+      "POST /a HTTP/1.0\r\nHost: t\r\nTransfer-Encoding: chunked\r\n\r\n",
+  };
+  for (const std::string& head : heads) {
+    SCOPED_TRACE(head);
+    RawClient client(port());
+    ASSERT_TRUE(client.connected());
+    ASSERT_TRUE(client.send(head + smuggled));
+    const Reply reply = client.read_response();
+    EXPECT_EQ(reply.status, 400);
+    EXPECT_EQ(reply.connection, "close");
+    EXPECT_TRUE(client.read_until_closed());
+  }
+  EXPECT_TRUE(targets().empty()) << targets().front();
+}
+
+TEST_F(ServerTest, ASingleChunkedTransferEncodingIsRead) {
+  start();
+  RawClient client(port());
+  ASSERT_TRUE(
+      client.send("POST /a HTTP/1.1\r\nHost: t\r\nTransfer-Encoding:  Chunked \r\n\r\n"
+                  "5\r\nhello\r\n0\r\n\r\n"));
+  const Reply reply = client.read_response();
+  EXPECT_EQ(reply.status, 200);
+  EXPECT_EQ(reply.body, "hello");
+  ASSERT_TRUE(client.send(kGet));  // the connection goes on
+  EXPECT_EQ(client.read_response().status, 200);
+}
+
+// ---- A body over the limit, sent whole before the answer is read -----------------------------
+
+TEST_F(ServerTest, BodyOverTheLimitSentWholeBeforeReadingGets413NotAReset) {
+  ServerOptions options;
+  options.max_body_bytes = 1 << 20;
+  start(options);
+  RawClient client(port());
+  // Far more than the socket buffers hold: the send completes only if the server reads (and
+  // drops) the body after its 413.
+  const std::string body(12 << 20, 'x');
+  ASSERT_TRUE(client.send("POST /a HTTP/1.1\r\nHost: t\r\nContent-Length: " +
+                          std::to_string(body.size()) + "\r\n\r\n" + body))
+      << "the server reset the connection before the body was sent: " << std::strerror(errno);
+  const Reply reply = client.read_response();
+  EXPECT_EQ(reply.status, 413) << reply.error;
+  EXPECT_EQ(reply.connection, "close");
+  EXPECT_TRUE(client.read_until_closed());
+  EXPECT_TRUE(targets().empty());
+}
+
+TEST_F(ServerTest, ChunkedBodyOverTheLimitSentWholeGets413) {
+  ServerOptions options;
+  options.max_body_bytes = 1 << 20;
+  start(options);
+  RawClient client(port());
+  const std::string chunk(1 << 20, 'x');
+  std::string message = "POST /a HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked\r\n\r\n";
+  for (int i = 0; i < 6; ++i) {
+    message += "100000\r\n" + chunk + "\r\n";
+  }
+  message += "0\r\n\r\n";
+  ASSERT_TRUE(client.send(message)) << std::strerror(errno);
+  const Reply reply = client.read_response();
+  EXPECT_EQ(reply.status, 413) << reply.error;
+}
+
+// ---- Timeouts --------------------------------------------------------------------------------
+
+TEST_F(ServerTest, AConnectionThatSendsNothingIsClosedAtTheHeaderTimeout) {
+  ServerOptions options;
+  options.header_timeout = 200ms;
+  options.idle_timeout = 60s;  // past kWait: read_until_closed() fails if this one applies
+  start(options);
+  RawClient client(port());
+  ASSERT_TRUE(client.connected());
+  EXPECT_TRUE(client.read_until_closed());
+}
+
+TEST_F(ServerTest, AFirstHeaderLeftIncompleteIsClosedAtTheHeaderTimeout) {
+  ServerOptions options;
+  options.header_timeout = 300ms;
+  options.idle_timeout = 60s;
+  start(options);
+  RawClient client(port());
+  ASSERT_TRUE(client.send("GET /a HTTP/1.1\r\n"));
+  EXPECT_TRUE(client.read_until_closed());
+}
+
+TEST_F(ServerTest, BetweenRequestsAKeepAliveConnectionWaitsTheIdleTimeout) {
+  ServerOptions options;
+  options.header_timeout = 100ms;
+  options.idle_timeout = 60s;
+  start(options);
+  RawClient client(port());
+  ASSERT_TRUE(client.send(kGet));
+  ASSERT_EQ(client.read_response().status, 200);
+  // Many header timeouts, well within the idle one: still open.
+  EXPECT_TRUE(stays_quiet(client, 1s));
+  ASSERT_TRUE(client.send(kGet));
+  EXPECT_EQ(client.read_response().status, 200);
+  // A later request's header runs on the header timeout again, from its first byte.
+  ASSERT_TRUE(client.send("GET /a HTTP/1.1\r\n"));
+  EXPECT_TRUE(client.read_until_closed());
+}
+
+// ---- Descriptors -----------------------------------------------------------------------------
+
+TEST(ServerDescriptorBudgetTest, TheCapIsSizedFromTheOpenFileLimit) {
+  auto cap = [](rlim_t limit, size_t configured, double share) -> size_t {
+    const ScopedFdLimit scoped(limit);
+    EXPECT_TRUE(scoped.ok());
+    ServerOptions options;
+    options.workers = 1;
+    options.max_connections = configured;
+    options.fd_reserve = 64;
+    options.fd_share = share;
+    auto server = Server::create(options, [](Request&&, Responder&&) {});
+    EXPECT_TRUE(server.is_ok());
+    return server.is_ok() ? (*server)->max_connections() : 0;
+  };
+  // B = (limit - 64 reserved - 4 for the worker - 1 spare) * share; the cap is B - B/16.
+  EXPECT_EQ(cap(1093, 10'000, 1.0), 960u);  // B = 1024
+  EXPECT_EQ(cap(1093, 10'000, 0.5), 480u);  // B = 512
+  EXPECT_EQ(cap(1093, 100, 0.5), 100u);     // the configured cap fits
+  EXPECT_EQ(cap(80, 10'000, 1.0), 11u);     // B = 11, less 11/16 (0)
+  EXPECT_EQ(cap(60, 10'000, 1.0), 1u);      // nothing left: still one
+  EXPECT_EQ(cap(16384, 5'000, 0.5), 5'000u);
+}
+
+TEST_F(ServerTest, PastTheCapA503IsReadEvenWhenTheRequestWasSentFirst) {
+  ServerOptions options;
+  options.max_connections = 1;
+  start(options);
+  RawClient first(port());
+  ASSERT_TRUE(first.send(kGet));
+  ASSERT_EQ(first.read_response().status, 200);
+  RawClient second(port());
+  // Sent whole before reading, and more than the socket buffers hold: closed with the request
+  // unread, the connection would be reset while the client still sends.
+  const std::string body(12 << 20, 'x');
+  ASSERT_TRUE(second.send("POST /a HTTP/1.1\r\nHost: t\r\nContent-Length: " +
+                          std::to_string(body.size()) + "\r\n\r\n" + body))
+      << std::strerror(errno);
+  const Reply reply = second.read_response();
+  EXPECT_EQ(reply.status, 503) << reply.error;
+  EXPECT_EQ(reply.connection, "close");
+  EXPECT_NE(reply.body.find("too many connections"), std::string::npos) << reply.body;
+  EXPECT_TRUE(second.read_until_closed());
+  ASSERT_TRUE(first.send(kGet));  // the connection within the cap is served on
+  EXPECT_EQ(first.read_response().status, 200);
+}
+
+TEST_F(ServerTest, OutOfDescriptorsNewConnectionsGet503AndTheServerRecovers) {
+  start();
+  RawClient served(port());
+  ASSERT_TRUE(served.send(kGet));
+  ASSERT_EQ(served.read_response().status, 200);
+  constexpr int kClients = 8;
+  std::vector<std::unique_ptr<RawClient>> clients;
+  for (int i = 0; i < kClients; ++i) {  // their sockets first: they need descriptors too
+    clients.push_back(std::make_unique<RawClient>(port(), /*connect_now=*/false));
+  }
+  {
+    // From here no descriptor can be opened in this process, the server's accept included.
+    const ScopedFdLimit exhausted(static_cast<rlim_t>(lowest_free_descriptor()));
+    ASSERT_TRUE(exhausted.ok());
+    for (auto& client : clients) {
+      ASSERT_TRUE(client->connect());  // the kernel completes it; accept is the server's
+    }
+    for (auto& client : clients) {
+      const Reply reply = client->read_response();
+      EXPECT_EQ(reply.status, 503) << reply.error;
+      EXPECT_EQ(reply.connection, "close");
+    }
+    ASSERT_TRUE(served.send(kGet));  // a connection already open is served on
+    EXPECT_EQ(served.read_response().status, 200);
+  }
+  clients.clear();
+  RawClient later(port());
+  ASSERT_TRUE(later.send(kGet));
+  EXPECT_EQ(later.read_response().status, 200);
+}
+
+}  // namespace
+}  // namespace flotilla::http
