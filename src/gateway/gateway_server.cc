@@ -432,6 +432,7 @@ class GatewayImpl final : public Gateway {
     }
     http::ServerOptions server_options = options_.server;
     server_options.capture_headers = true;
+    server_options.error_request_ids = true;  // every answer has an X-Request-Id
     FLOTILLA_ASSIGN_OR_RETURN(
         server_, http::Server::create(server_options,
                                       [this](http::Request&& request, http::Responder&& responder) {

@@ -57,6 +57,9 @@ struct ServerOptions {
   // for a request left unanswered), for APIs with an error shape of their own; unset:
   // {"error": message}. Called on a worker thread; must not throw.
   std::function<std::string(int status, std::string_view message)> error_body;
+  // Give each of those answers a fresh X-Request-Id, for servers whose every answer carries one
+  // (the gateway): the server answers them before any handler could assign an id.
+  bool error_request_ids = false;
 };
 
 enum class Method { kGet, kHead, kPost, kPut, kDelete, kOther };

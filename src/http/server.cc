@@ -24,6 +24,7 @@
 #include <limits>
 #include <mutex>
 #include <optional>
+#include <random>
 #include <thread>
 #include <unordered_set>
 
@@ -105,11 +106,27 @@ namespace {
 thread_local asio::io_context* current_loop = nullptr;
 thread_local int current_worker = -1;
 
+// 16 hex digits of a per-thread generator: an id to quote in a report, not a secret.
+std::string fresh_request_id() {
+  thread_local std::mt19937_64 generator{std::random_device{}()};
+  static constexpr char kDigits[] = "0123456789abcdef";
+  std::string id(16, '0');
+  uint64_t bits = generator();
+  for (char& digit : id) {
+    digit = kDigits[bits & 0xf];
+    bits >>= 4;
+  }
+  return id;
+}
+
 Response error_response(const ServerOptions& options, int status, std::string_view message) {
   Response response;
   response.status = status;
   response.body = options.error_body ? options.error_body(status, message)
                                      : nlohmann::json{{"error", message}}.dump();
+  if (options.error_request_ids) {
+    response.headers.emplace_back("X-Request-Id", fresh_request_id());
+  }
   return response;
 }
 
