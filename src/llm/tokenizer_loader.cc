@@ -68,14 +68,27 @@ Status load_pattern(const Json& pattern, std::string& literal, std::optional<Reg
                           "{\"Regex\": ...}");
 }
 
-Status load_normalizer(const Json& json, TokenizerModel& model) {
+// Real tokenizers nest Sequence a level or two; a file nesting thousands (a fuzzer's, or an
+// attacker's) would otherwise overflow the stack of these recursive loaders.
+constexpr int kMaxSequenceDepth = 16;
+
+Status check_sequence_depth(int depth, std::string_view what) {
+  if (depth >= kMaxSequenceDepth) {
+    return invalid_argument(std::string(what) + " Sequence nested deeper than " +
+                            std::to_string(kMaxSequenceDepth) + " levels");
+  }
+  return Status::ok();
+}
+
+Status load_normalizer(const Json& json, TokenizerModel& model, int depth = 0) {
   if (json.is_null()) {
     return Status::ok();
   }
   const std::string type = type_of(json);
   if (type == "Sequence") {
+    FLOTILLA_RETURN_IF_ERROR(check_sequence_depth(depth, "normalizer"));
     for (const Json& item : json.at("normalizers")) {
-      FLOTILLA_RETURN_IF_ERROR(load_normalizer(item, model));
+      FLOTILLA_RETURN_IF_ERROR(load_normalizer(item, model, depth + 1));
     }
     return Status::ok();
   }
@@ -123,14 +136,15 @@ Result<PrependScheme> load_prepend_scheme(const Json& json) {
   return bool_or(json, "add_prefix_space", true) ? PrependScheme::kAlways : PrependScheme::kNever;
 }
 
-Status load_pre_tokenizer(const Json& json, TokenizerModel& model) {
+Status load_pre_tokenizer(const Json& json, TokenizerModel& model, int depth = 0) {
   if (json.is_null()) {
     return Status::ok();
   }
   const std::string type = type_of(json);
   if (type == "Sequence") {
+    FLOTILLA_RETURN_IF_ERROR(check_sequence_depth(depth, "pre_tokenizer"));
     for (const Json& item : json.at("pretokenizers")) {
-      FLOTILLA_RETURN_IF_ERROR(load_pre_tokenizer(item, model));
+      FLOTILLA_RETURN_IF_ERROR(load_pre_tokenizer(item, model, depth + 1));
     }
     return Status::ok();
   }
@@ -180,11 +194,12 @@ Status load_pre_tokenizer(const Json& json, TokenizerModel& model) {
   return Status::ok();
 }
 
-Status load_decoder(const Json& json, std::vector<DecoderStep>& steps) {
+Status load_decoder(const Json& json, std::vector<DecoderStep>& steps, int depth = 0) {
   const std::string type = type_of(json);
   if (type == "Sequence") {
+    FLOTILLA_RETURN_IF_ERROR(check_sequence_depth(depth, "decoder"));
     for (const Json& item : json.at("decoders")) {
-      FLOTILLA_RETURN_IF_ERROR(load_decoder(item, steps));
+      FLOTILLA_RETURN_IF_ERROR(load_decoder(item, steps, depth + 1));
     }
     return Status::ok();
   }
@@ -225,14 +240,15 @@ Status load_decoder(const Json& json, std::vector<DecoderStep>& steps) {
 
 // The special tokens add_special_tokens puts around a single sequence.
 Status load_post_processor(const Json& json, std::vector<int32_t>& prefix,
-                           std::vector<int32_t>& suffix) {
+                           std::vector<int32_t>& suffix, int depth = 0) {
   if (json.is_null()) {
     return Status::ok();
   }
   const std::string type = type_of(json);
   if (type == "Sequence") {
+    FLOTILLA_RETURN_IF_ERROR(check_sequence_depth(depth, "post_processor"));
     for (const Json& item : json.at("processors")) {
-      FLOTILLA_RETURN_IF_ERROR(load_post_processor(item, prefix, suffix));
+      FLOTILLA_RETURN_IF_ERROR(load_post_processor(item, prefix, suffix, depth + 1));
     }
     return Status::ok();
   }

@@ -836,6 +836,33 @@ TEST(TokenizerLoadTest, UnsupportedComponentsAreNamed) {
       {"regex '(unclosed'"});
 }
 
+// A Sequence nested `depth` times around one NFC normalizer.
+Json nested_normalizer(int depth) {
+  std::string text;
+  for (int i = 0; i < depth; ++i) {
+    text += R"({"type":"Sequence","normalizers":[)";
+  }
+  text += R"({"type":"NFC"})";
+  for (int i = 0; i < depth; ++i) {
+    text += "]}";
+  }
+  return Json::parse(text);
+}
+
+// The loaders recurse into Sequence: a file nesting it thousands of times overflowed the stack
+// (found by tokenizer_fuzz); real files nest a level or two.
+TEST(TokenizerLoadTest, DeeplyNestedSequencesAreRefused) {
+  expect_invalid(load_error(make_variant("llama2", "nested_deep",
+                                         [](Json& tokenizer, Json&) {
+                                           tokenizer["normalizer"] = nested_normalizer(17);
+                                         })),
+                 {"normalizer Sequence nested deeper than 16"});
+  const fs::path shallow = make_variant("llama2", "nested_ok", [](Json& tokenizer, Json&) {
+    tokenizer["normalizer"] = nested_normalizer(3);
+  });
+  EXPECT_TRUE(Tokenizer::load(shallow.string()).is_ok());
+}
+
 TEST(TokenizerLoadTest, MergesNamingUnknownTokensAreRejected) {
   expect_invalid(load_error(make_variant("llama2", "bad_merge",
                                          [](Json& tokenizer, Json&) {
