@@ -2185,12 +2185,9 @@ class HungReplicas(ControlTestCase):
         done = load.count()
         load.wait_for(lambda l: l.completed >= done + 500, "500 requests after the replacement")
         load.stop()
-        # Requests that were in flight on the hung replica fail here unless the gateway
-        # retries a request whose upstream failed before any response byte (issue 18 item 1);
-        # at most one per client, and every request after the replacement succeeds.
-        late = [f for f in load.failures if f[0] > stopped_at + replaced_s]
-        self.assertEqual(late, [], f"failures after the replacement: {late[:5]}")
-        self.assertLessEqual(len(load.failures), len(load.threads), load.failures[:5])
+        # The requests in flight on the hung replica fail over once it is killed: the gateway
+        # retries a request whose upstream failed before any response byte (issue 18 item 1).
+        self.assertEqual(load.failures, [], f"failures: {load.failures[:5]}")
 
 
 class ReplicaCap(ControlTestCase):
