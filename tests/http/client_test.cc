@@ -209,6 +209,12 @@ TEST_F(ClientTest, AChunkedResponseIsReadAndItsConnectionReused) {
 }
 
 TEST_F(ClientTest, OutOfDescriptorsAConnectFailureIsTheClientsOwnAndFetchDoesNotThrow) {
+#if defined(__SANITIZE_ADDRESS__)
+  // UBSan's vptr check reads memory through a pipe (sanitizer_common's
+  // IsAccessibleMemoryRange): with no descriptor free it cannot, and reports false "invalid
+  // vptr" errors. The release build runs this test.
+  GTEST_SKIP() << "a sanitized process cannot run out of descriptors";
+#endif
   CannedUpstream upstream({std::string(kGood)});
   upstream_port_ = upstream.port();
   RawClient client(server_->port());

@@ -234,6 +234,12 @@ TEST_F(ServerTest, PastTheCapA503IsReadEvenWhenTheRequestWasSentFirst) {
 }
 
 TEST_F(ServerTest, OutOfDescriptorsNewConnectionsGet503AndTheServerRecovers) {
+#if defined(__SANITIZE_ADDRESS__)
+  // UBSan's vptr check reads memory through a pipe (sanitizer_common's
+  // IsAccessibleMemoryRange): with no descriptor free it cannot, and reports false "invalid
+  // vptr" errors. The release build runs this test.
+  GTEST_SKIP() << "a sanitized process cannot run out of descriptors";
+#endif
   start();
   RawClient served(port());
   ASSERT_TRUE(served.send(kGet));

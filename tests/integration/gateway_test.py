@@ -1809,6 +1809,9 @@ class Framing(GatewayTestCase):
 
 # =========================================================================== issue 18: descriptors
 
+@unittest.skipIf(os.environ.get("FLOTILLA_SANITIZED"),
+                 "UBSan's vptr check needs free descriptors (a pipe) to read memory: a sanitized "
+                 "gateway out of descriptors reports false errors; the release build runs this")
 class FileDescriptors(GatewayTestCase):
     """Issue 18, item 2: a gateway held to 256 descriptors (soft and hard, so raising the soft
     limit gains nothing) in front of a replica, with more connections than it can hold, and
