@@ -12,7 +12,7 @@ PACKAGES=(
   libyaml-cpp-dev libxgboost-dev libssl-dev libsqlite3-dev libgtest-dev libgmock-dev libbenchmark-dev
   libpcre2-dev
   # tests, fixtures and benchmarks
-  python3 python3-xgboost python3-sklearn python3-numpy python3-aiohttp python3-matplotlib python3-regex
+  python3 python3-venv python3-xgboost python3-sklearn python3-numpy python3-aiohttp python3-matplotlib python3-regex
   prometheus wrk curl
   # peer proxies, load generators and callgrind for bench/gateway (../shared/bench/peers)
   nginx haproxy hey valgrind
