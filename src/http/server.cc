@@ -12,10 +12,10 @@
 // Descriptors (docs/gateway.md, "File descriptors"): the connection cap is sized from
 // RLIMIT_NOFILE at bind(). Past the cap a connection is answered 503 with a lingering close
 // (not counted against the cap); past a few more sessions in all (a sixteenth of the cap plus
-// 16), 503 and an immediate close. Should accept still fail
-// for want of a descriptor (something else took them), one spare descriptor held for the
-// purpose is given up to accept the connection and answer it 503; when even that fails, the
-// worker retries after a pause, and the failure is logged at most once per kLogPeriod.
+// 16), 503 and an immediate close. Should accept still fail for want of a descriptor
+// (something else took them), one spare descriptor held for the purpose is given up to accept
+// the connection and answer it 503; when even that fails, the worker retries after a pause,
+// and the failure is logged at most once per kLogPeriod.
 #include <algorithm>
 #include <array>
 #include <atomic>
@@ -1300,7 +1300,11 @@ void ServerImpl::refuse(int descriptor) {
   }
   // Small enough for any socket buffer; a request already received is dropped unread, which
   // may reset the connection: past every cap, a descriptor freed now matters more.
-  [[maybe_unused]] const ssize_t sent = send_head_and_body(descriptor, refusal_, {});
+  std::string answer = refusal_;
+  if (options_.error_request_ids) {  // after the status line, like error_response()'s header
+    answer.insert(answer.find("\r\n") + 2, "X-Request-Id: " + fresh_request_id() + "\r\n");
+  }
+  [[maybe_unused]] const ssize_t sent = send_head_and_body(descriptor, answer, {});
   ::close(descriptor);
   if (uint64_t held_back = 0; refusal_log_.allow(held_back)) {
     spdlog::warn(
