@@ -241,21 +241,22 @@ def api(port, token, method, path, body=None, timeout=API_TIMEOUT_S):
 
 # --------------------------------------------------------------------------- load
 
+def load_module(name, path):
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+# The tests' reading of an answer: "classifier" is MODEL_V1's, "proba" MODEL_V2's.
+_HARNESS = load_module("harness", os.path.join(REPO, "tests", "integration", "harness.py"))
+_VERSION_OF_LABEL = {"classifier": "v1", "proba": "v2"}
+
+
 def label_of(body):
-    """Which model wrote an MLflow answer for one iris row: "v1" (class label), "v2" (three
-    class probabilities), or None (anything else, a failure)."""
-    try:
-        preds = json.loads(body)["predictions"]
-    except (ValueError, KeyError, TypeError):
-        return None
-    if not isinstance(preds, list) or len(preds) != 1:
-        return None
-    p = preds[0]
-    if isinstance(p, int) and not isinstance(p, bool):
-        return "v1"
-    if isinstance(p, list) and len(p) == 3 and all(isinstance(x, float) for x in p):
-        return "v2"
-    return None
+    """Which model version wrote an MLflow answer for one iris row: "v1", "v2", or None
+    (anything else, a failure)."""
+    return _VERSION_OF_LABEL.get(_HARNESS.label_of(body))
 
 
 async def read_response(reader):
@@ -447,10 +448,7 @@ class Run:
     # ---- set-up
 
     def prepare_models(self):
-        spec = importlib.util.spec_from_file_location("make_models", MAKE_MODELS)
-        mod = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(mod)
-        mod.make_all(self.models)
+        load_module("make_models", MAKE_MODELS).make_all(self.models)
 
     def up_flags(self):
         return ["--drain-timeout-ms", str(self.args.drain_timeout_ms), "--log-level", "warn",

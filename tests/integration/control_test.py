@@ -182,21 +182,7 @@ def canonical(s):
 
 # --------------------------------------------------------------------------- responses
 
-def label_of(body):
-    """Which model answered an MLflow request for one iris row: "classifier" (a class label),
-    "proba" (three class probabilities), or None for anything else."""
-    try:
-        preds = json.loads(body)["predictions"]
-    except (ValueError, KeyError, TypeError):
-        return None
-    if not isinstance(preds, list) or len(preds) != 1:
-        return None
-    p = preds[0]
-    if isinstance(p, int) and not isinstance(p, bool):
-        return "classifier"
-    if isinstance(p, list) and len(p) == 3 and all(isinstance(x, float) for x in p):
-        return "proba"
-    return None
+label_of = harness.label_of
 
 
 def mlflow_body(rows=(IRIS_ROW,)):
