@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # House-style checks that need no build (STYLE.md §1, §8):
 #  - clang-format 14 finds nothing to change;
-#  - a module includes only other modules' public headers (src/<module>/<module>.h); its tests
+#  - a module includes only other modules' public headers: src/<module>/<module>.h, and
+#    src/<module>/<module>_<part>.h where one module offers a lighter part of its contract
+#    (gateway/gateway_policy.h: the balancer and admission queue without Boost); its tests
 #    (tests/<module>/) and micro-benchmarks (bench/<module>/) may include its private ones.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -17,7 +19,8 @@ for file in "${sources[@]}"; do
   esac
   while IFS= read -r header; do
     module=${header%%/*}
-    if [ "$module" != "$own" ] && [ "$header" != "$module/$module.h" ] && [ -d "src/$module" ]; then
+    if [ "$module" != "$own" ] && [ "$header" != "$module/$module.h" ] &&
+      [[ "$header" != "$module/${module}_"*.h ]] && [ -d "src/$module" ]; then
       echo "$file includes $header, a private header of module '$module'" >&2
       status=1
     fi

@@ -4,6 +4,8 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
+#include <condition_variable>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -64,6 +66,10 @@ Status unavailable(std::string message);
 int http_status_for(StatusCode code);
 std::string_view status_code_name(StatusCode code);
 
+namespace detail {
+[[noreturn]] void value_of_error(const Status& status);
+}  // namespace detail
+
 // A value or the Status that explains why there is none.
 template <typename T>
 class [[nodiscard]] Result {
@@ -80,16 +86,35 @@ class [[nodiscard]] Result {
     static const Status kOkStatus;
     return is_ok() ? kOkStatus : std::get<Status>(state_);
   }
-  T& value() & { return std::get<T>(state_); }
-  const T& value() const& { return std::get<T>(state_); }
-  T&& value() && { return std::get<T>(std::move(state_)); }
+  // The value; a Result holding an error is a bug here (a CHECK failure naming the status),
+  // never an exception.
+  T& value() & {
+    check_has_value();
+    return *std::get_if<T>(&state_);
+  }
+  const T& value() const& {
+    check_has_value();
+    return *std::get_if<T>(&state_);
+  }
+  T&& value() && {
+    check_has_value();
+    return std::move(*std::get_if<T>(&state_));
+  }
   T* operator->() { return &value(); }
   const T* operator->() const { return &value(); }
   T& operator*() & { return value(); }
 
  private:
+  void check_has_value() const;
   std::variant<T, Status> state_;
 };
+
+template <typename T>
+void Result<T>::check_has_value() const {
+  if (const Status* error = std::get_if<Status>(&state_)) {
+    detail::value_of_error(*error);
+  }
+}
 
 #define FLOTILLA_CONCAT_INNER(a, b) a##b
 #define FLOTILLA_CONCAT(a, b) FLOTILLA_CONCAT_INNER(a, b)
@@ -141,6 +166,73 @@ void bug(const char* what, const char* file, int line);
 #define FLOTILLA_BUG(what) ::flotilla::detail::bug(what, __FILE__, __LINE__)
 
 // ---------------------------------------------------------------------------------------------
+// Locking, checked by clang's -Wthread-safety (the `clang` preset builds with it as an error):
+// a member shared between threads is FLOTILLA_GUARDED_BY(its Mutex), a function that expects
+// the lock held is FLOTILLA_REQUIRES(it). Other compilers see plain std::mutex code.
+
+#if defined(__clang__)
+#define FLOTILLA_THREAD_ANNOTATION(x) __attribute__((x))
+#else
+#define FLOTILLA_THREAD_ANNOTATION(x)
+#endif
+#define FLOTILLA_CAPABILITY(name) FLOTILLA_THREAD_ANNOTATION(capability(name))
+#define FLOTILLA_SCOPED_CAPABILITY FLOTILLA_THREAD_ANNOTATION(scoped_lockable)
+#define FLOTILLA_GUARDED_BY(mutex) FLOTILLA_THREAD_ANNOTATION(guarded_by(mutex))
+#define FLOTILLA_PT_GUARDED_BY(mutex) FLOTILLA_THREAD_ANNOTATION(pt_guarded_by(mutex))
+#define FLOTILLA_REQUIRES(...) FLOTILLA_THREAD_ANNOTATION(requires_capability(__VA_ARGS__))
+#define FLOTILLA_EXCLUDES(...) FLOTILLA_THREAD_ANNOTATION(locks_excluded(__VA_ARGS__))
+#define FLOTILLA_ACQUIRE(...) FLOTILLA_THREAD_ANNOTATION(acquire_capability(__VA_ARGS__))
+#define FLOTILLA_RELEASE(...) FLOTILLA_THREAD_ANNOTATION(release_capability(__VA_ARGS__))
+#define FLOTILLA_TRY_ACQUIRE(...) FLOTILLA_THREAD_ANNOTATION(try_acquire_capability(__VA_ARGS__))
+#define FLOTILLA_NO_THREAD_SAFETY_ANALYSIS FLOTILLA_THREAD_ANNOTATION(no_thread_safety_analysis)
+
+// std::mutex with the annotations the checker needs (libstdc++'s has none).
+class FLOTILLA_CAPABILITY("mutex") Mutex {
+ public:
+  void lock() FLOTILLA_ACQUIRE() { mutex_.lock(); }
+  void unlock() FLOTILLA_RELEASE() { mutex_.unlock(); }
+  bool try_lock() FLOTILLA_TRY_ACQUIRE(true) { return mutex_.try_lock(); }
+
+ private:
+  std::mutex mutex_;
+};
+
+// Holds a Mutex for its scope (std::lock_guard, checked).
+class FLOTILLA_SCOPED_CAPABILITY MutexLock {
+ public:
+  explicit MutexLock(Mutex& mutex) FLOTILLA_ACQUIRE(mutex) : mutex_(mutex) { mutex_.lock(); }
+  ~MutexLock() FLOTILLA_RELEASE() { mutex_.unlock(); }
+  MutexLock(const MutexLock&) = delete;
+  MutexLock& operator=(const MutexLock&) = delete;
+
+ private:
+  Mutex& mutex_;
+};
+
+// A condition variable over a Mutex the caller holds. Waits have no predicate argument (a
+// lambda cannot say it holds the lock): callers loop, `while (!ready_) cv_.wait(mutex_);`.
+class CondVar {
+ public:
+  void wait(Mutex& mutex) FLOTILLA_REQUIRES(mutex) { cv_.wait(mutex); }
+  // False when `deadline` passed first.
+  template <typename Clock, typename Duration>
+  bool wait_until(Mutex& mutex, const std::chrono::time_point<Clock, Duration>& deadline)
+      FLOTILLA_REQUIRES(mutex) {
+    return cv_.wait_until(mutex, deadline) == std::cv_status::no_timeout;
+  }
+  template <typename Rep, typename Period>
+  bool wait_for(Mutex& mutex, const std::chrono::duration<Rep, Period>& timeout)
+      FLOTILLA_REQUIRES(mutex) {
+    return cv_.wait_for(mutex, timeout) == std::cv_status::no_timeout;
+  }
+  void notify_one() { cv_.notify_one(); }
+  void notify_all() { cv_.notify_all(); }
+
+ private:
+  std::condition_variable_any cv_;
+};
+
+// ---------------------------------------------------------------------------------------------
 // Randomness for policies (STYLE.md §5): policy code takes a Random& so tests and the simulator
 // can drive it with a seed or a script.
 
@@ -184,10 +276,48 @@ inline bool equals_ignore_case(std::string_view a, std::string_view b) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Wall clock
+// Clocks (STYLE.md §5): code whose behaviour depends on time takes a Clock& so tests and the
+// simulator can drive it (tests/fakes/common/fake_clock.h).
 
-// Milliseconds since the Unix epoch: timestamps for events and records that outlive a process.
+class Clock {
+ public:
+  using TimePoint = std::chrono::steady_clock::time_point;
+  virtual ~Clock() = default;
+  // Monotonic time, for deadlines, periods and durations.
+  virtual TimePoint now() const = 0;
+  // Wall-clock time, for timestamps that leave the process (records, samples, logs).
+  virtual std::chrono::system_clock::time_point system_now() const = 0;
+  // Milliseconds since the Unix epoch of system_now().
+  int64_t unix_ms() const;
+};
+
+// The process's real clocks. Thread-safe.
+Clock& real_clock();
+
+// Milliseconds since the Unix epoch: timestamps for events and records that outlive a process
+// (real_clock().unix_ms()).
 int64_t unix_time_ms();
+
+// ceil(value / by), with a tolerance for floating-point error (16.0000001 / 16 is 1): replica
+// counts from concurrencies. A `by` at or below 0 counts as 1e-9.
+int64_t ceil_div(double value, double by);
+
+// ---------------------------------------------------------------------------------------------
+// Load
+
+// One second of an endpoint's load, as the gateway measures it and the autoscaler reads it
+// (DESIGN.md §4).
+struct LoadSample {
+  int64_t unix_ms = 0;       // the end of the second
+  double concurrency = 0;    // mean in-flight requests at the replicas over the second
+  double queued = 0;         // mean requests waiting in the admission queue
+  uint64_t arrivals = 0;     // requests admitted for the endpoint (after auth and routing)
+  uint64_t completions = 0;  // responses sent, any code
+  uint64_t rejected = 0;     // 429s from the queue
+  // Mean time the replicas took to answer the requests completed in the second (upstream
+  // time, retries included), 0 when none completed: the vertical autoscaler's latency signal.
+  double latency_ms = 0;
+};
 
 // ---------------------------------------------------------------------------------------------
 // Logging

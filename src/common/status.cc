@@ -1,4 +1,6 @@
+#include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 
@@ -108,10 +110,41 @@ void bug(const char* what, const char* file, int line) {
 
 }  // namespace detail
 
-int64_t unix_time_ms() {
-  return std::chrono::duration_cast<std::chrono::milliseconds>(
-             std::chrono::system_clock::now().time_since_epoch())
+namespace detail {
+void value_of_error(const Status& status) {
+  std::fprintf(stderr, "FLOTILLA_CHECK failed: value() of a Result holding an error: %s\n",
+               status.to_string().c_str());
+  std::fflush(stderr);
+  std::abort();
+}
+}  // namespace detail
+
+int64_t Clock::unix_ms() const {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(system_now().time_since_epoch())
       .count();
+}
+
+namespace {
+class RealClock final : public Clock {
+ public:
+  TimePoint now() const override { return std::chrono::steady_clock::now(); }
+  std::chrono::system_clock::time_point system_now() const override {
+    return std::chrono::system_clock::now();
+  }
+};
+}  // namespace
+
+Clock& real_clock() {
+  static RealClock clock;
+  return clock;
+}
+
+int64_t unix_time_ms() {
+  return real_clock().unix_ms();
+}
+
+int64_t ceil_div(double value, double by) {
+  return static_cast<int64_t>(std::ceil(value / std::max(by, 1e-9) - 1e-9));
 }
 
 Status init_logging(std::string_view level) {

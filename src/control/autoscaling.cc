@@ -171,8 +171,8 @@ void EndpointScaler::update_spec(const EndpointSpec& spec) {
   scale_ = Scale{std::clamp(scale_.replicas, range.min, range.max), target};
 }
 
-void EndpointScaler::add_samples(const std::vector<gateway::EndpointSample>& samples) {
-  for (const gateway::EndpointSample& sample : samples) {
+void EndpointScaler::add_samples(const std::vector<LoadSample>& samples) {
+  for (const LoadSample& sample : samples) {
     if (sample.unix_ms <= last_sample_unix_ms_) {
       continue;
     }

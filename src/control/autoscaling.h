@@ -77,7 +77,7 @@ class EndpointScaler {
   void update_spec(const EndpointSpec& spec);
 
   // Adds the gateway's samples newer than the last one seen.
-  void add_samples(const std::vector<gateway::EndpointSample>& samples);
+  void add_samples(const std::vector<LoadSample>& samples);
 
   // Runs whichever policy is due at `now` (the horizontal every horizontal_period, the vertical
   // every vertical_period). `ready`/`pending`: the endpoint's replicas serving and starting;

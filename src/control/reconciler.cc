@@ -58,10 +58,6 @@ gateway::EndpointEntry table_entry(const EndpointSpec& spec, const std::optional
 
 }  // namespace
 
-int64_t ceil_div(double value, double by) {
-  return static_cast<int64_t>(std::ceil(value / std::max(by, 1e-9) - 1e-9));
-}
-
 int64_t version_replicas(const ServedModelSpec& served, const std::optional<Scale>& scale) {
   if (!scale) {
     return provisioned_replicas(served);

@@ -38,10 +38,6 @@ struct EndpointState {
   std::optional<Scale> scale;
 };
 
-// ceil(value / by), with a tolerance for floating-point error (16.0000001 / 16 is 1): replica
-// counts from concurrencies.
-int64_t ceil_div(double value, double by);
-
 // Replicas of `served` for an endpoint scaled to `scale`: its traffic share of the endpoint's
 // replicas, at least its own minimum (ceil(concurrency.min / target), 1 unless it may scale to
 // zero). Without a scale: provisioned_replicas().

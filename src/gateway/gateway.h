@@ -293,19 +293,6 @@ class CapacityRequester {
   virtual void request_capacity(const std::string& endpoint) = 0;
 };
 
-// One second of an endpoint's load, as the autoscaler reads it (DESIGN.md §4).
-struct EndpointSample {
-  int64_t unix_ms = 0;       // the end of the second
-  double concurrency = 0;    // mean in-flight requests at the replicas over the second
-  double queued = 0;         // mean requests waiting in the admission queue
-  uint64_t arrivals = 0;     // requests admitted for the endpoint (after auth and routing)
-  uint64_t completions = 0;  // responses sent, any code
-  uint64_t rejected = 0;     // 429s from the queue
-  // Mean time the replicas took to answer the requests completed in the second (upstream
-  // time, retries included), 0 when none completed: the vertical autoscaler's latency signal.
-  double latency_ms = 0;
-};
-
 struct GatewayOptions {
   http::ServerOptions server;
   BalancerKind balancer = BalancerKind::kPowerOfTwo;
@@ -356,8 +343,7 @@ class Gateway {
   virtual void watch_config(const std::string& path, std::chrono::milliseconds interval) = 0;
 
   // The last `seconds` one-second samples of an endpoint, oldest first (at most 600 kept).
-  virtual std::vector<EndpointSample> samples(const std::string& endpoint,
-                                              size_t seconds) const = 0;
+  virtual std::vector<LoadSample> samples(const std::string& endpoint, size_t seconds) const = 0;
 };
 
 }  // namespace flotilla::gateway

@@ -245,7 +245,7 @@ struct EndpointRuntime {
   uint64_t last_upstream_answers = 0;
   uint64_t last_upstream_us = 0;
   mutable std::mutex samples_mutex;
-  std::deque<EndpointSample> samples;  // guarded by samples_mutex
+  std::deque<LoadSample> samples;  // guarded by samples_mutex
 };
 
 struct VersionView {
@@ -470,7 +470,7 @@ class GatewayImpl final : public Gateway {
     config_interval_ = interval;
     config_stamp_.clear();
   }
-  std::vector<EndpointSample> samples(const std::string& endpoint, size_t seconds) const override;
+  std::vector<LoadSample> samples(const std::string& endpoint, size_t seconds) const override;
 
   // The request path; public for the callbacks that reach it through ProxyCall::gateway.
   void handle(http::Request&& request, http::Responder&& responder);
@@ -1417,7 +1417,7 @@ void GatewayImpl::answer_local(const Route& route, const http::Request& request,
           }
         }
         nlohmann::json samples = nlohmann::json::array();
-        for (const EndpointSample& sample : this->samples(name, 60)) {
+        for (const LoadSample& sample : this->samples(name, 60)) {
           samples.push_back({{"unix_ms", sample.unix_ms},
                              {"concurrency", sample.concurrency},
                              {"queued", sample.queued},
@@ -1445,8 +1445,7 @@ void GatewayImpl::answer_local(const Route& route, const http::Request& request,
 
 // ---- Control thread: samples and config reloads ---------------------------------------------
 
-std::vector<EndpointSample> GatewayImpl::samples(const std::string& endpoint,
-                                                 size_t seconds) const {
+std::vector<LoadSample> GatewayImpl::samples(const std::string& endpoint, size_t seconds) const {
   std::shared_ptr<const Snapshot> snapshot;
   {
     std::lock_guard lock(snapshot_mutex_);
@@ -1477,7 +1476,7 @@ void GatewayImpl::sample_all() {
     if (++endpoint.ticks < kTicksPerSample) {
       continue;
     }
-    EndpointSample sample;
+    LoadSample sample;
     sample.unix_ms = unix_ms_now();
     sample.concurrency = endpoint.concurrency_sum / endpoint.ticks;
     sample.queued = endpoint.queued_sum / endpoint.ticks;

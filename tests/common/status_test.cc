@@ -1,6 +1,10 @@
+#include <cstdlib>
+#include <thread>
+
 #include <gtest/gtest.h>
 
 #include "common/common.h"
+#include "fakes/common/fake_clock.h"
 
 namespace flotilla {
 namespace {
@@ -57,6 +61,57 @@ TEST(LoggingTest, RejectsUnknownLevel) {
   EXPECT_TRUE(init_logging("warn").is_ok());
   EXPECT_TRUE(init_logging("off").is_ok());
   EXPECT_FALSE(init_logging("loud").is_ok());
+}
+
+TEST(ResultDeathTest, ValueOfAnErrorIsACheckFailureNamingTheStatus) {
+  Result<int> result = not_found("model 'm'");
+  EXPECT_DEATH((void)result.value(), "value\\(\\) of a Result holding an error: .*model 'm'");
+}
+
+TEST(ClockTest, FakeClockMovesOnlyWhenAdvanced) {
+  testing::FakeClock clock;
+  const Clock::TimePoint start = clock.now();
+  const int64_t start_ms = clock.unix_ms();
+  EXPECT_EQ(clock.now(), start);
+  clock.advance(std::chrono::milliseconds(1'500));
+  EXPECT_EQ(clock.now() - start, std::chrono::milliseconds(1'500));
+  EXPECT_EQ(clock.unix_ms() - start_ms, 1'500);
+}
+
+TEST(ClockTest, RealClockIsMonotonicAndNearTheSystemTime) {
+  Clock& clock = real_clock();
+  const Clock::TimePoint a = clock.now();
+  EXPECT_LE(a, clock.now());
+  const int64_t system_ms = std::chrono::duration_cast<std::chrono::milliseconds>(
+                                std::chrono::system_clock::now().time_since_epoch())
+                                .count();
+  EXPECT_LE(std::abs(clock.unix_ms() - system_ms), 1'000);
+}
+
+TEST(CeilDivTest, IgnoresFloatingPointDust) {
+  EXPECT_EQ(ceil_div(0.1 * 3 * 160 / 3, 16), 1);
+  EXPECT_EQ(ceil_div(17, 16), 2);
+  EXPECT_EQ(ceil_div(0, 16), 0);
+  EXPECT_EQ(ceil_div(32, 16), 2);
+}
+
+TEST(CondVarTest, WaitReturnsWhenAnotherThreadSignals) {
+  Mutex mutex;
+  CondVar cv;
+  bool ready = false;
+  std::thread signaller([&] {
+    MutexLock lock(mutex);
+    ready = true;
+    cv.notify_all();
+  });
+  {
+    MutexLock lock(mutex);
+    while (!ready) {
+      cv.wait(mutex);
+    }
+    EXPECT_TRUE(ready);
+  }
+  signaller.join();
 }
 
 }  // namespace

@@ -32,11 +32,11 @@ AutoscalingOptions fast_options() {
 
 // One gateway sample per second from `from_ms` for `seconds`, each with `concurrency` in
 // flight at a steady state (arrivals = completions) and `latency_ms`.
-std::vector<gateway::EndpointSample> steady(int64_t from_ms, int seconds, double concurrency,
-                                            double latency_ms = 10) {
-  std::vector<gateway::EndpointSample> samples;
+std::vector<LoadSample> steady(int64_t from_ms, int seconds, double concurrency,
+                               double latency_ms = 10) {
+  std::vector<LoadSample> samples;
   for (int i = 1; i <= seconds; ++i) {
-    gateway::EndpointSample sample;
+    LoadSample sample;
     sample.unix_ms = from_ms + i * 1'000;
     sample.concurrency = concurrency;
     sample.arrivals = static_cast<uint64_t>(concurrency * 100);
