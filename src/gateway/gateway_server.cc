@@ -27,6 +27,7 @@
 
 #include "gateway/access_log.h"
 #include "gateway/gateway.h"
+#include "gateway/outlier_detector.h"
 
 namespace flotilla::gateway {
 namespace {
@@ -136,8 +137,8 @@ struct ReplicaRuntime {
 
   // Ready, not ejected and still in the table; the cap is checked separately.
   bool eligible() const {
-    return state.load(std::memory_order_relaxed) == ReplicaState::kReady &&
-           !ejected.load(std::memory_order_relaxed) && !removed.load(std::memory_order_relaxed);
+    return state.load(std::memory_order_relaxed) == ReplicaState::kReady && !outlier.ejected() &&
+           !removed.load(std::memory_order_relaxed);
   }
 
   // Takes one slot below the cap. Sequentially consistent with the queue counter, so a slot
@@ -170,9 +171,7 @@ struct ReplicaRuntime {
   std::atomic<ReplicaState> state{ReplicaState::kReady};
   std::atomic<bool> removed{false};
   std::atomic<int64_t> in_flight{0};
-  std::atomic<int> consecutive_failures{0};
-  std::atomic<bool> ejected{false};
-  std::atomic<int> ejection_count{0};
+  OutlierState outlier;
   CodeCounters codes;
   Histogram& latency;
   Gauge& in_flight_gauge;
@@ -401,6 +400,8 @@ class GatewayImpl final : public Gateway {
                             ? options.seed
                             : static_cast<uint64_t>(Clock::now().time_since_epoch().count())),
         control_balancer_(make_balancer(options.balancer)),
+        outlier_({options.eject_after_failures, options.ejection_time, options.max_ejection_time},
+                 real_clock()),
         unrouted_(registry, "flotilla_gateway_unrouted_requests_total",
                   "Requests answered without reaching an endpoint (auth, unknown routes), by "
                   "status code.",
@@ -507,7 +508,9 @@ class GatewayImpl final : public Gateway {
   // Counts an upstream's answer with `status` against its replica.
   void record_answer(const std::shared_ptr<ProxyCall>& call, int status);
   void record_success(ReplicaRuntime& replica);
-  void record_failure(const std::shared_ptr<ReplicaRuntime>& replica);
+  // `result` is kFailure or kLocalFailure.
+  void record_failure(const std::shared_ptr<ReplicaRuntime>& replica,
+                      AttemptResult result = AttemptResult::kFailure);
   void probe_later(std::shared_ptr<ReplicaRuntime> replica, std::chrono::milliseconds delay);
 
   void publish_locked();
@@ -531,6 +534,8 @@ class GatewayImpl final : public Gateway {
   AuthConfig auth_;                                                    // guarded by swap_mutex_
   SeededRandom control_random_;                                        // guarded by swap_mutex_
   std::unique_ptr<Balancer> control_balancer_;                         // guarded by swap_mutex_
+  // Immutable after construction; each replica's state is its runtime's `outlier`.
+  const OutlierDetector outlier_;
 
   // The published snapshot; workers re-read it when the version moves.
   mutable std::mutex snapshot_mutex_;
@@ -1121,9 +1126,9 @@ void GatewayImpl::on_upstream(const std::shared_ptr<ProxyCall>& call,
     respond(*call, error_response(call->shape, 499, "client closed the connection"));
     return;
   }
-  if (!response.local_failure) {  // out of descriptors here says nothing about the replica
-    record_failure(call->replica);
-  }
+  // Out of descriptors here says nothing about the replica: counted, it never ejects it.
+  record_failure(call->replica,
+                 response.local_failure ? AttemptResult::kLocalFailure : AttemptResult::kFailure);
   spdlog::debug("request {}: replica {} of '{}' failed ({}): {}", call->request_id, replica.id,
                 replica.endpoint, http::failure_name(response.failure), response.error);
   if (should_retry(FailedAttempt{response.failure, response.unsent.has_value(), call->client_gone,
@@ -1277,27 +1282,20 @@ bool GatewayImpl::account(ProxyCall& call, int code) {
 // ---- Outlier detection -----------------------------------------------------------------------
 
 void GatewayImpl::record_success(ReplicaRuntime& replica) {
-  // Read first: a healthy replica's counters are zero and stay unwritten (no shared-line stores).
-  if (replica.consecutive_failures.load(std::memory_order_relaxed) != 0) {
-    replica.consecutive_failures.store(0, std::memory_order_relaxed);
-  }
-  if (replica.ejection_count.load(std::memory_order_relaxed) != 0) {
-    replica.ejection_count.store(0, std::memory_order_relaxed);
-  }
+  (void)outlier_.put_result(replica.outlier, AttemptResult::kSuccess);
 }
 
-void GatewayImpl::record_failure(const std::shared_ptr<ReplicaRuntime>& replica) {
-  const int failures = replica->consecutive_failures.fetch_add(1) + 1;
-  if (failures < options_.eject_after_failures || replica->ejected.exchange(true)) {
+void GatewayImpl::record_failure(const std::shared_ptr<ReplicaRuntime>& replica,
+                                 AttemptResult result) {
+  const std::optional<Ejection> ejection = outlier_.put_result(replica->outlier, result);
+  if (!ejection) {
     return;
   }
   replica->ejections.inc();
-  const int count = std::min(replica->ejection_count.fetch_add(1), 16);
-  const auto delay =
-      std::min(options_.ejection_time * (int64_t{1} << count), options_.max_ejection_time);
   spdlog::warn("replica '{}' of '{}' at {} ejected for {} ms after {} consecutive failures",
-               replica->id, replica->endpoint, replica->address, delay.count(), failures);
-  probe_later(replica, delay);
+               replica->id, replica->endpoint, replica->address, ejection->delay.count(),
+               ejection->consecutive_failures);
+  probe_later(replica, ejection->delay);
 }
 
 // While ejected, a replica is probed (GET /v2/health/ready) instead of being sent requests;
@@ -1308,7 +1306,7 @@ void GatewayImpl::probe_later(std::shared_ptr<ReplicaRuntime> replica,
       std::chrono::duration_cast<std::chrono::microseconds>(delay),
       [this, replica = std::move(replica), delay] {
         if (replica->removed.load()) {
-          replica->ejected.store(false);
+          outlier_.forget(replica->outlier);
           return;
         }
         http::ClientRequest probe;
@@ -1317,11 +1315,13 @@ void GatewayImpl::probe_later(std::shared_ptr<ReplicaRuntime> replica,
         worker().pool->send(
             replica->host, replica->port, std::move(probe), options_.client.connect_timeout,
             [this, replica, delay](http::ClientResponse&& response) {
-              if (response.failure == http::UpstreamFailure::kNone && response.status < 500) {
+              const bool healthy =
+                  response.failure == http::UpstreamFailure::kNone && response.status < 500;
+              const std::optional<Ejection> again =
+                  outlier_.put_probe_result(replica->outlier, healthy, delay);
+              if (!again) {
                 spdlog::info("replica '{}' of '{}' answered its probe; back in", replica->id,
                              replica->endpoint);
-                replica->consecutive_failures.store(0);
-                replica->ejected.store(false);
                 // Requests waiting for lack of an eligible replica may take it now.
                 WorkerState& state = worker();
                 const EndpointView* view = current_snapshot(state)->find(replica->endpoint);
@@ -1330,7 +1330,7 @@ void GatewayImpl::probe_later(std::shared_ptr<ReplicaRuntime> replica,
                 }
                 return;
               }
-              probe_later(replica, std::min(delay * 2, options_.max_ejection_time));
+              probe_later(replica, again->delay);
             });
       });
 }
@@ -1413,7 +1413,7 @@ void GatewayImpl::answer_local(const Route& route, const http::Request& request,
                                 {"in_flight", replica->in_flight.load()},
                                 {"cap", replica->cap.load()},
                                 {"eligible", replica->eligible()},
-                                {"ejected", replica->ejected.load()}});
+                                {"ejected", replica->outlier.ejected()}});
           }
         }
         nlohmann::json samples = nlohmann::json::array();
