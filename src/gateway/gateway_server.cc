@@ -15,7 +15,6 @@
 #include <array>
 #include <atomic>
 #include <condition_variable>
-#include <deque>
 #include <filesystem>
 #include <map>
 #include <mutex>
@@ -27,6 +26,7 @@
 
 #include "gateway/access_log.h"
 #include "gateway/gateway.h"
+#include "gateway/load_sampler.h"
 #include "gateway/outlier_detector.h"
 
 namespace flotilla::gateway {
@@ -35,9 +35,7 @@ namespace {
 using Clock = std::chrono::steady_clock;
 using TimePoint = Clock::time_point;
 
-constexpr size_t kSamplesKept = 600;
-constexpr auto kSampleTick = std::chrono::milliseconds(100);
-constexpr int kTicksPerSample = 10;
+constexpr auto kSampleTick = std::chrono::milliseconds(100);  // LoadSampler's tick
 
 int64_t unix_ms_now() {
   return std::chrono::duration_cast<std::chrono::milliseconds>(
@@ -234,17 +232,8 @@ struct EndpointRuntime {
   // swap mutex.
   std::map<std::string, std::shared_ptr<ReplicaRuntime>> replicas;
 
-  // Sampling, on the control thread; `samples` also read by samples() under samples_mutex.
-  double concurrency_sum = 0;
-  double queued_sum = 0;
-  int ticks = 0;
-  uint64_t last_arrivals = 0;
-  uint64_t last_completions = 0;
-  uint64_t last_rejected = 0;
-  uint64_t last_upstream_answers = 0;
-  uint64_t last_upstream_us = 0;
-  mutable std::mutex samples_mutex;
-  std::deque<LoadSample> samples;  // guarded by samples_mutex
+  // Ticked by the control thread; samples() reads it from any thread.
+  LoadSampler sampler{real_clock()};
 };
 
 struct VersionView {
@@ -1455,10 +1444,7 @@ std::vector<LoadSample> GatewayImpl::samples(const std::string& endpoint, size_t
   if (view == nullptr) {
     return {};
   }
-  const EndpointRuntime& runtime = *view->runtime;
-  std::lock_guard lock(runtime.samples_mutex);
-  const size_t count = std::min(seconds, runtime.samples.size());
-  return {runtime.samples.end() - static_cast<std::ptrdiff_t>(count), runtime.samples.end()};
+  return view->runtime->sampler.latest(seconds);
 }
 
 void GatewayImpl::sample_all() {
@@ -1470,41 +1456,11 @@ void GatewayImpl::sample_all() {
     }
   }
   for (auto& runtime : endpoints) {
-    EndpointRuntime& endpoint = *runtime;
-    endpoint.concurrency_sum += static_cast<double>(endpoint.in_flight.load());
-    endpoint.queued_sum += static_cast<double>(std::max<int64_t>(0, endpoint.queued.load()));
-    if (++endpoint.ticks < kTicksPerSample) {
-      continue;
-    }
-    LoadSample sample;
-    sample.unix_ms = unix_ms_now();
-    sample.concurrency = endpoint.concurrency_sum / endpoint.ticks;
-    sample.queued = endpoint.queued_sum / endpoint.ticks;
-    const uint64_t arrivals = endpoint.arrivals.load();
-    const uint64_t completions = endpoint.completions.load();
-    const uint64_t rejected = endpoint.rejected.load();
-    sample.arrivals = arrivals - endpoint.last_arrivals;
-    sample.completions = completions - endpoint.last_completions;
-    sample.rejected = rejected - endpoint.last_rejected;
-    endpoint.last_arrivals = arrivals;
-    endpoint.last_completions = completions;
-    endpoint.last_rejected = rejected;
-    const uint64_t answers = endpoint.upstream_answers.load();
-    const uint64_t upstream_us = endpoint.upstream_us.load();
-    if (answers > endpoint.last_upstream_answers) {
-      sample.latency_ms = static_cast<double>(upstream_us - endpoint.last_upstream_us) / 1e3 /
-                          static_cast<double>(answers - endpoint.last_upstream_answers);
-    }
-    endpoint.last_upstream_answers = answers;
-    endpoint.last_upstream_us = upstream_us;
-    endpoint.concurrency_sum = 0;
-    endpoint.queued_sum = 0;
-    endpoint.ticks = 0;
-    std::lock_guard lock(endpoint.samples_mutex);
-    endpoint.samples.push_back(sample);
-    if (endpoint.samples.size() > kSamplesKept) {
-      endpoint.samples.pop_front();
-    }
+    const EndpointRuntime& endpoint = *runtime;
+    runtime->sampler.tick(LoadReading{endpoint.in_flight.load(), endpoint.queued.load(),
+                                      endpoint.arrivals.load(), endpoint.completions.load(),
+                                      endpoint.rejected.load(), endpoint.upstream_answers.load(),
+                                      endpoint.upstream_us.load()});
   }
 }
 

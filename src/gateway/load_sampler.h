@@ -1,0 +1,67 @@
+// One endpoint's load, sampled: the control thread reads the endpoint's counters every tick
+// (100 ms) and closes a 1 s LoadSample every `ticks_per_sample` ticks (mean in-flight and
+// queued over the ticks; arrivals, completions and rejections since the last sample; the mean
+// upstream latency of the answers since then). The last `kept` samples are kept for
+// samples() and the autoscaler.
+//
+// Private to the gateway module.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <vector>
+
+#include "common/common.h"
+
+namespace flotilla::gateway {
+
+// One tick's reading of an endpoint's counters; the totals count from the endpoint's start.
+struct LoadReading {
+  int64_t in_flight = 0;
+  int64_t queued = 0;  // may read below 0 for a moment; counts as 0
+  uint64_t arrivals = 0;
+  uint64_t completions = 0;
+  uint64_t rejected = 0;
+  uint64_t upstream_answers = 0;
+  uint64_t upstream_us = 0;  // summed time of those answers at the replicas
+};
+
+class LoadSampler {
+ public:
+  static constexpr size_t kSamplesKept = 600;
+  static constexpr int kTicksPerSample = 10;
+
+  // `clock` (samples' timestamps) is kept alive by the caller.
+  explicit LoadSampler(const Clock& clock, size_t kept = kSamplesKept,
+                       int ticks_per_sample = kTicksPerSample)
+      : clock_(clock), kept_(kept), ticks_per_sample_(ticks_per_sample) {}
+  LoadSampler(const LoadSampler&) = delete;
+  LoadSampler& operator=(const LoadSampler&) = delete;
+
+  // One tick, on the control thread only; true when it closed a sample.
+  bool tick(const LoadReading& reading);
+
+  // The latest `seconds` samples, oldest first. Any thread.
+  std::vector<LoadSample> latest(size_t seconds) const;
+
+ private:
+  const Clock& clock_;
+  const size_t kept_;
+  const int ticks_per_sample_;
+
+  // The control thread's.
+  double concurrency_sum_ = 0;
+  double queued_sum_ = 0;
+  int ticks_ = 0;
+  uint64_t last_arrivals_ = 0;
+  uint64_t last_completions_ = 0;
+  uint64_t last_rejected_ = 0;
+  uint64_t last_upstream_answers_ = 0;
+  uint64_t last_upstream_us_ = 0;
+
+  mutable Mutex mutex_;
+  std::deque<LoadSample> samples_ FLOTILLA_GUARDED_BY(mutex_);
+};
+
+}  // namespace flotilla::gateway
