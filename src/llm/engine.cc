@@ -19,24 +19,12 @@
 #include "llm/model.h"
 #include "llm/output.h"
 #include "llm/sampler.h"
+#include "llm/scheduler.h"
 
 namespace flotilla::llm {
 namespace {
 
 using SteadyClock = std::chrono::steady_clock;
-
-struct Sequence {
-  uint64_t id = 0;
-  std::vector<int32_t> tokens;  // prompt, then generated
-  int prompt_length = 0;
-  int computed = 0;  // tokens whose keys and values are in the cache
-  std::vector<int> blocks;
-  SamplingParams sampling;
-  std::mt19937_64 rng;
-  std::shared_ptr<RequestOutput> output;
-
-  int generated() const { return static_cast<int>(tokens.size()) - prompt_length; }
-};
 
 // Work for the output thread: a token of a request, or its end.
 struct OutputItem {
@@ -54,6 +42,8 @@ class EngineImpl final : public Engine {
         tokenizer_(std::move(tokenizer)),
         options_(options),
         cache_(model_->config, kv_blocks, options.kv_block_tokens),
+        scheduler_(cache_.allocator(),
+                   {options.max_tokens_per_step, options.max_sequences, options.kv_block_tokens}),
         pass_(model_, model_->options.threads) {
     stats_.kv_blocks_total = kv_blocks;
     output_thread_ = std::thread([this] { output_loop(); });
@@ -102,7 +92,7 @@ class EngineImpl final : public Engine {
           std::to_string(request.sampling.max_tokens) + ") is longer than the model's context of " +
           std::to_string(c.max_position) + " tokens");
     }
-    if (blocks_for(static_cast<int>(length)) > cache_.total_blocks()) {
+    if (scheduler_.blocks_for(static_cast<int>(length)) > cache_.total_blocks()) {
       return invalid_argument("the prompt plus max_tokens needs more KV cache (" +
                               std::to_string(length) + " tokens) than this engine has (" +
                               std::to_string(cache_.total_blocks() * cache_.block_tokens()) + ")");
@@ -152,10 +142,6 @@ class EngineImpl final : public Engine {
   const ModelConfig& config() const override { return model_->config; }
 
  private:
-  int blocks_for(int tokens) const {
-    return (tokens + cache_.block_tokens() - 1) / cache_.block_tokens();
-  }
-
   // The integral of stats_.waiting over time up to now: what was accounted, plus the current
   // count since it last changed. Under mutex_.
   double waiting_integral() const {
@@ -168,26 +154,6 @@ class EngineImpl final : public Engine {
   void account_waiting() {
     stats_.queue_wait_seconds = waiting_integral();
     waiting_counted_until_ = SteadyClock::now();
-  }
-
-  // Gives `sequence` blocks for its first `tokens` positions; false when the cache is short.
-  bool reserve(Sequence& sequence, int tokens) {
-    int needed = blocks_for(tokens) - static_cast<int>(sequence.blocks.size());
-    if (needed > cache_.free_blocks()) {
-      return false;
-    }
-    for (int i = 0; i < needed; ++i) {
-      sequence.blocks.push_back(cache_.allocate());
-    }
-    return true;
-  }
-
-  void release(Sequence& sequence) {
-    for (int block : sequence.blocks) {
-      cache_.release(block);
-    }
-    sequence.blocks.clear();
-    sequence.computed = 0;
   }
 
   // Output of this pass of the loop; handed over by publish() once the bookkeeping is done, so
@@ -234,7 +200,7 @@ class EngineImpl final : public Engine {
         if (!wanted.count(sequence->id)) {
           return false;
         }
-        release(*sequence);
+        scheduler_.release(*sequence);
         emit({sequence->output, -1, std::nullopt, reason});
         return true;
       });
@@ -271,74 +237,24 @@ class EngineImpl final : public Engine {
         if (!stopped.count(sequence->id)) {
           return false;
         }
-        release(*sequence);
+        scheduler_.release(*sequence);
         return true;
       });
     }
     return true;
   }
 
-  // Frees the youngest running sequence's blocks and puts it first in line again.
-  void preempt_youngest() {
-    std::unique_ptr<Sequence> victim = std::move(running_.back());
-    running_.pop_back();
-    release(*victim);
-    waiting_.push_front(std::move(victim));
-    ++preemptions_;
-  }
-
-  struct Planned {
-    Sequence* sequence;
-    int tokens;
-  };
-
-  // This step's work: every running sequence's next tokens, then waiting sequences admitted
-  // while the token budget, the batch size and the cache allow.
-  std::vector<Planned> plan() {
-    std::vector<Planned> planned;
-    int budget = options_.max_tokens_per_step;
-    for (size_t i = 0; i < running_.size() && budget > 0;) {
-      Sequence& sequence = *running_[i];
-      int tokens = std::min(budget, static_cast<int>(sequence.tokens.size()) - sequence.computed);
-      if (!reserve(sequence, sequence.computed + tokens)) {
-        if (i + 1 == running_.size()) {  // it is the youngest itself: it waits
-          preempt_youngest();
-          break;
-        }
-        preempt_youngest();
-        continue;  // try again with the freed blocks
-      }
-      planned.push_back({&sequence, tokens});
-      budget -= tokens;
-      ++i;
-    }
-    while (!waiting_.empty() && budget > 0 &&
-           static_cast<int>(running_.size()) < options_.max_sequences) {
-      Sequence& sequence = *waiting_.front();
-      // Admitted only when the whole known sequence fits now, so that admission alone never
-      // forces a preemption.
-      if (blocks_for(static_cast<int>(sequence.tokens.size()) + 1) > cache_.free_blocks()) {
-        break;
-      }
-      int tokens = std::min(budget, static_cast<int>(sequence.tokens.size()));
-      reserve(sequence, tokens);
-      planned.push_back({&sequence, tokens});
-      budget -= tokens;
-      running_.push_back(std::move(waiting_.front()));
-      waiting_.pop_front();
-    }
-    return planned;
-  }
-
   void step() {
-    std::vector<Planned> planned = plan();
+    StepPlan plan = scheduler_.plan(running_, waiting_);
+    preemptions_ += static_cast<int64_t>(plan.preempted.size());
+    const std::vector<PlannedWork>& planned = plan.work;
     if (planned.empty()) {
       return;
     }
     std::vector<StepSequence> batch;
     batch.reserve(planned.size());
     int64_t prompt_tokens = 0;
-    for (const Planned& p : planned) {
+    for (const PlannedWork& p : planned) {
       Sequence& s = *p.sequence;
       bool reaches_end = s.computed + p.tokens == static_cast<int>(s.tokens.size());
       batch.push_back({&s.blocks, s.computed,
@@ -351,7 +267,7 @@ class EngineImpl final : public Engine {
     int row = 0;
     int64_t generated = 0;
     std::vector<uint64_t> finished;
-    for (const Planned& p : planned) {
+    for (const PlannedWork& p : planned) {
       Sequence& s = *p.sequence;
       s.computed += p.tokens;
       if (s.computed < static_cast<int>(s.tokens.size())) {
@@ -384,7 +300,7 @@ class EngineImpl final : public Engine {
       if (!done.count(sequence->id)) {
         return false;
       }
-      release(*sequence);
+      scheduler_.release(*sequence);
       return true;
     });
     std::lock_guard lock(mutex_);
@@ -456,10 +372,11 @@ class EngineImpl final : public Engine {
 
   // Engine thread only.
   KvCache cache_;
+  Scheduler scheduler_;
   ForwardPass pass_;
   Sampler sampler_;
-  std::deque<std::unique_ptr<Sequence>> running_;  // oldest first
-  std::deque<std::unique_ptr<Sequence>> waiting_;
+  SequenceQueue running_;  // oldest first
+  SequenceQueue waiting_;
   int64_t preemptions_ = 0;
   std::vector<OutputItem> ready_output_;
 
