@@ -7,7 +7,7 @@
 // hands the sampled tokens to the output thread. The output thread detokenizes, checks stop
 // strings and calls back while the engine thread runs the next step. When the cache runs out of
 // blocks, the youngest running sequence is preempted: its blocks are freed and it is recomputed
-// later from its tokens.
+// later from its tokens. The scheduling decisions are scheduler.h's; this file runs them.
 #include <algorithm>
 #include <chrono>
 #include <condition_variable>
