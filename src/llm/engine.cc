@@ -10,9 +10,7 @@
 // later from its tokens. The scheduling decisions are scheduler.h's; this file runs them.
 #include <algorithm>
 #include <chrono>
-#include <condition_variable>
 #include <deque>
-#include <mutex>
 #include <thread>
 #include <unordered_set>
 
@@ -52,13 +50,13 @@ class EngineImpl final : public Engine {
 
   ~EngineImpl() override {
     {
-      std::lock_guard lock(mutex_);
+      MutexLock lock(mutex_);
       stopping_ = true;
     }
     wake_.notify_all();
     engine_thread_.join();
     {
-      std::lock_guard lock(output_mutex_);
+      MutexLock lock(output_mutex_);
       output_stopping_ = true;
     }
     output_wake_.notify_all();
@@ -106,7 +104,7 @@ class EngineImpl final : public Engine {
     sequence->tokens.reserve(length);
     sequence->sampling = std::move(request.sampling);
     sequence->rng.seed(sequence->sampling.seed.value_or(std::random_device{}()));
-    std::lock_guard lock(mutex_);
+    MutexLock lock(mutex_);
     if (stats_.waiting >= options_.max_waiting) {
       return Status(StatusCode::kResourceExhausted,
                     std::to_string(stats_.waiting) +
@@ -126,14 +124,14 @@ class EngineImpl final : public Engine {
 
   void cancel(uint64_t id) override {
     {
-      std::lock_guard lock(mutex_);
+      MutexLock lock(mutex_);
       cancels_.push_back(id);
     }
     wake_.notify_one();
   }
 
   EngineStats stats() const override {
-    std::lock_guard lock(mutex_);
+    MutexLock lock(mutex_);
     EngineStats stats = stats_;
     stats.queue_wait_seconds = waiting_integral();
     return stats;
@@ -143,15 +141,15 @@ class EngineImpl final : public Engine {
 
  private:
   // The integral of stats_.waiting over time up to now: what was accounted, plus the current
-  // count since it last changed. Under mutex_.
-  double waiting_integral() const {
+  // count since it last changed.
+  double waiting_integral() const FLOTILLA_REQUIRES(mutex_) {
     const double since =
         std::chrono::duration<double>(SteadyClock::now() - waiting_counted_until_).count();
     return stats_.queue_wait_seconds + stats_.waiting * since;
   }
 
-  // Brings the integral up to now; called under mutex_ before each change of stats_.waiting.
-  void account_waiting() {
+  // Brings the integral up to now; called before each change of stats_.waiting.
+  void account_waiting() FLOTILLA_REQUIRES(mutex_) {
     stats_.queue_wait_seconds = waiting_integral();
     waiting_counted_until_ = SteadyClock::now();
   }
@@ -162,7 +160,7 @@ class EngineImpl final : public Engine {
 
   void publish() {
     {
-      std::lock_guard lock(mutex_);
+      MutexLock lock(mutex_);
       stats_.running = static_cast<int>(running_.size());
       account_waiting();
       stats_.waiting = static_cast<int>(waiting_.size() + incoming_.size());
@@ -180,7 +178,7 @@ class EngineImpl final : public Engine {
       return;
     }
     {
-      std::lock_guard lock(output_mutex_);
+      MutexLock lock(output_mutex_);
       for (OutputItem& item : ready_output_) {
         output_queue_.push_back(std::move(item));
       }
@@ -211,11 +209,11 @@ class EngineImpl final : public Engine {
   bool collect() {
     std::vector<uint64_t> cancels, stops;
     {
-      std::unique_lock lock(mutex_);
-      wake_.wait(lock, [&] {
-        return stopping_ || !incoming_.empty() || !cancels_.empty() || !running_.empty() ||
-               !waiting_.empty();
-      });
+      MutexLock lock(mutex_);
+      while (!stopping_ && incoming_.empty() && cancels_.empty() && running_.empty() &&
+             waiting_.empty()) {
+        wake_.wait(mutex_);
+      }
       if (stopping_) {
         return false;
       }
@@ -226,7 +224,7 @@ class EngineImpl final : public Engine {
       cancels.swap(cancels_);
     }
     {
-      std::lock_guard lock(stop_mutex_);
+      MutexLock lock(stop_mutex_);
       stops.swap(stopped_by_output_);
     }
     apply_cancellations(cancels, FinishReason::kCancelled);
@@ -303,7 +301,7 @@ class EngineImpl final : public Engine {
       scheduler_.release(*sequence);
       return true;
     });
-    std::lock_guard lock(mutex_);
+    MutexLock lock(mutex_);
     stats_.prompt_tokens += prompt_tokens;
     stats_.generated_tokens += generated;
     ++stats_.steps;
@@ -322,7 +320,7 @@ class EngineImpl final : public Engine {
       }
     }
     {
-      std::lock_guard lock(mutex_);
+      MutexLock lock(mutex_);
       for (auto& sequence : incoming_) {
         waiting_.push_back(std::move(sequence));
         all.push_back(waiting_.back()->id);
@@ -341,7 +339,7 @@ class EngineImpl final : public Engine {
     if (item.output->on_token(item.token, item.logprob ? &*item.logprob : nullptr, item.finish)) {
       // A stop string ended it: the engine stops generating at its next step.
       {
-        std::lock_guard lock(stop_mutex_);
+        MutexLock lock(stop_mutex_);
         stopped_by_output_.push_back(item.output->id());
       }
       wake_.notify_one();
@@ -352,8 +350,10 @@ class EngineImpl final : public Engine {
     std::deque<OutputItem> items;
     while (true) {
       {
-        std::unique_lock lock(output_mutex_);
-        output_wake_.wait(lock, [&] { return output_stopping_ || !output_queue_.empty(); });
+        MutexLock lock(output_mutex_);
+        while (!output_stopping_ && output_queue_.empty()) {
+          output_wake_.wait(output_mutex_);
+        }
         if (output_queue_.empty()) {
           return;  // stopping, and everything delivered
         }
@@ -380,22 +380,24 @@ class EngineImpl final : public Engine {
   int64_t preemptions_ = 0;
   std::vector<OutputItem> ready_output_;
 
-  mutable std::mutex mutex_;  // guards what follows, shared with callers
-  std::condition_variable wake_;
-  std::vector<std::unique_ptr<Sequence>> incoming_;
-  std::vector<uint64_t> cancels_;
-  uint64_t last_id_ = 0;
-  bool stopping_ = false;
-  EngineStats stats_;
-  SteadyClock::time_point waiting_counted_until_ = SteadyClock::now();  // see account_waiting
+  // Shared with callers.
+  mutable Mutex mutex_;
+  CondVar wake_;
+  std::vector<std::unique_ptr<Sequence>> incoming_ FLOTILLA_GUARDED_BY(mutex_);
+  std::vector<uint64_t> cancels_ FLOTILLA_GUARDED_BY(mutex_);
+  uint64_t last_id_ FLOTILLA_GUARDED_BY(mutex_) = 0;
+  bool stopping_ FLOTILLA_GUARDED_BY(mutex_) = false;
+  EngineStats stats_ FLOTILLA_GUARDED_BY(mutex_);
+  // See account_waiting.
+  SteadyClock::time_point waiting_counted_until_ FLOTILLA_GUARDED_BY(mutex_) = SteadyClock::now();
 
-  std::mutex stop_mutex_;
-  std::vector<uint64_t> stopped_by_output_;
+  Mutex stop_mutex_;
+  std::vector<uint64_t> stopped_by_output_ FLOTILLA_GUARDED_BY(stop_mutex_);
 
-  std::mutex output_mutex_;
-  std::condition_variable output_wake_;
-  std::deque<OutputItem> output_queue_;
-  bool output_stopping_ = false;
+  Mutex output_mutex_;
+  CondVar output_wake_;
+  std::deque<OutputItem> output_queue_ FLOTILLA_GUARDED_BY(output_mutex_);
+  bool output_stopping_ FLOTILLA_GUARDED_BY(output_mutex_) = false;
 
   std::thread output_thread_;
   std::thread engine_thread_;
