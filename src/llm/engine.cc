@@ -7,36 +7,22 @@
 // hands the sampled tokens to the output thread. The output thread detokenizes, checks stop
 // strings and calls back while the engine thread runs the next step. When the cache runs out of
 // blocks, the youngest running sequence is preempted: its blocks are freed and it is recomputed
-// later from its tokens.
+// later from its tokens. The scheduling decisions are scheduler.h's; this file runs them.
 #include <algorithm>
 #include <chrono>
-#include <condition_variable>
 #include <deque>
-#include <mutex>
 #include <thread>
 #include <unordered_set>
 
 #include "llm/model.h"
 #include "llm/output.h"
 #include "llm/sampler.h"
+#include "llm/scheduler.h"
 
 namespace flotilla::llm {
 namespace {
 
 using SteadyClock = std::chrono::steady_clock;
-
-struct Sequence {
-  uint64_t id = 0;
-  std::vector<int32_t> tokens;  // prompt, then generated
-  int prompt_length = 0;
-  int computed = 0;  // tokens whose keys and values are in the cache
-  std::vector<int> blocks;
-  SamplingParams sampling;
-  std::mt19937_64 rng;
-  std::shared_ptr<RequestOutput> output;
-
-  int generated() const { return static_cast<int>(tokens.size()) - prompt_length; }
-};
 
 // Work for the output thread: a token of a request, or its end.
 struct OutputItem {
@@ -54,6 +40,8 @@ class EngineImpl final : public Engine {
         tokenizer_(std::move(tokenizer)),
         options_(options),
         cache_(model_->config, kv_blocks, options.kv_block_tokens),
+        scheduler_(cache_.allocator(),
+                   {options.max_tokens_per_step, options.max_sequences, options.kv_block_tokens}),
         pass_(model_, model_->options.threads) {
     stats_.kv_blocks_total = kv_blocks;
     output_thread_ = std::thread([this] { output_loop(); });
@@ -62,13 +50,13 @@ class EngineImpl final : public Engine {
 
   ~EngineImpl() override {
     {
-      std::lock_guard lock(mutex_);
+      MutexLock lock(mutex_);
       stopping_ = true;
     }
     wake_.notify_all();
     engine_thread_.join();
     {
-      std::lock_guard lock(output_mutex_);
+      MutexLock lock(output_mutex_);
       output_stopping_ = true;
     }
     output_wake_.notify_all();
@@ -102,7 +90,7 @@ class EngineImpl final : public Engine {
           std::to_string(request.sampling.max_tokens) + ") is longer than the model's context of " +
           std::to_string(c.max_position) + " tokens");
     }
-    if (blocks_for(static_cast<int>(length)) > cache_.total_blocks()) {
+    if (scheduler_.blocks_for(static_cast<int>(length)) > cache_.total_blocks()) {
       return invalid_argument("the prompt plus max_tokens needs more KV cache (" +
                               std::to_string(length) + " tokens) than this engine has (" +
                               std::to_string(cache_.total_blocks() * cache_.block_tokens()) + ")");
@@ -116,7 +104,7 @@ class EngineImpl final : public Engine {
     sequence->tokens.reserve(length);
     sequence->sampling = std::move(request.sampling);
     sequence->rng.seed(sequence->sampling.seed.value_or(std::random_device{}()));
-    std::lock_guard lock(mutex_);
+    MutexLock lock(mutex_);
     if (stats_.waiting >= options_.max_waiting) {
       return Status(StatusCode::kResourceExhausted,
                     std::to_string(stats_.waiting) +
@@ -136,14 +124,14 @@ class EngineImpl final : public Engine {
 
   void cancel(uint64_t id) override {
     {
-      std::lock_guard lock(mutex_);
+      MutexLock lock(mutex_);
       cancels_.push_back(id);
     }
     wake_.notify_one();
   }
 
   EngineStats stats() const override {
-    std::lock_guard lock(mutex_);
+    MutexLock lock(mutex_);
     EngineStats stats = stats_;
     stats.queue_wait_seconds = waiting_integral();
     return stats;
@@ -152,42 +140,18 @@ class EngineImpl final : public Engine {
   const ModelConfig& config() const override { return model_->config; }
 
  private:
-  int blocks_for(int tokens) const {
-    return (tokens + cache_.block_tokens() - 1) / cache_.block_tokens();
-  }
-
   // The integral of stats_.waiting over time up to now: what was accounted, plus the current
-  // count since it last changed. Under mutex_.
-  double waiting_integral() const {
+  // count since it last changed.
+  double waiting_integral() const FLOTILLA_REQUIRES(mutex_) {
     const double since =
         std::chrono::duration<double>(SteadyClock::now() - waiting_counted_until_).count();
     return stats_.queue_wait_seconds + stats_.waiting * since;
   }
 
-  // Brings the integral up to now; called under mutex_ before each change of stats_.waiting.
-  void account_waiting() {
+  // Brings the integral up to now; called before each change of stats_.waiting.
+  void account_waiting() FLOTILLA_REQUIRES(mutex_) {
     stats_.queue_wait_seconds = waiting_integral();
     waiting_counted_until_ = SteadyClock::now();
-  }
-
-  // Gives `sequence` blocks for its first `tokens` positions; false when the cache is short.
-  bool reserve(Sequence& sequence, int tokens) {
-    int needed = blocks_for(tokens) - static_cast<int>(sequence.blocks.size());
-    if (needed > cache_.free_blocks()) {
-      return false;
-    }
-    for (int i = 0; i < needed; ++i) {
-      sequence.blocks.push_back(cache_.allocate());
-    }
-    return true;
-  }
-
-  void release(Sequence& sequence) {
-    for (int block : sequence.blocks) {
-      cache_.release(block);
-    }
-    sequence.blocks.clear();
-    sequence.computed = 0;
   }
 
   // Output of this pass of the loop; handed over by publish() once the bookkeeping is done, so
@@ -196,7 +160,7 @@ class EngineImpl final : public Engine {
 
   void publish() {
     {
-      std::lock_guard lock(mutex_);
+      MutexLock lock(mutex_);
       stats_.running = static_cast<int>(running_.size());
       account_waiting();
       stats_.waiting = static_cast<int>(waiting_.size() + incoming_.size());
@@ -214,7 +178,7 @@ class EngineImpl final : public Engine {
       return;
     }
     {
-      std::lock_guard lock(output_mutex_);
+      MutexLock lock(output_mutex_);
       for (OutputItem& item : ready_output_) {
         output_queue_.push_back(std::move(item));
       }
@@ -234,7 +198,7 @@ class EngineImpl final : public Engine {
         if (!wanted.count(sequence->id)) {
           return false;
         }
-        release(*sequence);
+        scheduler_.release(*sequence);
         emit({sequence->output, -1, std::nullopt, reason});
         return true;
       });
@@ -245,11 +209,11 @@ class EngineImpl final : public Engine {
   bool collect() {
     std::vector<uint64_t> cancels, stops;
     {
-      std::unique_lock lock(mutex_);
-      wake_.wait(lock, [&] {
-        return stopping_ || !incoming_.empty() || !cancels_.empty() || !running_.empty() ||
-               !waiting_.empty();
-      });
+      MutexLock lock(mutex_);
+      while (!stopping_ && incoming_.empty() && cancels_.empty() && running_.empty() &&
+             waiting_.empty()) {
+        wake_.wait(mutex_);
+      }
       if (stopping_) {
         return false;
       }
@@ -260,7 +224,7 @@ class EngineImpl final : public Engine {
       cancels.swap(cancels_);
     }
     {
-      std::lock_guard lock(stop_mutex_);
+      MutexLock lock(stop_mutex_);
       stops.swap(stopped_by_output_);
     }
     apply_cancellations(cancels, FinishReason::kCancelled);
@@ -271,74 +235,24 @@ class EngineImpl final : public Engine {
         if (!stopped.count(sequence->id)) {
           return false;
         }
-        release(*sequence);
+        scheduler_.release(*sequence);
         return true;
       });
     }
     return true;
   }
 
-  // Frees the youngest running sequence's blocks and puts it first in line again.
-  void preempt_youngest() {
-    std::unique_ptr<Sequence> victim = std::move(running_.back());
-    running_.pop_back();
-    release(*victim);
-    waiting_.push_front(std::move(victim));
-    ++preemptions_;
-  }
-
-  struct Planned {
-    Sequence* sequence;
-    int tokens;
-  };
-
-  // This step's work: every running sequence's next tokens, then waiting sequences admitted
-  // while the token budget, the batch size and the cache allow.
-  std::vector<Planned> plan() {
-    std::vector<Planned> planned;
-    int budget = options_.max_tokens_per_step;
-    for (size_t i = 0; i < running_.size() && budget > 0;) {
-      Sequence& sequence = *running_[i];
-      int tokens = std::min(budget, static_cast<int>(sequence.tokens.size()) - sequence.computed);
-      if (!reserve(sequence, sequence.computed + tokens)) {
-        if (i + 1 == running_.size()) {  // it is the youngest itself: it waits
-          preempt_youngest();
-          break;
-        }
-        preempt_youngest();
-        continue;  // try again with the freed blocks
-      }
-      planned.push_back({&sequence, tokens});
-      budget -= tokens;
-      ++i;
-    }
-    while (!waiting_.empty() && budget > 0 &&
-           static_cast<int>(running_.size()) < options_.max_sequences) {
-      Sequence& sequence = *waiting_.front();
-      // Admitted only when the whole known sequence fits now, so that admission alone never
-      // forces a preemption.
-      if (blocks_for(static_cast<int>(sequence.tokens.size()) + 1) > cache_.free_blocks()) {
-        break;
-      }
-      int tokens = std::min(budget, static_cast<int>(sequence.tokens.size()));
-      reserve(sequence, tokens);
-      planned.push_back({&sequence, tokens});
-      budget -= tokens;
-      running_.push_back(std::move(waiting_.front()));
-      waiting_.pop_front();
-    }
-    return planned;
-  }
-
   void step() {
-    std::vector<Planned> planned = plan();
+    StepPlan plan = scheduler_.plan(running_, waiting_);
+    preemptions_ += static_cast<int64_t>(plan.preempted.size());
+    const std::vector<PlannedWork>& planned = plan.work;
     if (planned.empty()) {
       return;
     }
     std::vector<StepSequence> batch;
     batch.reserve(planned.size());
     int64_t prompt_tokens = 0;
-    for (const Planned& p : planned) {
+    for (const PlannedWork& p : planned) {
       Sequence& s = *p.sequence;
       bool reaches_end = s.computed + p.tokens == static_cast<int>(s.tokens.size());
       batch.push_back({&s.blocks, s.computed,
@@ -351,7 +265,7 @@ class EngineImpl final : public Engine {
     int row = 0;
     int64_t generated = 0;
     std::vector<uint64_t> finished;
-    for (const Planned& p : planned) {
+    for (const PlannedWork& p : planned) {
       Sequence& s = *p.sequence;
       s.computed += p.tokens;
       if (s.computed < static_cast<int>(s.tokens.size())) {
@@ -384,10 +298,10 @@ class EngineImpl final : public Engine {
       if (!done.count(sequence->id)) {
         return false;
       }
-      release(*sequence);
+      scheduler_.release(*sequence);
       return true;
     });
-    std::lock_guard lock(mutex_);
+    MutexLock lock(mutex_);
     stats_.prompt_tokens += prompt_tokens;
     stats_.generated_tokens += generated;
     ++stats_.steps;
@@ -406,7 +320,7 @@ class EngineImpl final : public Engine {
       }
     }
     {
-      std::lock_guard lock(mutex_);
+      MutexLock lock(mutex_);
       for (auto& sequence : incoming_) {
         waiting_.push_back(std::move(sequence));
         all.push_back(waiting_.back()->id);
@@ -425,7 +339,7 @@ class EngineImpl final : public Engine {
     if (item.output->on_token(item.token, item.logprob ? &*item.logprob : nullptr, item.finish)) {
       // A stop string ended it: the engine stops generating at its next step.
       {
-        std::lock_guard lock(stop_mutex_);
+        MutexLock lock(stop_mutex_);
         stopped_by_output_.push_back(item.output->id());
       }
       wake_.notify_one();
@@ -436,8 +350,10 @@ class EngineImpl final : public Engine {
     std::deque<OutputItem> items;
     while (true) {
       {
-        std::unique_lock lock(output_mutex_);
-        output_wake_.wait(lock, [&] { return output_stopping_ || !output_queue_.empty(); });
+        MutexLock lock(output_mutex_);
+        while (!output_stopping_ && output_queue_.empty()) {
+          output_wake_.wait(output_mutex_);
+        }
         if (output_queue_.empty()) {
           return;  // stopping, and everything delivered
         }
@@ -456,29 +372,32 @@ class EngineImpl final : public Engine {
 
   // Engine thread only.
   KvCache cache_;
+  Scheduler scheduler_;
   ForwardPass pass_;
   Sampler sampler_;
-  std::deque<std::unique_ptr<Sequence>> running_;  // oldest first
-  std::deque<std::unique_ptr<Sequence>> waiting_;
+  SequenceQueue running_;  // oldest first
+  SequenceQueue waiting_;
   int64_t preemptions_ = 0;
   std::vector<OutputItem> ready_output_;
 
-  mutable std::mutex mutex_;  // guards what follows, shared with callers
-  std::condition_variable wake_;
-  std::vector<std::unique_ptr<Sequence>> incoming_;
-  std::vector<uint64_t> cancels_;
-  uint64_t last_id_ = 0;
-  bool stopping_ = false;
-  EngineStats stats_;
-  SteadyClock::time_point waiting_counted_until_ = SteadyClock::now();  // see account_waiting
+  // Shared with callers.
+  mutable Mutex mutex_;
+  CondVar wake_;
+  std::vector<std::unique_ptr<Sequence>> incoming_ FLOTILLA_GUARDED_BY(mutex_);
+  std::vector<uint64_t> cancels_ FLOTILLA_GUARDED_BY(mutex_);
+  uint64_t last_id_ FLOTILLA_GUARDED_BY(mutex_) = 0;
+  bool stopping_ FLOTILLA_GUARDED_BY(mutex_) = false;
+  EngineStats stats_ FLOTILLA_GUARDED_BY(mutex_);
+  // See account_waiting.
+  SteadyClock::time_point waiting_counted_until_ FLOTILLA_GUARDED_BY(mutex_) = SteadyClock::now();
 
-  std::mutex stop_mutex_;
-  std::vector<uint64_t> stopped_by_output_;
+  Mutex stop_mutex_;
+  std::vector<uint64_t> stopped_by_output_ FLOTILLA_GUARDED_BY(stop_mutex_);
 
-  std::mutex output_mutex_;
-  std::condition_variable output_wake_;
-  std::deque<OutputItem> output_queue_;
-  bool output_stopping_ = false;
+  Mutex output_mutex_;
+  CondVar output_wake_;
+  std::deque<OutputItem> output_queue_ FLOTILLA_GUARDED_BY(output_mutex_);
+  bool output_stopping_ FLOTILLA_GUARDED_BY(output_mutex_) = false;
 
   std::thread output_thread_;
   std::thread engine_thread_;

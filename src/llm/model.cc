@@ -288,29 +288,12 @@ KvCache::KvCache(const ModelConfig& config, int blocks, int block_tokens)
     : block_tokens_(block_tokens),
       total_blocks_(blocks),
       kv_heads_(config.num_kv_heads),
-      head_dim_(config.head_dim) {
+      head_dim_(config.head_dim),
+      allocator_(blocks) {
   size_t floats =
       static_cast<size_t>(config.num_layers) * blocks * kv_heads_ * block_tokens_ * head_dim_;
   keys_.resize(floats);
   values_.resize(floats);
-  free_.reserve(blocks);
-  for (int b = blocks - 1; b >= 0; --b) {
-    free_.push_back(b);
-  }
-}
-
-int KvCache::allocate() {
-  if (free_.empty()) {
-    return -1;
-  }
-  int block = free_.back();
-  free_.pop_back();
-  return block;
-}
-
-void KvCache::release(int block) {
-  FLOTILLA_DCHECK(block >= 0 && block < total_blocks_);
-  free_.push_back(block);
 }
 
 int64_t KvCache::offset(int layer, int block, int kv_head) const {

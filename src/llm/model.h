@@ -6,6 +6,7 @@
 #include <span>
 #include <vector>
 
+#include "llm/block_allocator.h"
 #include "llm/kernels.h"
 #include "llm/llm.h"
 #include "llm/safetensors.h"
@@ -44,11 +45,14 @@ class KvCache {
 
   int block_tokens() const { return block_tokens_; }
   int total_blocks() const { return total_blocks_; }
-  int free_blocks() const { return static_cast<int>(free_.size()); }
+  int free_blocks() const { return allocator_.free_blocks(); }
 
   // -1 when none is free.
-  int allocate();
-  void release(int block);
+  int allocate() { return allocator_.allocate(); }
+  void release(int block) { allocator_.release(block); }
+
+  // The free list, for the scheduler.
+  BlockAllocator& allocator() { return allocator_; }
 
   float* key(int layer, int block, int kv_head);
   float* value(int layer, int block, int kv_head);
@@ -62,7 +66,7 @@ class KvCache {
   int head_dim_;
   std::vector<float> keys_;
   std::vector<float> values_;
-  std::vector<int> free_;
+  BlockAllocator allocator_;
 };
 
 // One sequence's part of a forward step: `tokens` at positions start, start+1, ... Its blocks
