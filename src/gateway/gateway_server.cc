@@ -14,10 +14,8 @@
 #include <algorithm>
 #include <array>
 #include <atomic>
-#include <condition_variable>
 #include <filesystem>
 #include <map>
-#include <mutex>
 #include <thread>
 #include <unordered_map>
 
@@ -206,11 +204,11 @@ struct EndpointRuntime {
                                  {{"endpoint", endpoint_name}})) {}
 
   const std::string name;
-  std::mutex mutex;
-  AdmissionQueue<std::shared_ptr<ProxyCall>> queue;  // guarded by mutex
+  Mutex mutex;
+  AdmissionQueue<std::shared_ptr<ProxyCall>> queue FLOTILLA_GUARDED_BY(mutex);
   // The latest table's view of this endpoint, for dispatching waiters. Weak: views own their
   // runtime, and the snapshot that owns the view keeps it alive.
-  std::weak_ptr<const EndpointView> view;  // guarded by mutex
+  std::weak_ptr<const EndpointView> view FLOTILLA_GUARDED_BY(mutex);
   std::atomic<bool> removed{false};
   std::atomic<int64_t> queued{0};  // entries in `queue`, read without the lock
   std::atomic<int64_t> in_flight{0};
@@ -398,7 +396,7 @@ class GatewayImpl final : public Gateway {
 
   ~GatewayImpl() override {
     {
-      std::lock_guard lock(control_mutex_);
+      MutexLock lock(control_mutex_);
       stop_control_ = true;
     }
     control_wake_.notify_all();
@@ -411,7 +409,7 @@ class GatewayImpl final : public Gateway {
     server_.reset();
     // Requests still queued (a drain that timed out) hold their endpoint: let them go.
     for (auto& [name, endpoint] : endpoints_) {
-      std::lock_guard lock(endpoint->mutex);
+      MutexLock lock(endpoint->mutex);
       endpoint->queue.expire(TimePoint::max());
     }
   }
@@ -428,14 +426,18 @@ class GatewayImpl final : public Gateway {
                                       [this](http::Request&& request, http::Responder&& responder) {
                                         handle(std::move(request), std::move(responder));
                                       }));
-    const uint64_t seed = control_random_.next();
+    uint64_t seed = 0;
+    {
+      MutexLock lock(swap_mutex_);  // no other thread yet; the checker asks for it
+      seed = control_random_.next();
+      auth_ = std::move(auth);
+    }
     for (int i = 0; i < server_->worker_count(); ++i) {
       auto worker = std::make_unique<WorkerState>();
       worker->balancer = make_balancer(options_.balancer);
       worker->random = std::make_unique<SeededRandom>(seed + 0x9E3779B97F4A7C15ULL * (i + 1));
       workers_.push_back(std::move(worker));
     }
-    auth_ = std::move(auth);
     FLOTILLA_RETURN_IF_ERROR(update_table(std::move(table)));
     control_thread_ = std::thread([this] { control_loop(); });
     return Status::ok();
@@ -450,12 +452,12 @@ class GatewayImpl final : public Gateway {
 
   Status update_table(EndpointTable table) override;
   void update_auth(AuthConfig auth) override {
-    std::lock_guard lock(swap_mutex_);
+    MutexLock lock(swap_mutex_);
     auth_ = std::move(auth);
     publish_locked();
   }
   void watch_config(const std::string& path, std::chrono::milliseconds interval) override {
-    std::lock_guard lock(control_mutex_);
+    MutexLock lock(control_mutex_);
     config_path_ = path;
     config_interval_ = interval;
     config_stamp_.clear();
@@ -502,7 +504,7 @@ class GatewayImpl final : public Gateway {
                       AttemptResult result = AttemptResult::kFailure);
   void probe_later(std::shared_ptr<ReplicaRuntime> replica, std::chrono::milliseconds delay);
 
-  void publish_locked();
+  void publish_locked() FLOTILLA_REQUIRES(swap_mutex_);
   void control_loop();
   void sample_all();
   void check_config();
@@ -517,27 +519,28 @@ class GatewayImpl final : public Gateway {
 
   // Table swaps: serialized by swap_mutex_, which also guards the runtime registries, auth_
   // and the control thread's balancer and random source.
-  std::mutex swap_mutex_;
-  std::map<std::string, std::shared_ptr<EndpointRuntime>> endpoints_;  // guarded by swap_mutex_
-  EndpointTable table_;                                                // guarded by swap_mutex_
-  AuthConfig auth_;                                                    // guarded by swap_mutex_
-  SeededRandom control_random_;                                        // guarded by swap_mutex_
-  std::unique_ptr<Balancer> control_balancer_;                         // guarded by swap_mutex_
+  Mutex swap_mutex_;
+  std::map<std::string, std::shared_ptr<EndpointRuntime>> endpoints_
+      FLOTILLA_GUARDED_BY(swap_mutex_);
+  EndpointTable table_ FLOTILLA_GUARDED_BY(swap_mutex_);
+  AuthConfig auth_ FLOTILLA_GUARDED_BY(swap_mutex_);
+  SeededRandom control_random_ FLOTILLA_GUARDED_BY(swap_mutex_);
+  std::unique_ptr<Balancer> control_balancer_ FLOTILLA_GUARDED_BY(swap_mutex_);
   // Immutable after construction; each replica's state is its runtime's `outlier`.
   const OutlierDetector outlier_;
 
   // The published snapshot; workers re-read it when the version moves.
-  mutable std::mutex snapshot_mutex_;
-  std::shared_ptr<const Snapshot> snapshot_;  // guarded by snapshot_mutex_
+  mutable Mutex snapshot_mutex_;
+  std::shared_ptr<const Snapshot> snapshot_ FLOTILLA_GUARDED_BY(snapshot_mutex_);
   std::atomic<uint64_t> snapshot_version_{0};
 
   // Control thread.
-  std::mutex control_mutex_;
-  std::condition_variable control_wake_;
-  bool stop_control_ = false;                     // guarded by control_mutex_
-  std::string config_path_;                       // guarded by control_mutex_
-  std::chrono::milliseconds config_interval_{0};  // guarded by control_mutex_
-  std::string config_stamp_;                      // control thread only
+  Mutex control_mutex_;
+  CondVar control_wake_;
+  bool stop_control_ FLOTILLA_GUARDED_BY(control_mutex_) = false;
+  std::string config_path_ FLOTILLA_GUARDED_BY(control_mutex_);
+  std::chrono::milliseconds config_interval_ FLOTILLA_GUARDED_BY(control_mutex_){0};
+  std::string config_stamp_;  // control thread only
   std::thread control_thread_;
 
   CodeCounters unrouted_;
@@ -556,7 +559,7 @@ WorkerState& GatewayImpl::worker() {
 const std::shared_ptr<const Snapshot>& GatewayImpl::current_snapshot(WorkerState& worker) {
   const uint64_t version = snapshot_version_.load(std::memory_order_acquire);
   if (version != worker.snapshot_version) {
-    std::lock_guard lock(snapshot_mutex_);
+    MutexLock lock(snapshot_mutex_);
     worker.snapshot = snapshot_;
     worker.snapshot_version = snapshot_version_.load(std::memory_order_acquire);
   }
@@ -568,7 +571,7 @@ const std::shared_ptr<const Snapshot>& GatewayImpl::current_snapshot(WorkerState
 
 Status GatewayImpl::update_table(EndpointTable table) {
   FLOTILLA_RETURN_IF_ERROR(validate_endpoint_table(table));
-  std::lock_guard lock(swap_mutex_);
+  MutexLock lock(swap_mutex_);
   table_ = std::move(table);
   publish_locked();
   return Status::ok();
@@ -622,7 +625,7 @@ void GatewayImpl::publish_locked() {
     }
     runtime->replicas = std::move(replicas);
     {
-      std::lock_guard endpoint_lock(runtime->mutex);
+      MutexLock endpoint_lock(runtime->mutex);
       runtime->view = view;
     }
     snapshot->endpoints.emplace(entry.name, std::move(view));
@@ -645,7 +648,7 @@ void GatewayImpl::publish_locked() {
     }
     std::vector<std::shared_ptr<ProxyCall>> waiting;
     {
-      std::lock_guard endpoint_lock(old->mutex);
+      MutexLock endpoint_lock(old->mutex);
       waiting = old->queue.expire(TimePoint::max());
       old->queued.fetch_sub(static_cast<int64_t>(waiting.size()));
       old->queue_gauge.set(0);
@@ -663,7 +666,7 @@ void GatewayImpl::publish_locked() {
   }
   endpoints_ = std::move(endpoints);
   {
-    std::lock_guard snapshot_lock(snapshot_mutex_);
+    MutexLock snapshot_lock(snapshot_mutex_);
     snapshot_ = std::move(snapshot);
     snapshot_version_.fetch_add(1, std::memory_order_release);
   }
@@ -895,7 +898,7 @@ void GatewayImpl::enqueue(const std::shared_ptr<ProxyCall>& call) {
   call->state.store(CallState::kQueued);
   bool full = false;
   {
-    std::lock_guard lock(endpoint.mutex);
+    MutexLock lock(endpoint.mutex);
     // Deadlines in one queue never decrease (AdmissionQueue's contract); a request behind a
     // cold-start waiter waits as long as it.
     deadline = std::max(deadline, endpoint.queue.last_deadline().value_or(deadline));
@@ -946,7 +949,7 @@ void GatewayImpl::dispatch_waiting(EndpointRuntime& endpoint, Balancer& balancer
     const ReplicaRuntime* excluded = nullptr;
     std::string version;
     {
-      std::lock_guard lock(endpoint.mutex);
+      MutexLock lock(endpoint.mutex);
       view = endpoint.view.lock();
       if (const auto* front = endpoint.queue.front(); front != nullptr) {
         excluded = (*front)->excluded;
@@ -965,7 +968,7 @@ void GatewayImpl::dispatch_waiting(EndpointRuntime& endpoint, Balancer& balancer
     }
     std::shared_ptr<ProxyCall> call;
     {
-      std::lock_guard lock(endpoint.mutex);
+      MutexLock lock(endpoint.mutex);
       const auto takes = [&replica](const std::shared_ptr<ProxyCall>& waiting) {
         // Calls no longer queued (their client left) are dropped on the way.
         return waiting->state.load() != CallState::kQueued || waiting->accepts(*replica);
@@ -999,7 +1002,7 @@ void GatewayImpl::dispatch_waiting(EndpointRuntime& endpoint, Balancer& balancer
 void GatewayImpl::expire_waiting(const std::shared_ptr<EndpointRuntime>& endpoint) {
   std::vector<std::shared_ptr<ProxyCall>> expired;
   {
-    std::lock_guard lock(endpoint->mutex);
+    MutexLock lock(endpoint->mutex);
     expired = endpoint->queue.expire(Clock::now());
     endpoint->queued.fetch_sub(static_cast<int64_t>(expired.size()));
     endpoint->queue_gauge.add(-static_cast<double>(expired.size()));
@@ -1205,7 +1208,7 @@ void GatewayImpl::on_client_gone(const std::shared_ptr<ProxyCall>& call) {
     // is no longer kQueued, and has already uncounted it).
     EndpointRuntime& endpoint = *call->endpoint;
     {
-      std::lock_guard lock(endpoint.mutex);
+      MutexLock lock(endpoint.mutex);
       if (endpoint.queue.remove(call)) {
         endpoint.queued.fetch_sub(1);
         endpoint.queue_gauge.add(-1);
@@ -1437,7 +1440,7 @@ void GatewayImpl::answer_local(const Route& route, const http::Request& request,
 std::vector<LoadSample> GatewayImpl::samples(const std::string& endpoint, size_t seconds) const {
   std::shared_ptr<const Snapshot> snapshot;
   {
-    std::lock_guard lock(snapshot_mutex_);
+    MutexLock lock(snapshot_mutex_);
     snapshot = snapshot_;
   }
   const EndpointView* view = snapshot ? snapshot->find(endpoint) : nullptr;
@@ -1450,7 +1453,7 @@ std::vector<LoadSample> GatewayImpl::samples(const std::string& endpoint, size_t
 void GatewayImpl::sample_all() {
   std::vector<std::shared_ptr<EndpointRuntime>> endpoints;
   {
-    std::lock_guard lock(swap_mutex_);
+    MutexLock lock(swap_mutex_);
     for (auto& [name, runtime] : endpoints_) {
       endpoints.push_back(runtime);
     }
@@ -1467,7 +1470,7 @@ void GatewayImpl::sample_all() {
 void GatewayImpl::check_config() {
   std::string path;
   {
-    std::lock_guard lock(control_mutex_);
+    MutexLock lock(control_mutex_);
     path = config_path_;
   }
   if (path.empty()) {
@@ -1496,7 +1499,7 @@ void GatewayImpl::check_config() {
     return;
   }
   {
-    std::lock_guard lock(swap_mutex_);
+    MutexLock lock(swap_mutex_);
     table_ = std::move(config->table);
     auth_ = std::move(config->auth);
     publish_locked();
@@ -1506,20 +1509,24 @@ void GatewayImpl::check_config() {
 
 void GatewayImpl::control_loop() {
   auto next_config_check = Clock::now();
-  std::unique_lock lock(control_mutex_);
-  while (!stop_control_) {
-    control_wake_.wait_for(lock, kSampleTick);
-    if (stop_control_) {
-      return;
+  while (true) {
+    std::chrono::milliseconds interval{0};
+    {
+      MutexLock lock(control_mutex_);
+      if (stop_control_) {
+        return;
+      }
+      control_wake_.wait_for(control_mutex_, kSampleTick);
+      if (stop_control_) {
+        return;
+      }
+      interval = config_interval_;
     }
-    const auto interval = config_interval_;
-    lock.unlock();
     sample_all();
     if (interval.count() > 0 && Clock::now() >= next_config_check) {
       check_config();
       next_config_check = Clock::now() + interval;
     }
-    lock.lock();
   }
 }
 
