@@ -117,7 +117,8 @@ Result<GatewayConfig> load_gateway_config(const std::string& path);
 // The per-endpoint queue of requests waiting for a replica slot (DESIGN.md §1): bounded, FIFO,
 // each entry with a deadline. Deadlines must not decrease in push order (an endpoint has one
 // queue timeout), so the oldest entry always expires first. Pure: time comes in as an argument.
-// Not thread-safe: confined to its owner's thread.
+// Not thread-safe: the gateway guards each endpoint's queue with a mutex (why a mutex: see
+// "Locking" at Gateway below).
 template <typename T>
 class AdmissionQueue {
  public:
@@ -317,6 +318,17 @@ struct GatewayOptions {
 
 // An HTTP gateway in front of the endpoints' replicas (DESIGN.md §1). Thread-safety: create()
 // and run() on one thread; update_table(), update_auth(), drain(), samples() from any thread.
+//
+// Locking on the request path (issue #19): a request that finds a replica with room (the fast
+// path) takes no lock: replica and endpoint counters are atomics, and the table is one atomic
+// load. Only a request that finds no room takes its endpoint's mutex, to join the
+// AdmissionQueue; a freed slot, a table swap or a probe takes it only when the atomic queue
+// counter shows waiters. That mutex is the right trade, rather than confining each queue to
+// one owning worker and posting to it: requests and freed slots of one endpoint arise on every
+// worker, so an owner would add a cross-thread hop to each enqueue, dispatch and cancellation
+// and serialize all workers' waiters of a hot endpoint on one event loop, exactly when the
+// endpoint is saturated; the mutex is held for a few queue operations and is uncontended
+// unless the endpoint is both saturated and busy on several workers at once.
 class Gateway {
  public:
   // Binds the listening socket. `table` must be valid (validate_endpoint_table). `auth`

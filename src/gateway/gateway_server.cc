@@ -6,8 +6,9 @@
 //   read it; its upstream call goes through that worker's ClientPool.
 // - Per-replica and per-endpoint counters are atomics shared by all workers: a replica's cap
 //   must hold across workers. The fast path (a replica has room) takes no lock.
-// - The admission queue of an endpoint is the slow path: a mutex guards it. A slot freed on
-//   any thread hands itself to the oldest waiter, whose continuation is posted to its worker.
+// - The admission queue of an endpoint is the slow path: a mutex guards it (why a mutex and not
+//   an owning worker: "Locking" at Gateway in gateway.h). A slot freed on any thread hands
+//   itself to the oldest waiter, whose continuation is posted to its worker.
 // - The control thread samples load every 100 ms (1 s samples for the autoscaler) and reloads
 //   the config file. Table swaps publish a new immutable Snapshot; workers pick it up with one
 //   atomic load per request.
