@@ -62,7 +62,17 @@ Status not_found(std::string message);
 Status internal_error(std::string message);
 Status unavailable(std::string message);
 
-// The HTTP status that answers a request failing with `code`.
+// The HTTP status that answers a request failing with `code`: the one Status -> HTTP table of
+// the code base (replica data plane, OpenAI and MLflow protocol answers, control REST API).
+//   kOk                  200
+//   kInvalidArgument     400  malformed or out-of-range input
+//   kNotFound            404
+//   kFailedPrecondition  409  the resource's state forbids it (already exists)
+//   kResourceExhausted   429  a full queue; retry later
+//   kInternal            500
+//   kUnimplemented       501
+//   kUnavailable         503  transient: not ready, disk or lock busy
+//   kDeadlineExceeded    504
 int http_status_for(StatusCode code);
 std::string_view status_code_name(StatusCode code);
 

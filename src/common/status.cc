@@ -43,10 +43,11 @@ int http_status_for(StatusCode code) {
     case StatusCode::kOk:
       return 200;
     case StatusCode::kInvalidArgument:
-    case StatusCode::kFailedPrecondition:
       return 400;
     case StatusCode::kNotFound:
       return 404;
+    case StatusCode::kFailedPrecondition:
+      return 409;
     case StatusCode::kResourceExhausted:
       return 429;
     case StatusCode::kUnimplemented:

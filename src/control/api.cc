@@ -36,16 +36,19 @@ std::string_view code_for_status(int status) {
   }
 }
 
+// The HTTP status is common's http_status_for (the one Status -> HTTP table); only the MLflow
+// error_code name is the API's own.
 http::Response error_response(const Status& status) {
+  const int http_status = http_status_for(status.code());
   switch (status.code()) {
     case StatusCode::kInvalidArgument:
-      return error_response(400, "INVALID_PARAMETER_VALUE", status.message());
+      return error_response(http_status, "INVALID_PARAMETER_VALUE", status.message());
     case StatusCode::kNotFound:
-      return error_response(404, "RESOURCE_DOES_NOT_EXIST", status.message());
+      return error_response(http_status, "RESOURCE_DOES_NOT_EXIST", status.message());
     case StatusCode::kFailedPrecondition:
-      return error_response(409, "RESOURCE_ALREADY_EXISTS", status.message());
+      return error_response(http_status, "RESOURCE_ALREADY_EXISTS", status.message());
     default:
-      return error_response(500, "INTERNAL_ERROR", status.message());
+      return error_response(http_status, code_for_status(http_status), status.message());
   }
 }
 

@@ -14,6 +14,7 @@
 
 #include <yaml-cpp/yaml.h>
 
+#include "common/common_sha256.h"
 #include "store/store.h"
 
 namespace flotilla::control {
@@ -466,7 +467,7 @@ std::string deployment_key(std::string_view endpoint, const ServedModelSpec& ser
   append_field(canonical, cpus_text);
   append_field(canonical, std::to_string(served.resources.memory_mb));
   return std::string(endpoint) + "/" + served.name + "/" +
-         store::sha256_hex(canonical).substr(0, kKeyHexDigits);
+         sha256_hex(canonical).substr(0, kKeyHexDigits);
 }
 
 ConcurrencyRange per_replica_bounds(const ServedModelSpec& served) {

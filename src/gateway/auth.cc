@@ -10,10 +10,10 @@
 #include <utility>
 
 #include <openssl/crypto.h>
-#include <openssl/evp.h>
 #include <openssl/rand.h>
 #include <yaml-cpp/yaml.h>
 
+#include "common/common_sha256.h"
 #include "gateway/config_util.h"
 
 namespace flotilla::gateway {
@@ -76,16 +76,6 @@ bool is_lower_hex(std::string_view text, size_t length) {
   return true;
 }
 
-std::string hex_encode(const unsigned char* data, size_t size) {
-  static constexpr char kDigits[] = "0123456789abcdef";
-  std::string hex(size * 2, '0');
-  for (size_t i = 0; i < size; ++i) {
-    hex[2 * i] = kDigits[data[i] >> 4];
-    hex[2 * i + 1] = kDigits[data[i] & 0xf];
-  }
-  return hex;
-}
-
 // False when `hex` has an odd length or a character that is not a hex digit.
 bool hex_decode(std::string_view hex, std::string& bytes) {
   if (hex.size() % 2 != 0) {
@@ -140,23 +130,6 @@ Result<std::string> random_hex(size_t size) {
   std::string hex = hex_encode(bytes.data(), size);
   OPENSSL_cleanse(bytes.data(), bytes.size());
   return hex;
-}
-
-struct MdCtxDeleter {
-  void operator()(EVP_MD_CTX* ctx) const { EVP_MD_CTX_free(ctx); }
-};
-using MdCtx = std::unique_ptr<EVP_MD_CTX, MdCtxDeleter>;
-
-// Fetched once: OpenSSL 3's implicit fetch behind EVP_sha256() takes a global lock on every
-// digest, which workers checking tokens concurrently would contend on. Never freed; it lives as
-// long as the process.
-const EVP_MD* sha256_md() {
-#if OPENSSL_VERSION_NUMBER >= 0x30000000L
-  static const EVP_MD* const md = EVP_MD_fetch(nullptr, "SHA256", nullptr);
-  return md;
-#else
-  return EVP_sha256();
-#endif
 }
 
 // "Bearer <token>" → the token, or an empty view when the value does not have that form.
@@ -310,17 +283,10 @@ std::string hash_secret(std::string_view salt_hex, std::string_view secret) {
   if (!hex_decode(salt_hex, salt)) {
     return "";
   }
-  const EVP_MD* md = sha256_md();
-  MdCtx ctx(EVP_MD_CTX_new());
-  unsigned char digest[EVP_MAX_MD_SIZE];
-  unsigned int digest_size = 0;
-  if (md == nullptr || ctx == nullptr || EVP_DigestInit_ex(ctx.get(), md, nullptr) != 1 ||
-      EVP_DigestUpdate(ctx.get(), salt.data(), salt.size()) != 1 ||
-      EVP_DigestUpdate(ctx.get(), secret.data(), secret.size()) != 1 ||
-      EVP_DigestFinal_ex(ctx.get(), digest, &digest_size) != 1) {
-    return "";
-  }
-  return hex_encode(digest, digest_size);
+  Sha256 sha;
+  sha.update(salt);
+  sha.update(secret);
+  return sha.hex_digest();
 }
 
 Authenticator::Authenticator(std::vector<TokenRecord> tokens) {

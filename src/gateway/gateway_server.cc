@@ -36,12 +36,6 @@ using TimePoint = Clock::time_point;
 
 constexpr auto kSampleTick = std::chrono::milliseconds(100);  // LoadSampler's tick
 
-int64_t unix_ms_now() {
-  return std::chrono::duration_cast<std::chrono::milliseconds>(
-             std::chrono::system_clock::now().time_since_epoch())
-      .count();
-}
-
 double seconds_between(TimePoint from, TimePoint to) {
   return std::chrono::duration<double>(to - from).count();
 }
@@ -920,7 +914,7 @@ void GatewayImpl::enqueue(const std::shared_ptr<ProxyCall>& call) {
     return;
   }
   if (call->cold && capacity_ != nullptr) {
-    const int64_t now_ms = unix_ms_now();
+    const int64_t now_ms = unix_time_ms();
     int64_t last = endpoint.last_capacity_request_ms.load();
     if (now_ms - last >= 1000 &&
         endpoint.last_capacity_request_ms.compare_exchange_strong(last, now_ms)) {
@@ -1256,7 +1250,7 @@ bool GatewayImpl::account(ProxyCall& call, int code) {
         std::memory_order_relaxed);
   }
   if (access_log_) {
-    nlohmann::json line{{"ts", unix_ms_now()},
+    nlohmann::json line{{"ts", unix_time_ms()},
                         {"request_id", call.request_id},
                         {"method", http::method_name(call.method)},
                         {"path", call.path},

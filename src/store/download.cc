@@ -17,8 +17,8 @@
 #include <spdlog/spdlog.h>
 #include <unistd.h>
 
+#include "common/common_sha256.h"
 #include "store/http_get.h"
-#include "store/sha256.h"
 
 namespace flotilla::store {
 namespace {

@@ -10,7 +10,6 @@
 #include <nlohmann/json.hpp>
 #include <unistd.h>
 
-#include "store/sha256.h"
 #include "store/store.h"
 
 namespace flotilla::store {
@@ -42,12 +41,6 @@ bool is_safe_relative(std::string_view path) {
 }
 
 }  // namespace
-
-std::string sha256_hex(std::string_view data) {
-  Sha256 sha;
-  sha.update(data.data(), data.size());
-  return sha.hex_digest();
-}
 
 bool is_url(std::string_view text) {
   return text.starts_with("http://") || text.starts_with("https://");

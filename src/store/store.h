@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "common/common.h"
+#include "common/common_sha256.h"
 
 namespace flotilla::store {
 
@@ -61,9 +62,9 @@ std::string manifest_json(const Manifest& manifest);
 // and writes DIR/flotilla-manifest.json. Symbolic links and special files are refused.
 Result<Manifest> pack_directory(const std::string& dir);
 
-// SHA-256 of a file's contents, or of bytes, as 64 lowercase hex digits.
+// SHA-256 of a file's contents as 64 lowercase hex digits (of bytes: flotilla::sha256_hex in
+// common/common_sha256.h).
 Result<std::string> sha256_file(const std::string& path);
-std::string sha256_hex(std::string_view data);
 
 // ---- The cache ---------------------------------------------------------------------------------
 

@@ -1,5 +1,6 @@
 #include <cstdlib>
 #include <thread>
+#include <utility>
 
 #include <gtest/gtest.h>
 
@@ -112,6 +113,28 @@ TEST(CondVarTest, WaitReturnsWhenAnotherThreadSignals) {
     EXPECT_TRUE(ready);
   }
   signaller.join();
+}
+
+// The one Status -> HTTP table (common.h), every code: the replica's data plane and the control
+// REST API both answer through it (a conflict is 409 RESOURCE_ALREADY_EXISTS on the API; a full
+// queue 429 and a replica that is not ready 503 on the data plane).
+TEST(StatusTest, HttpStatusTableCoversEveryCode) {
+  const std::pair<StatusCode, int> table[] = {
+      {StatusCode::kOk, 200},
+      {StatusCode::kInvalidArgument, 400},
+      {StatusCode::kNotFound, 404},
+      {StatusCode::kFailedPrecondition, 409},
+      {StatusCode::kResourceExhausted, 429},
+      {StatusCode::kInternal, 500},
+      {StatusCode::kUnimplemented, 501},
+      {StatusCode::kUnavailable, 503},
+      {StatusCode::kDeadlineExceeded, 504},
+  };
+  for (const auto& [code, http] : table) {
+    EXPECT_EQ(http_status_for(code), http) << status_code_name(code);
+  }
+  // Out-of-range values (a corrupted code) answer 500 rather than anything that looks like success.
+  EXPECT_EQ(http_status_for(static_cast<StatusCode>(99)), 500);
 }
 
 }  // namespace
