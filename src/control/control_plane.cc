@@ -576,7 +576,8 @@ void ControlPlaneImpl::reconcile_once() {
   // written there), then act without it.
   const std::vector<orchestrator::Replica> replicas = orchestrator_.list();
   autoscale(replicas);
-  for (auto& [state, gauge] : replicas_by_state_) {
+  for (auto& [key, gauge] : replicas_by_state_) {
+    const auto state = key;  // a copy: clang 14 cannot capture a structured binding
     gauge->set(static_cast<double>(
         std::count_if(replicas.begin(), replicas.end(),
                       [&](const auto& replica) { return replica.state == state; })));
