@@ -417,14 +417,15 @@ class MetricsRegistry {
     std::map<std::string, std::unique_ptr<Histogram>> histograms;
     std::function<double()> read;
   };
-  Family& family(const std::string& name, const std::string& help, const std::string& type);
+  Family& family(const std::string& name, const std::string& help, const std::string& type)
+      FLOTILLA_REQUIRES(mutex_);
 
-  mutable std::mutex mutex_;
-  std::map<std::string, Family> families_;  // guarded by mutex_
-  // Retired series, kept alive for references still held; guarded by mutex_.
-  std::vector<std::unique_ptr<Counter>> retired_counters_;
-  std::vector<std::unique_ptr<Gauge>> retired_gauges_;
-  std::vector<std::unique_ptr<Histogram>> retired_histograms_;
+  mutable Mutex mutex_;
+  std::map<std::string, Family> families_ FLOTILLA_GUARDED_BY(mutex_);
+  // Retired series, kept alive for references still held.
+  std::vector<std::unique_ptr<Counter>> retired_counters_ FLOTILLA_GUARDED_BY(mutex_);
+  std::vector<std::unique_ptr<Gauge>> retired_gauges_ FLOTILLA_GUARDED_BY(mutex_);
+  std::vector<std::unique_ptr<Histogram>> retired_histograms_ FLOTILLA_GUARDED_BY(mutex_);
 };
 
 // Registers the standard process_* metrics (CPU seconds, resident and virtual memory, open

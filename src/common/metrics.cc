@@ -107,7 +107,7 @@ MetricsRegistry::Family& MetricsRegistry::family(const std::string& name, const 
 
 Counter& MetricsRegistry::counter(const std::string& name, const std::string& help,
                                   const Labels& labels) {
-  std::lock_guard lock(mutex_);
+  MutexLock lock(mutex_);
   auto& slot = family(name, help, "counter").counters[render_labels(labels)];
   if (!slot) {
     slot = std::make_unique<Counter>();
@@ -117,7 +117,7 @@ Counter& MetricsRegistry::counter(const std::string& name, const std::string& he
 
 Gauge& MetricsRegistry::gauge(const std::string& name, const std::string& help,
                               const Labels& labels) {
-  std::lock_guard lock(mutex_);
+  MutexLock lock(mutex_);
   auto& slot = family(name, help, "gauge").gauges[render_labels(labels)];
   if (!slot) {
     slot = std::make_unique<Gauge>();
@@ -128,7 +128,7 @@ Gauge& MetricsRegistry::gauge(const std::string& name, const std::string& help,
 Histogram& MetricsRegistry::histogram(const std::string& name, const std::string& help,
                                       const std::vector<double>& upper_bounds,
                                       const Labels& labels) {
-  std::lock_guard lock(mutex_);
+  MutexLock lock(mutex_);
   auto& slot = family(name, help, "histogram").histograms[render_labels(labels)];
   if (!slot) {
     slot = std::make_unique<Histogram>(upper_bounds);
@@ -139,7 +139,7 @@ Histogram& MetricsRegistry::histogram(const std::string& name, const std::string
 void MetricsRegistry::callback(const std::string& name, const std::string& help,
                                const std::string& type, std::function<double()> read) {
   FLOTILLA_CHECK(type == "gauge" || type == "counter");
-  std::lock_guard lock(mutex_);
+  MutexLock lock(mutex_);
   family(name, help, type).read = std::move(read);
 }
 
@@ -182,7 +182,7 @@ void MetricsRegistry::retire(const Labels& match) {
   for (const auto& pair : match) {
     fragments.push_back(render_labels({pair}));
   }
-  std::lock_guard lock(mutex_);
+  MutexLock lock(mutex_);
   for (auto& [name, family] : families_) {
     move_matching(family.counters, fragments, retired_counters_);
     move_matching(family.gauges, fragments, retired_gauges_);
@@ -191,7 +191,7 @@ void MetricsRegistry::retire(const Labels& match) {
 }
 
 std::string MetricsRegistry::render() const {
-  std::lock_guard lock(mutex_);
+  MutexLock lock(mutex_);
   std::ostringstream out;
   for (const auto& [name, family] : families_) {
     out << "# HELP " << name << ' ' << family.help << '\n';

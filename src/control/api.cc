@@ -95,7 +95,7 @@ http::Response ControlPlaneImpl::handle_api(const http::Request& request) {
         options_.open_routes.end()) {
       gateway::AuthResult result;
       {
-        std::lock_guard lock(mu_);
+        MutexLock lock(mu_);
         std::vector<gateway::TokenRecord> records;
         for (const TokenRow& row : tokens_) {
           records.push_back(row.record);

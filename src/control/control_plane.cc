@@ -234,7 +234,8 @@ ControlPlaneImpl::~ControlPlaneImpl() {
   shutdown(std::chrono::milliseconds(1'000));
 }
 
-Status ControlPlaneImpl::start() {
+// Reads and fills the guarded state before the reconciler and API threads exist, so without mu_.
+Status ControlPlaneImpl::start() FLOTILLA_NO_THREAD_SAFETY_ANALYSIS {
   FLOTILLA_ASSIGN_OR_RETURN(std::vector<EndpointRecord> records, store_->list_endpoints());
   for (const EndpointRecord& record : records) {
     Result<EndpointSpec> target = parse_endpoint_spec(record.spec_json);
@@ -335,7 +336,7 @@ void ControlPlaneImpl::run() {
 
 void ControlPlaneImpl::shutdown(std::chrono::milliseconds timeout) {
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     if (stopping_) {
       return;
     }
@@ -385,30 +386,34 @@ void ControlPlaneImpl::on_replica(const orchestrator::ReplicaEvent& event) {
   } else if (event.kind == "failed" || event.kind == "hung") {  // a timeout is followed by its
                                                                 // "failed"
     replica_failures_.inc();
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     ++replica_failures_by_endpoint_[replica.deployment.endpoint];
   }
   wake_.notify_all();
 }
 
 void ControlPlaneImpl::reconcile_loop() {
-  std::unique_lock lock(mu_);
+  mu_.lock();
   while (!stopping_) {
-    wake_.wait_for(lock, options_.reconcile_interval, [this] {
-      return stopping_ || change_generation_ > applied_generation_ || !capacity_requests_.empty();
-    });
+    const auto deadline = std::chrono::steady_clock::now() + options_.reconcile_interval;
+    while (!stopping_ && change_generation_ <= applied_generation_ && capacity_requests_.empty()) {
+      if (!wake_.wait_until(mu_, deadline)) {
+        break;
+      }
+    }
     if (stopping_) {
       break;
     }
-    lock.unlock();
+    mu_.unlock();
     reconcile_once();
-    lock.lock();
+    mu_.lock();
   }
+  mu_.unlock();
 }
 
 void ControlPlaneImpl::request_capacity(const std::string& endpoint) {
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     capacity_requests_.insert(endpoint);
   }
   wake_.notify_all();
@@ -477,7 +482,7 @@ void ControlPlaneImpl::autoscale(const std::vector<orchestrator::Replica>& repli
   std::set<std::string> requests;
   std::map<std::string, int64_t> failures;
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     for (const auto& [name, stored] : endpoints_) {
       specs.emplace(name, stored.state.serving.value_or(stored.state.target));
     }
@@ -535,7 +540,7 @@ void ControlPlaneImpl::autoscale(const std::vector<orchestrator::Replica>& repli
     return std::none_of(replicas.begin(), replicas.end(),
                         [&](const auto& replica) { return replica.pid == entry.first; });
   });
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   for (auto& [name, decision] : decisions) {
     auto it = endpoints_.find(name);
     if (it == endpoints_.end()) {
@@ -576,7 +581,8 @@ void ControlPlaneImpl::reconcile_once() {
   // written there), then act without it.
   const std::vector<orchestrator::Replica> replicas = orchestrator_.list();
   autoscale(replicas);
-  for (auto& [state, gauge] : replicas_by_state_) {
+  for (auto& [key, gauge] : replicas_by_state_) {
+    const auto state = key;  // a copy: clang 14 cannot capture a structured binding
     gauge->set(static_cast<double>(
         std::count_if(replicas.begin(), replicas.end(),
                       [&](const auto& replica) { return replica.state == state; })));
@@ -584,7 +590,7 @@ void ControlPlaneImpl::reconcile_once() {
   ReconcilePlan plan;
   uint64_t generation = 0;
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     generation = change_generation_;
     std::vector<EndpointState> states;
     states.reserve(endpoints_.size());
@@ -641,19 +647,23 @@ void ControlPlaneImpl::reconcile_once() {
     it = ensured_.erase(it);
   }
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     applied_generation_ = std::max(applied_generation_, generation);
   }
   applied_.notify_all();
 }
 
 void ControlPlaneImpl::wait_until_applied() {
-  std::unique_lock lock(mu_);
+  MutexLock lock(mu_);
   const uint64_t generation = ++change_generation_;
   wake_.notify_all();
   // A reconciler pass takes milliseconds; the bound only matters if it is stuck.
-  applied_.wait_for(lock, std::chrono::seconds(5),
-                    [&] { return applied_generation_ >= generation || stopping_; });
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+  while (applied_generation_ < generation && !stopping_) {
+    if (!applied_.wait_until(mu_, deadline)) {
+      break;
+    }
+  }
 }
 
 void ControlPlaneImpl::publish_auth() {
@@ -680,7 +690,7 @@ Result<nlohmann::json> ControlPlaneImpl::create_endpoint(std::string_view body,
       check_replica_cap(spec, options_.max_replicas, options_.autoscaling.enabled));
   FLOTILLA_RETURN_IF_ERROR(check_model_paths(spec));
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     if (endpoints_.contains(spec.name)) {
       return Status(StatusCode::kFailedPrecondition, "endpoint '" + spec.name + "' already exists");
     }
@@ -704,7 +714,7 @@ Result<nlohmann::json> ControlPlaneImpl::update_endpoint(const std::string& name
       check_replica_cap(spec, options_.max_replicas, options_.autoscaling.enabled));
   FLOTILLA_RETURN_IF_ERROR(check_model_paths(spec));
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     auto it = endpoints_.find(name);
     if (it == endpoints_.end()) {
       return not_found("endpoint '" + name + "' does not exist");
@@ -727,7 +737,7 @@ Result<nlohmann::json> ControlPlaneImpl::update_endpoint(const std::string& name
 
 Status ControlPlaneImpl::delete_endpoint(const std::string& name, const std::string& actor) {
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     if (!endpoints_.contains(name)) {
       return not_found("endpoint '" + name + "' does not exist");
     }
@@ -743,7 +753,7 @@ Result<nlohmann::json> ControlPlaneImpl::endpoint_view(const std::string& name) 
   EndpointState state;
   EndpointRecord record;
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     auto it = endpoints_.find(name);
     if (it == endpoints_.end()) {
       return not_found("endpoint '" + name + "' does not exist");
@@ -820,7 +830,7 @@ Result<nlohmann::json> ControlPlaneImpl::endpoint_view(const std::string& name) 
 }
 
 std::vector<std::string> ControlPlaneImpl::endpoint_names() {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   std::vector<std::string> names;
   for (const auto& [name, stored] : endpoints_) {
     names.push_back(name);
@@ -837,7 +847,7 @@ Result<nlohmann::json> ControlPlaneImpl::create_token(const std::string& id,
   FLOTILLA_ASSIGN_OR_RETURN(gateway::NewToken token, gateway::generate_token(id, endpoints));
   TokenRow row{token.record, admin, comment, unix_time_ms()};
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     FLOTILLA_RETURN_IF_ERROR(store_->create_token(row));
     tokens_.push_back(row);
     publish_auth();
@@ -849,7 +859,7 @@ Result<nlohmann::json> ControlPlaneImpl::create_token(const std::string& id,
 
 Status ControlPlaneImpl::revoke_token(const std::string& id, const std::string& actor) {
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     FLOTILLA_RETURN_IF_ERROR(store_->delete_token(id));
     std::erase_if(tokens_, [&](const TokenRow& row) { return row.record.id == id; });
     publish_auth();
@@ -867,7 +877,7 @@ nlohmann::json ControlPlaneImpl::token_view(const TokenRow& row) {
 }
 
 nlohmann::json ControlPlaneImpl::list_tokens() {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   nlohmann::json list = nlohmann::json::array();
   for (const TokenRow& row : tokens_) {
     list.push_back(token_view(row));
@@ -879,20 +889,18 @@ gateway::AuthResult ControlPlaneImpl::check_admin(std::string_view authorization
                                                   std::string* token_id) {
   std::shared_ptr<const gateway::Authenticator> admins;
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     admins = admin_auth_;
   }
   const gateway::AuthResult result = admins->check(authorization, "");
   if (result == gateway::AuthResult::kInvalid) {
     // A valid non-admin token says so, rather than "invalid".
-    std::lock_guard lock(mu_);
-    gateway::Authenticator all([&] {
-      std::vector<gateway::TokenRecord> records;
-      for (const TokenRow& row : tokens_) {
-        records.push_back(row.record);
-      }
-      return records;
-    }());
+    MutexLock lock(mu_);
+    std::vector<gateway::TokenRecord> records;
+    for (const TokenRow& row : tokens_) {
+      records.push_back(row.record);
+    }
+    gateway::Authenticator all(std::move(records));
     if (all.check(authorization, "") == gateway::AuthResult::kAllowed) {
       return gateway::AuthResult::kForbidden;
     }

@@ -2,10 +2,8 @@
 // and api.cc (the REST routes). Private to the control module.
 #pragma once
 
-#include <condition_variable>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <set>
 #include <string>
@@ -83,8 +81,9 @@ class ControlPlaneImpl final : public ControlPlane, public gateway::CapacityRequ
   // kAllowed for an admin token (its id in *token_id), kForbidden for a valid non-admin one.
   gateway::AuthResult check_admin(std::string_view authorization, std::string* token_id);
 
-  Status mint_first_admin_token();
-  void publish_auth();  // requires mu_ (or the single thread of start())
+  // Before any other thread exists (from start()), so without mu_.
+  Status mint_first_admin_token() FLOTILLA_NO_THREAD_SAFETY_ANALYSIS;
+  void publish_auth() FLOTILLA_REQUIRES(mu_);
   void record_event(const std::string& endpoint, const std::string& kind, const std::string& actor,
                     const std::string& message);
   void on_replica(const orchestrator::ReplicaEvent& event);
@@ -114,18 +113,20 @@ class ControlPlaneImpl final : public ControlPlane, public gateway::CapacityRequ
   Counter& replicas_capped_;
   std::vector<std::pair<orchestrator::ReplicaState, Gauge*>> replicas_by_state_;
 
-  std::mutex mu_;
-  std::condition_variable wake_;             // the reconciler waits on it between passes
-  std::map<std::string, Stored> endpoints_;  // guarded by mu_
-  std::vector<TokenRow> tokens_;             // guarded by mu_
-  std::shared_ptr<const gateway::Authenticator> admin_auth_;  // guarded by mu_
+  Mutex mu_;
+  CondVar wake_;  // the reconciler waits on it between passes
+  std::map<std::string, Stored> endpoints_ FLOTILLA_GUARDED_BY(mu_);
+  std::vector<TokenRow> tokens_ FLOTILLA_GUARDED_BY(mu_);
+  std::shared_ptr<const gateway::Authenticator> admin_auth_ FLOTILLA_GUARDED_BY(mu_);
   bool stopping_ = false;
-  uint64_t change_generation_ = 0;   // guarded by mu_: bumped by every endpoint change
-  uint64_t applied_generation_ = 0;  // guarded by mu_: the newest change a pass published
-  std::condition_variable applied_;  // notified after every reconciler pass // guarded by mu_
-  gateway::EndpointTable published_table_;                          // reconciler thread only
-  std::set<std::string> capacity_requests_;                         // guarded by mu_
-  std::map<std::string, int64_t> replica_failures_by_endpoint_;     // guarded by mu_
+  // Bumped by every endpoint change.
+  uint64_t change_generation_ FLOTILLA_GUARDED_BY(mu_) = 0;
+  // The newest change a pass published.
+  uint64_t applied_generation_ FLOTILLA_GUARDED_BY(mu_) = 0;
+  CondVar applied_;                         // notified after every reconciler pass
+  gateway::EndpointTable published_table_;  // reconciler thread only
+  std::set<std::string> capacity_requests_ FLOTILLA_GUARDED_BY(mu_);
+  std::map<std::string, int64_t> replica_failures_by_endpoint_ FLOTILLA_GUARDED_BY(mu_);
   std::map<std::string, std::unique_ptr<EndpointScaler>> scalers_;  // reconciler thread only
   // What each endpoint's autoscaler learned, as last saved to the store (loaded at start);
   // reconciler thread only after start().

@@ -26,7 +26,7 @@ AccessLog::AccessLog(std::FILE* file, bool owned) : file_(file), owned_(owned) {
 
 AccessLog::~AccessLog() {
   {
-    std::lock_guard lock(mutex_);
+    MutexLock lock(mutex_);
     stop_ = true;
   }
   wake_.notify_one();
@@ -39,7 +39,7 @@ AccessLog::~AccessLog() {
 void AccessLog::append(std::string&& line) {
   bool wake = false;
   {
-    std::lock_guard lock(mutex_);
+    MutexLock lock(mutex_);
     if (buffer_.size() + line.size() > kMaxBufferedBytes) {
       ++dropped_;
       return;
@@ -54,19 +54,23 @@ void AccessLog::append(std::string&& line) {
 }
 
 uint64_t AccessLog::dropped() const {
-  std::lock_guard lock(mutex_);
+  MutexLock lock(mutex_);
   return dropped_;
 }
 
 void AccessLog::run() {
   std::string out;
-  std::unique_lock lock(mutex_);
+  mutex_.lock();
   while (true) {
-    wake_.wait_for(lock, std::chrono::milliseconds(100),
-                   [this] { return stop_ || buffer_.size() >= kFlushBytes; });
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(100);
+    while (!stop_ && buffer_.size() < kFlushBytes) {
+      if (!wake_.wait_until(mutex_, deadline)) {
+        break;
+      }
+    }
     out.swap(buffer_);
     const bool stop = stop_;
-    lock.unlock();
+    mutex_.unlock();
     if (!out.empty()) {
       std::fwrite(out.data(), 1, out.size(), file_);
       std::fflush(file_);
@@ -75,7 +79,7 @@ void AccessLog::run() {
     if (stop) {
       return;
     }
-    lock.lock();
+    mutex_.lock();
   }
 }
 

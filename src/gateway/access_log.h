@@ -1,10 +1,8 @@
 // The JSON access log, written by a background thread so a request never waits on a disk.
 #pragma once
 
-#include <condition_variable>
 #include <cstdio>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <thread>
 
@@ -30,11 +28,11 @@ class AccessLog {
 
   std::FILE* file_;
   bool owned_;
-  mutable std::mutex mutex_;
-  std::condition_variable wake_;
-  std::string buffer_;    // guarded by mutex_
-  bool stop_ = false;     // guarded by mutex_
-  uint64_t dropped_ = 0;  // guarded by mutex_
+  mutable Mutex mutex_;
+  CondVar wake_;
+  std::string buffer_ FLOTILLA_GUARDED_BY(mutex_);
+  bool stop_ FLOTILLA_GUARDED_BY(mutex_) = false;
+  uint64_t dropped_ FLOTILLA_GUARDED_BY(mutex_) = 0;
   std::thread writer_;
 };
 

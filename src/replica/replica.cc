@@ -3,7 +3,6 @@
 
 #include <array>
 #include <atomic>
-#include <mutex>
 #include <thread>
 
 #include <spdlog/spdlog.h>
@@ -215,13 +214,12 @@ class ReplicaImpl final : public Replica {
   // Null until serve() publishes the model (release); handlers read it once per request
   // (acquire), so whatever they see through it was fully built before.
   std::atomic<const LoadedModel*> model_{nullptr};
-  std::mutex mutex_;
-  // The owner of *model_. Set once, under mutex_, by serve(); read under mutex_ by the serving
-  // thread when the server stops. Declared after server_ so that it is destroyed first: a
-  // runtime still holding requests (a drain that timed out) answers them while the server's
-  // event loops still exist.
-  std::unique_ptr<LoadedModel> loaded_;
-  bool closing_ = false;         // the destructor stopped the server; guarded by mutex_
+  Mutex mutex_;
+  // The owner of *model_. Set once by serve(); read by the serving thread when the server
+  // stops. Declared after server_ so that it is destroyed first: a runtime still holding
+  // requests (a drain that timed out) answers them while the server's event loops still exist.
+  std::unique_ptr<LoadedModel> loaded_ FLOTILLA_GUARDED_BY(mutex_);
+  bool closing_ FLOTILLA_GUARDED_BY(mutex_) = false;  // the destructor stopped the server
   bool drained_cleanly_ = true;  // written by serving_thread_, read after joining it
   std::thread serving_thread_;
 };
@@ -255,7 +253,7 @@ ReplicaImpl::~ReplicaImpl() {
   if (serving_thread_.joinable()) {
     // Never served, or never run(): stop at once. An earlier drain, if any, goes on to its end.
     {
-      std::lock_guard lock(mutex_);
+      MutexLock lock(mutex_);
       closing_ = true;
     }
     server_->drain(std::chrono::milliseconds(0));
@@ -276,7 +274,7 @@ Status ReplicaImpl::start() {
     const bool clean = server_->run();
     bool unserved = false;
     {
-      std::lock_guard lock(mutex_);
+      MutexLock lock(mutex_);
       drained_cleanly_ = clean;
       unserved = loaded_ == nullptr && !closing_;
     }
@@ -323,7 +321,7 @@ Status ReplicaImpl::serve(std::unique_ptr<runtime::Runtime>&& runtime,
     }
   }
   model_load_seconds_.set(model_load_time.count());
-  std::lock_guard lock(mutex_);
+  MutexLock lock(mutex_);
   // Checked again under the lock the serving thread takes when the server stops: either the
   // model is published before any drain began, or it is never published.
   if (server_->draining()) {

@@ -8,7 +8,6 @@
 #include <chrono>
 #include <cmath>
 #include <deque>
-#include <mutex>
 #include <random>
 #include <thread>
 #include <utility>  // Boost 1.74 asio uses std::exchange without including it
@@ -157,7 +156,7 @@ class SyntheticRuntime final : public Runtime {
 
   void run(ModelInput&& input, RunCallback done) override {
     {
-      std::lock_guard lock(queue_mutex_);
+      MutexLock lock(queue_mutex_);
       if (spec_.max_concurrency > 0 && serving_ >= spec_.max_concurrency) {
         account_waiting(Clock::now());
         queue_.push_back(Waiting{input.rows, std::move(done)});
@@ -169,7 +168,7 @@ class SyntheticRuntime final : public Runtime {
   }
 
   double queue_wait_seconds() const override {
-    std::lock_guard lock(queue_mutex_);
+    MutexLock lock(queue_mutex_);
     return queue_integral(Clock::now());
   }
 
@@ -181,14 +180,14 @@ class SyntheticRuntime final : public Runtime {
   };
 
   // The integral of the queue's length over time up to `now`: what was accounted, plus the
-  // current length since it last changed. Under queue_mutex_.
-  double queue_integral(Clock::time_point now) const {
+  // current length since it last changed.
+  double queue_integral(Clock::time_point now) const FLOTILLA_REQUIRES(queue_mutex_) {
     return waited_seconds_ + static_cast<double>(queue_.size()) *
                                  std::chrono::duration<double>(now - counted_until_).count();
   }
 
-  // Brings the integral up to `now`; called under queue_mutex_ before each change of queue_.
-  void account_waiting(Clock::time_point now) {
+  // Brings the integral up to `now`; called before each change of queue_.
+  void account_waiting(Clock::time_point now) FLOTILLA_REQUIRES(queue_mutex_) {
     waited_seconds_ = queue_integral(now);
     counted_until_ = now;
   }
@@ -221,7 +220,7 @@ class SyntheticRuntime final : public Runtime {
   void serve_next() {
     Waiting next;
     {
-      std::lock_guard lock(queue_mutex_);
+      MutexLock lock(queue_mutex_);
       if (queue_.empty()) {
         --serving_;
         return;
@@ -234,7 +233,7 @@ class SyntheticRuntime final : public Runtime {
   }
 
   double draw_service_ms() {
-    std::lock_guard lock(random_mutex_);
+    MutexLock lock(random_mutex_);
     switch (spec_.distribution) {
       case Distribution::kFixed:
         return spec_.mean_ms;
@@ -256,14 +255,16 @@ class SyntheticRuntime final : public Runtime {
 
   SyntheticSpec spec_;
   ModelMetadata metadata_;
-  std::mutex random_mutex_;
-  std::mt19937_64 random_;  // guarded by random_mutex_
+  Mutex random_mutex_;
+  std::mt19937_64 random_ FLOTILLA_GUARDED_BY(random_mutex_);
   std::atomic<int64_t> in_flight_{0};
-  mutable std::mutex queue_mutex_;
-  int64_t serving_ = 0;        // requests holding a slot; guarded by queue_mutex_
-  std::deque<Waiting> queue_;  // waiting for a slot, oldest first; guarded by queue_mutex_
-  double waited_seconds_ = 0;  // the queue length's integral up to counted_until_; guarded
-  Clock::time_point counted_until_ = Clock::now();  // guarded by queue_mutex_
+  mutable Mutex queue_mutex_;
+  int64_t serving_ FLOTILLA_GUARDED_BY(queue_mutex_) = 0;  // requests holding a slot
+  // Waiting for a slot, oldest first.
+  std::deque<Waiting> queue_ FLOTILLA_GUARDED_BY(queue_mutex_);
+  // The queue length's integral up to counted_until_.
+  double waited_seconds_ FLOTILLA_GUARDED_BY(queue_mutex_) = 0;
+  Clock::time_point counted_until_ FLOTILLA_GUARDED_BY(queue_mutex_) = Clock::now();
   asio::io_context context_{1};
   asio::executor_work_guard<asio::io_context::executor_type> guard_{context_.get_executor()};
   std::thread timer_thread_;

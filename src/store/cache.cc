@@ -16,7 +16,6 @@
 #include <cstring>
 #include <filesystem>
 #include <map>
-#include <mutex>
 #include <optional>
 #include <thread>
 #include <vector>
@@ -166,8 +165,8 @@ class LazyPull final : public LazyArtifact {
   std::vector<std::unique_ptr<Fetch>> fetches_;
   std::map<std::string, std::string> staged_;  // digest → the first relative path with it
   std::function<void(const Progress&)> on_progress_;
-  std::mutex progress_mu_;
-  std::vector<Progress> progress_;  // [fetch]; guarded by progress_mu_
+  Mutex progress_mu_;
+  std::vector<Progress> progress_ FLOTILLA_GUARDED_BY(progress_mu_);  // [fetch]
   bool finished_ = false;
 };
 
@@ -457,7 +456,7 @@ Status LazyPull::stage(const std::string& relative, const Url& url,
     on_progress_ = options.on_progress;
     const size_t index = fetches_.size();
     {
-      std::lock_guard lock(progress_mu_);
+      MutexLock lock(progress_mu_);
       progress_.emplace_back();
     }
     file_options.on_progress = [this, index](const Progress& progress) {
@@ -475,7 +474,7 @@ Status LazyPull::stage(const std::string& relative, const Url& url,
 }
 
 void LazyPull::report(size_t index, const Progress& progress) {
-  std::lock_guard lock(progress_mu_);
+  MutexLock lock(progress_mu_);
   progress_[index] = progress;
   Progress total;
   for (const Progress& file : progress_) {
