@@ -8,9 +8,9 @@
 
 namespace flotilla::autoscaler::detail {
 
-// ceil() that ignores floating-point dust: 2.0000000001 replicas is 2.
+// ceil() that ignores floating-point dust: 2.0000000001 replicas is 2 (common's ceil_div).
 inline int64_t ceil_replicas(double value) {
-  return static_cast<int64_t>(std::ceil(value - 1e-9));
+  return ceil_div(value, 1);
 }
 
 // Into the range; below 1 only for endpoints that may scale to zero.
