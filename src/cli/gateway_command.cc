@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 #include <spdlog/spdlog.h>
 
+#include "auth/auth.h"
 #include "cli/commands.h"
 #include "common/common.h"
 #include "gateway/gateway.h"
@@ -154,7 +155,7 @@ int run_gateway(const GatewayFlags& flags) {
 }
 
 int run_mint_token(const MintFlags& flags) {
-  auto minted = gateway::generate_token(flags.id, flags.endpoints);
+  auto minted = auth::generate_token(flags.id, flags.endpoints);
   if (!minted.is_ok()) {
     return fail(minted.status().message());
   }

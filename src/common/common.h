@@ -285,6 +285,11 @@ inline bool equals_ignore_case(std::string_view a, std::string_view b) {
   return true;
 }
 
+// The rule for endpoint, version and replica names in the gateway's config and for the
+// endpoints a token is scoped to: 1 to 128 of [A-Za-z0-9-_.]. Errors: kInvalidArgument naming
+// `where` ("endpoints[1]: 'a b' may hold only letters, digits, '-', '_' and '.'").
+Status check_name(const std::string& name, const std::string& where);
+
 // ---------------------------------------------------------------------------------------------
 // Clocks (STYLE.md §5): code whose behaviour depends on time takes a Clock& so tests and the
 // simulator can drive it (tests/fakes/common/fake_clock.h).

@@ -11,6 +11,22 @@
 
 namespace flotilla {
 
+Status check_name(const std::string& name, const std::string& where) {
+  constexpr size_t kMaxNameLength = 128;
+  if (name.empty() || name.size() > kMaxNameLength) {
+    return invalid_argument(where + ": must be 1 to 128 characters");
+  }
+  for (char c : name) {
+    const bool allowed = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') ||
+                         (c >= '0' && c <= '9') || c == '-' || c == '_' || c == '.';
+    if (!allowed) {
+      return invalid_argument(where + ": '" + name +
+                              "' may hold only letters, digits, '-', '_' and '.'");
+    }
+  }
+  return Status::ok();
+}
+
 Status Status::with_context(std::string_view context) const {
   if (is_ok()) {
     return *this;

@@ -93,41 +93,41 @@ http::Response ControlPlaneImpl::handle_api(const http::Request& request) {
     std::vector<std::string> scope;
     if (std::find(options_.open_routes.begin(), options_.open_routes.end(), "metrics") ==
         options_.open_routes.end()) {
-      gateway::AuthResult result;
+      auth::AuthResult result;
       {
         MutexLock lock(mu_);
-        std::vector<gateway::TokenRecord> records;
+        std::vector<auth::TokenRecord> records;
         for (const TokenRow& row : tokens_) {
           records.push_back(row.record);
         }
-        result = gateway::Authenticator(std::move(records))
+        result = auth::Authenticator(std::move(records))
                      .check_scope(http::find_header(request.headers, "authorization"), &scope);
       }
-      if (result == gateway::AuthResult::kMissing) {
+      if (result == auth::AuthResult::kMissing) {
         return error_response(401, "UNAUTHENTICATED",
                               "missing Authorization: Bearer <token> (any token; one scoped to "
                               "endpoints sees only their series)");
       }
-      if (result != gateway::AuthResult::kAllowed) {
+      if (result != auth::AuthResult::kAllowed) {
         return error_response(401, "UNAUTHENTICATED", "invalid token");
       }
     }
     http::Response response;
     response.content_type = "text/plain; version=0.0.4";
-    response.body = gateway::scope_metrics(registry_.render(), scope);
+    response.body = auth::scope_metrics(registry_.render(), scope);
     return response;
   }
   std::string actor;
   switch (check_admin(http::find_header(request.headers, "authorization"), &actor)) {
-    case gateway::AuthResult::kAllowed:
+    case auth::AuthResult::kAllowed:
       break;
-    case gateway::AuthResult::kMissing:
+    case auth::AuthResult::kMissing:
       return error_response(401, "UNAUTHENTICATED",
                             "missing Authorization: Bearer <token> (an admin token; see "
                             "<data-dir>/admin.token)");
-    case gateway::AuthResult::kInvalid:
+    case auth::AuthResult::kInvalid:
       return error_response(401, "UNAUTHENTICATED", "invalid token");
-    case gateway::AuthResult::kForbidden:
+    case auth::AuthResult::kForbidden:
       return error_response(403, "PERMISSION_DENIED",
                             "this token may call endpoints but not the control plane API");
   }

@@ -147,7 +147,7 @@ Result<std::string> reset_admin_token(const std::string& data_dir) {
   }
   auto reset = [&]() -> Result<std::string> {
     FLOTILLA_ASSIGN_OR_RETURN(std::unique_ptr<Store> store, Store::open(db_path));
-    FLOTILLA_ASSIGN_OR_RETURN(gateway::NewToken token, gateway::generate_token("admin", {}));
+    FLOTILLA_ASSIGN_OR_RETURN(auth::NewToken token, auth::generate_token("admin", {}));
     TokenRow row{token.record, true, "reset by flotilla tokens reset-admin", unix_time_ms()};
     // A new file beside the old one, then the row, then the file in place: a failure before
     // the row leaves everything as it was.
@@ -311,7 +311,7 @@ Status ControlPlaneImpl::start() FLOTILLA_NO_THREAD_SAFETY_ANALYSIS {
 }
 
 Status ControlPlaneImpl::mint_first_admin_token() {
-  FLOTILLA_ASSIGN_OR_RETURN(gateway::NewToken token, gateway::generate_token("admin", {}));
+  FLOTILLA_ASSIGN_OR_RETURN(auth::NewToken token, auth::generate_token("admin", {}));
   TokenRow row{token.record, true, "created by the first start of flotilla up", unix_time_ms()};
   // The file first, then the row: a failed write leaves no token that nobody holds.
   const std::string path = options_.data_dir + "/" + std::string(kAdminTokenFile);
@@ -670,14 +670,14 @@ void ControlPlaneImpl::publish_auth() {
   gateway::AuthConfig auth;
   auth.enabled = true;
   auth.open_routes = options_.open_routes;
-  std::vector<gateway::TokenRecord> admins;
+  std::vector<auth::TokenRecord> admins;
   for (const TokenRow& row : tokens_) {
     auth.tokens.push_back(row.record);
     if (row.admin) {
       admins.push_back(row.record);
     }
   }
-  admin_auth_ = std::make_shared<const gateway::Authenticator>(std::move(admins));
+  admin_auth_ = std::make_shared<const auth::Authenticator>(std::move(admins));
   gateway_.update_auth(std::move(auth));
 }
 
@@ -844,7 +844,7 @@ Result<nlohmann::json> ControlPlaneImpl::create_token(const std::string& id,
                                                       std::vector<std::string> endpoints,
                                                       bool admin, const std::string& comment,
                                                       const std::string& actor) {
-  FLOTILLA_ASSIGN_OR_RETURN(gateway::NewToken token, gateway::generate_token(id, endpoints));
+  FLOTILLA_ASSIGN_OR_RETURN(auth::NewToken token, auth::generate_token(id, endpoints));
   TokenRow row{token.record, admin, comment, unix_time_ms()};
   {
     MutexLock lock(mu_);
@@ -885,27 +885,27 @@ nlohmann::json ControlPlaneImpl::list_tokens() {
   return list;
 }
 
-gateway::AuthResult ControlPlaneImpl::check_admin(std::string_view authorization,
-                                                  std::string* token_id) {
-  std::shared_ptr<const gateway::Authenticator> admins;
+auth::AuthResult ControlPlaneImpl::check_admin(std::string_view authorization,
+                                               std::string* token_id) {
+  std::shared_ptr<const auth::Authenticator> admins;
   {
     MutexLock lock(mu_);
     admins = admin_auth_;
   }
-  const gateway::AuthResult result = admins->check(authorization, "");
-  if (result == gateway::AuthResult::kInvalid) {
+  const auth::AuthResult result = admins->check(authorization, "");
+  if (result == auth::AuthResult::kInvalid) {
     // A valid non-admin token says so, rather than "invalid".
     MutexLock lock(mu_);
-    std::vector<gateway::TokenRecord> records;
+    std::vector<auth::TokenRecord> records;
     for (const TokenRow& row : tokens_) {
       records.push_back(row.record);
     }
-    gateway::Authenticator all(std::move(records));
-    if (all.check(authorization, "") == gateway::AuthResult::kAllowed) {
-      return gateway::AuthResult::kForbidden;
+    auth::Authenticator all(std::move(records));
+    if (all.check(authorization, "") == auth::AuthResult::kAllowed) {
+      return auth::AuthResult::kForbidden;
     }
   }
-  if (result == gateway::AuthResult::kAllowed && token_id != nullptr) {
+  if (result == auth::AuthResult::kAllowed && token_id != nullptr) {
     // "Bearer flt_<id>_<secret>": the id names the actor in the event log.
     const size_t start = authorization.find("flt_");
     const size_t end = authorization.rfind('_');

@@ -79,7 +79,7 @@ class ControlPlaneImpl final : public ControlPlane, public gateway::CapacityRequ
   nlohmann::json list_tokens();
   static nlohmann::json token_view(const TokenRow& row);
   // kAllowed for an admin token (its id in *token_id), kForbidden for a valid non-admin one.
-  gateway::AuthResult check_admin(std::string_view authorization, std::string* token_id);
+  auth::AuthResult check_admin(std::string_view authorization, std::string* token_id);
 
   // Before any other thread exists (from start()), so without mu_.
   Status mint_first_admin_token() FLOTILLA_NO_THREAD_SAFETY_ANALYSIS;
@@ -117,7 +117,7 @@ class ControlPlaneImpl final : public ControlPlane, public gateway::CapacityRequ
   CondVar wake_;  // the reconciler waits on it between passes
   std::map<std::string, Stored> endpoints_ FLOTILLA_GUARDED_BY(mu_);
   std::vector<TokenRow> tokens_ FLOTILLA_GUARDED_BY(mu_);
-  std::shared_ptr<const gateway::Authenticator> admin_auth_ FLOTILLA_GUARDED_BY(mu_);
+  std::shared_ptr<const auth::Authenticator> admin_auth_ FLOTILLA_GUARDED_BY(mu_);
   bool stopping_ = false;
   // Bumped by every endpoint change.
   uint64_t change_generation_ FLOTILLA_GUARDED_BY(mu_) = 0;

@@ -459,7 +459,7 @@ Result<std::vector<ReplicaRecord>> Store::list_replicas() {
 
 Status Store::create_token(const TokenRow& token) {
   std::lock_guard lock(mu_);
-  const gateway::TokenRecord& record = token.record;
+  const auth::TokenRecord& record = token.record;
   const std::string what = "creating token '" + record.id + "'";
   FLOTILLA_RETURN_IF_ERROR(exec(db_,
                                 "INSERT INTO tokens (id, salt, sha256, endpoints_json, admin, "
@@ -476,7 +476,7 @@ Status Store::create_token(const TokenRow& token) {
 
 Status Store::put_token(const TokenRow& token) {
   std::lock_guard lock(mu_);
-  const gateway::TokenRecord& record = token.record;
+  const auth::TokenRecord& record = token.record;
   return exec(db_,
               "INSERT OR REPLACE INTO tokens (id, salt, sha256, endpoints_json, admin, comment, "
               "created_unix_ms) VALUES (?, ?, ?, ?, ?, ?, ?)",

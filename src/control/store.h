@@ -15,8 +15,8 @@
 #include <string>
 #include <vector>
 
+#include "auth/auth.h"
 #include "common/common.h"
-#include "gateway/gateway.h"
 
 struct sqlite3;
 
@@ -41,8 +41,8 @@ struct ReplicaRecord {
 };
 
 struct TokenRow {
-  gateway::TokenRecord record;  // id, salt, digest, endpoint scope
-  bool admin = false;           // may call the control plane API
+  auth::TokenRecord record;  // id, salt, digest, endpoint scope
+  bool admin = false;        // may call the control plane API
   std::string comment;
   int64_t created_unix_ms = 0;
   bool operator==(const TokenRow&) const = default;

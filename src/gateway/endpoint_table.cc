@@ -12,7 +12,6 @@ namespace flotilla::gateway {
 namespace {
 
 using detail::check_keys;
-using detail::check_name;
 
 Result<ReplicaState> parse_state(const std::string& state, const std::string& where) {
   if (state == "ready")

@@ -16,8 +16,8 @@
 #include <utility>
 #include <vector>
 
+#include "auth/auth.h"
 #include "common/common.h"
-#include "gateway/auth.h"
 #include "http/http.h"
 
 namespace flotilla::gateway {
@@ -103,6 +103,31 @@ Status validate_endpoint_table(const EndpointTable& table);
 
 // Reads the YAML form used by `flotilla gateway --config` (docs/gateway.md) and validates it.
 Result<EndpointTable> parse_endpoint_table_yaml(std::string_view text);
+
+// The `auth:` section of the gateway config (docs/gateway.md).
+struct AuthConfig {
+  bool enabled = false;                   // whether the section is present
+  std::vector<auth::TokenRecord> tokens;  // checked as auth.h's rules say
+  std::vector<std::string> open_routes;   // served without a token: health, metrics, stats, models
+};
+
+// Reads the `auth:` section of the gateway's YAML config text; other top-level sections (such as
+// `endpoints:`) are ignored:
+//   auth:
+//     tokens:
+//       - {id: ci, salt: "<32 hex>", sha256: "<64 hex>", endpoints: [fraud]}
+//     open_routes: [health, metrics]
+// Both keys are optional; `endpoints` may be omitted (all endpoints). Hex is stored lower case.
+// Returns enabled = false when there is no `auth:` section. Errors: kInvalidArgument naming the
+// field ("auth.tokens[1].sha256: must be 64 hex characters") for a YAML syntax error, a wrong
+// type, an unknown key, a bad id, salt, digest, endpoint or route, or a duplicate id.
+// Thread-safe.
+Result<AuthConfig> parse_auth_config_yaml(std::string_view text);
+
+// One YAML flow mapping for `record`, as parse_auth_config_yaml reads it under `tokens:` (no
+// leading "- ", no newline); `endpoints` is left out when empty. Used by the CLI that mints
+// tokens. Thread-safe.
+std::string token_record_yaml(const auth::TokenRecord& record);
 
 // A whole `--config` file: the endpoint table and the optional `auth:` section.
 struct GatewayConfig {

@@ -24,6 +24,7 @@
 #include <spdlog/spdlog.h>
 
 #include "gateway/access_log.h"
+#include "gateway/auth_names.h"
 #include "gateway/gateway.h"
 #include "gateway/load_sampler.h"
 #include "gateway/outlier_detector.h"

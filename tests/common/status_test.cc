@@ -137,5 +137,15 @@ TEST(StatusTest, HttpStatusTableCoversEveryCode) {
   EXPECT_EQ(http_status_for(static_cast<StatusCode>(99)), 500);
 }
 
+TEST(CheckNameTest, AllowsLettersDigitsAndThreeMarksUpTo128) {
+  EXPECT_TRUE(check_name("fraud-v2_a.b", "name").is_ok());
+  EXPECT_TRUE(check_name(std::string(128, 'a'), "name").is_ok());
+  EXPECT_EQ(check_name("", "endpoints[0].name").message(),
+            "endpoints[0].name: must be 1 to 128 characters");
+  EXPECT_FALSE(check_name(std::string(129, 'a'), "name").is_ok());
+  EXPECT_EQ(check_name("a/b", "endpoints[1]").message(),
+            "endpoints[1]: 'a/b' may hold only letters, digits, '-', '_' and '.'");
+}
+
 }  // namespace
 }  // namespace flotilla

@@ -11,6 +11,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "auth/auth.h"
 #include "control/control.h"
 #include "control/control_plane.h"
 #include "control/store.h"
@@ -50,7 +51,7 @@ class AdminTokenTest : public ::testing::Test {
     EXPECT_TRUE(make_data_dir(dir_.string()).is_ok());
     auto store = Store::open((dir_ / "state.db").string());
     EXPECT_TRUE(store.is_ok());
-    auto token = gateway::generate_token("admin", {});
+    auto token = auth::generate_token("admin", {});
     EXPECT_TRUE(token.is_ok());
     EXPECT_TRUE((*store)->create_token(TokenRow{token->record, true, "first", 1}).is_ok());
     return token->token;
@@ -58,14 +59,13 @@ class AdminTokenTest : public ::testing::Test {
   static bool valid(const std::filesystem::path& db, const std::string& token) {
     auto store = Store::open(db.string());
     auto rows = (*store)->list_tokens();
-    std::vector<gateway::TokenRecord> records;
+    std::vector<auth::TokenRecord> records;
     for (const TokenRow& row : *rows) {
       if (row.admin) {
         records.push_back(row.record);
       }
     }
-    return gateway::Authenticator(records).check("Bearer " + token, "") ==
-           gateway::AuthResult::kAllowed;
+    return auth::Authenticator(records).check("Bearer " + token, "") == auth::AuthResult::kAllowed;
   }
 
   std::filesystem::path dir_;

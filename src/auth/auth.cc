@@ -1,26 +1,19 @@
-// Bearer tokens: minting, hashing, the per-request check and the `auth:` config section.
-#include "gateway/auth.h"
+// API tokens: minting, hashing, the rules of a record, and the per-request check.
+#include "auth/auth.h"
 
 #include <algorithm>
 #include <array>
-#include <initializer_list>
 #include <memory>
 #include <optional>
-#include <set>
 #include <utility>
 
 #include <openssl/crypto.h>
 #include <openssl/rand.h>
-#include <yaml-cpp/yaml.h>
 
 #include "common/common_sha256.h"
-#include "gateway/config_util.h"
 
-namespace flotilla::gateway {
+namespace flotilla::auth {
 namespace {
-
-using detail::check_keys;
-using detail::check_name;
 
 constexpr std::string_view kTokenPrefix = "flt_";
 constexpr std::string_view kBearer = "bearer";
@@ -28,7 +21,6 @@ constexpr size_t kMaxIdLength = 64;
 constexpr size_t kSaltBytes = 16;
 constexpr size_t kSecretBytes = 32;
 constexpr size_t kDigestHexLength = 64;
-constexpr std::string_view kOpenRoutes[] = {"health", "metrics", "stats", "models"};
 
 char ascii_lower(char c) {
   return (c >= 'A' && c <= 'Z') ? static_cast<char>(c - 'A' + 'a') : c;
@@ -107,20 +99,6 @@ bool is_valid_id(std::string_view id) {
   return true;
 }
 
-Status check_id(const std::string& id, const std::string& where) {
-  if (!is_valid_id(id)) {
-    return invalid_argument(where + ": '" + id + "' must be 1 to 64 letters, digits or '-'");
-  }
-  return Status::ok();
-}
-
-Status check_endpoints(const std::vector<std::string>& endpoints, const std::string& where) {
-  for (size_t i = 0; i < endpoints.size(); ++i) {
-    FLOTILLA_RETURN_IF_ERROR(check_name(endpoints[i], where + "[" + std::to_string(i) + "]"));
-  }
-  return Status::ok();
-}
-
 Result<std::string> random_hex(size_t size) {
   std::array<unsigned char, kSecretBytes> bytes{};
   FLOTILLA_CHECK(size <= bytes.size());
@@ -146,124 +124,39 @@ std::string_view bearer_token(std::string_view authorization) {
   return start == std::string_view::npos ? std::string_view() : authorization.substr(start);
 }
 
-// ---- YAML ----------------------------------------------------------------------------------
-
-Result<std::string> read_string(const YAML::Node& node, const std::string& where) {
-  if (!node) {
-    return invalid_argument(where + ": is required");
-  }
-  if (!node.IsScalar()) {
-    return invalid_argument(where + ": must be a string");
-  }
-  return node.Scalar();
-}
-
-Result<std::vector<std::string>> read_string_list(const YAML::Node& node,
-                                                  const std::string& where) {
-  if (!node.IsSequence()) {
-    return invalid_argument(where + ": must be a list");
-  }
-  std::vector<std::string> values;
-  for (size_t i = 0; i < node.size(); ++i) {
-    FLOTILLA_ASSIGN_OR_RETURN(std::string value,
-                              read_string(node[i], where + "[" + std::to_string(i) + "]"));
-    values.push_back(std::move(value));
-  }
-  return values;
-}
-
-Result<TokenRecord> read_token(const YAML::Node& node, const std::string& where) {
-  FLOTILLA_RETURN_IF_ERROR(check_keys(node, {"id", "salt", "sha256", "endpoints"}, where));
-  TokenRecord record;
-  FLOTILLA_ASSIGN_OR_RETURN(record.id, read_string(node["id"], where + ".id"));
-  FLOTILLA_RETURN_IF_ERROR(check_id(record.id, where + ".id"));
-  FLOTILLA_ASSIGN_OR_RETURN(record.salt, read_string(node["salt"], where + ".salt"));
-  if (!is_hex(record.salt, 2 * kSaltBytes)) {
-    return invalid_argument(where + ".salt: must be 32 hex characters");
-  }
-  record.salt = lower(std::move(record.salt));
-  FLOTILLA_ASSIGN_OR_RETURN(record.sha256, read_string(node["sha256"], where + ".sha256"));
-  if (!is_hex(record.sha256, kDigestHexLength)) {
-    return invalid_argument(where + ".sha256: must be 64 hex characters");
-  }
-  record.sha256 = lower(std::move(record.sha256));
-  if (node["endpoints"]) {
-    FLOTILLA_ASSIGN_OR_RETURN(record.endpoints,
-                              read_string_list(node["endpoints"], where + ".endpoints"));
-    FLOTILLA_RETURN_IF_ERROR(check_endpoints(record.endpoints, where + ".endpoints"));
-  }
-  return record;
-}
-
-Result<AuthConfig> read_auth(const YAML::Node& root) {
-  AuthConfig config;
-  if (!root || root.IsNull()) {
-    return config;  // an empty file
-  }
-  if (!root.IsMap()) {
-    return invalid_argument("config: must be a mapping");
-  }
-  const YAML::Node auth = root["auth"];
-  if (!auth) {
-    return config;
-  }
-  config.enabled = true;
-  FLOTILLA_RETURN_IF_ERROR(check_keys(auth, {"tokens", "open_routes"}, "auth"));
-  if (const YAML::Node tokens = auth["tokens"]) {
-    if (!tokens.IsSequence()) {
-      return invalid_argument("auth.tokens: must be a list");
-    }
-    std::set<std::string> ids;
-    for (size_t i = 0; i < tokens.size(); ++i) {
-      const std::string where = "auth.tokens[" + std::to_string(i) + "]";
-      FLOTILLA_ASSIGN_OR_RETURN(TokenRecord record, read_token(tokens[i], where));
-      if (!ids.insert(record.id).second) {
-        return invalid_argument(where + ".id: token '" + record.id + "' appears twice");
-      }
-      config.tokens.push_back(std::move(record));
-    }
-  }
-  if (const YAML::Node routes = auth["open_routes"]) {
-    FLOTILLA_ASSIGN_OR_RETURN(config.open_routes, read_string_list(routes, "auth.open_routes"));
-    for (size_t i = 0; i < config.open_routes.size(); ++i) {
-      const std::string& route = config.open_routes[i];
-      bool known = false;
-      for (std::string_view name : kOpenRoutes) {
-        known = known || route == name;
-      }
-      if (!known) {
-        return invalid_argument("auth.open_routes[" + std::to_string(i) + "]: unknown route '" +
-                                route + "' (use health, metrics, stats or models)");
-      }
-    }
-  }
-  return config;
-}
-
-// A double-quoted YAML scalar. Validated ids, hex and endpoint names need no escaping; the
-// escapes keep the output parseable for any record.
-std::string quoted(std::string_view text) {
-  std::string out = "\"";
-  for (char c : text) {
-    if (c == '"' || c == '\\') {
-      out += '\\';
-      out += c;
-    } else if (static_cast<unsigned char>(c) < 0x20) {
-      const unsigned char byte = static_cast<unsigned char>(c);
-      out += "\\x" + hex_encode(&byte, 1);
-    } else {
-      out += c;
-    }
-  }
-  out += '"';
-  return out;
-}
-
 }  // namespace
 
+Status check_token_id(const std::string& id, const std::string& where) {
+  if (!is_valid_id(id)) {
+    return invalid_argument(where + ": '" + id + "' must be 1 to 64 letters, digits or '-'");
+  }
+  return Status::ok();
+}
+
+Result<std::string> normalize_salt(std::string salt, const std::string& where) {
+  if (!is_hex(salt, 2 * kSaltBytes)) {
+    return invalid_argument(where + ": must be 32 hex characters");
+  }
+  return lower(std::move(salt));
+}
+
+Result<std::string> normalize_digest(std::string digest, const std::string& where) {
+  if (!is_hex(digest, kDigestHexLength)) {
+    return invalid_argument(where + ": must be 64 hex characters");
+  }
+  return lower(std::move(digest));
+}
+
+Status check_scope_names(const std::vector<std::string>& endpoints, const std::string& where) {
+  for (size_t i = 0; i < endpoints.size(); ++i) {
+    FLOTILLA_RETURN_IF_ERROR(check_name(endpoints[i], where + "[" + std::to_string(i) + "]"));
+  }
+  return Status::ok();
+}
+
 Result<NewToken> generate_token(std::string id, std::vector<std::string> endpoints) {
-  FLOTILLA_RETURN_IF_ERROR(check_id(id, "id"));
-  FLOTILLA_RETURN_IF_ERROR(check_endpoints(endpoints, "endpoints"));
+  FLOTILLA_RETURN_IF_ERROR(check_token_id(id, "id"));
+  FLOTILLA_RETURN_IF_ERROR(check_scope_names(endpoints, "endpoints"));
   NewToken minted;
   FLOTILLA_ASSIGN_OR_RETURN(minted.record.salt, random_hex(kSaltBytes));
   FLOTILLA_ASSIGN_OR_RETURN(std::string secret, random_hex(kSecretBytes));
@@ -430,27 +323,4 @@ std::string scope_metrics(std::string_view exposition, const std::vector<std::st
   return out;
 }
 
-Result<AuthConfig> parse_auth_config_yaml(std::string_view text) {
-  try {
-    return read_auth(YAML::Load(std::string(text)));
-  } catch (const std::exception& e) {
-    // yaml-cpp throws on syntax errors and on keys that are not scalars.
-    return invalid_argument(std::string("invalid auth config: ") + e.what());
-  }
-}
-
-std::string token_record_yaml(const TokenRecord& record) {
-  std::string out = "{id: " + quoted(record.id) + ", salt: " + quoted(record.salt) +
-                    ", sha256: " + quoted(record.sha256);
-  if (!record.endpoints.empty()) {
-    out += ", endpoints: [";
-    for (size_t i = 0; i < record.endpoints.size(); ++i) {
-      out += (i == 0 ? "" : ", ") + quoted(record.endpoints[i]);
-    }
-    out += "]";
-  }
-  out += "}";
-  return out;
-}
-
-}  // namespace flotilla::gateway
+}  // namespace flotilla::auth

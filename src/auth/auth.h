@@ -1,5 +1,7 @@
-// Bearer-token authentication for the gateway (issue #3): minting tokens, the `auth:` section of
-// the gateway config, and the per-request check.
+// The auth module's contract: API tokens (minted, salted and hashed, scoped to endpoints) and
+// the per-request check, used by the gateway for its routes and by the control plane for its
+// REST API (issue #3; DESIGN.md §3). The gateway config's `auth:` section, which carries these
+// records, is the gateway's (gateway.h).
 //
 // A client sends `Authorization: Bearer flt_<id>_<secret>`. The gateway stores only a salted
 // SHA-256 of the secret (TokenRecord), finds the record by its public id, and compares digests in
@@ -16,7 +18,7 @@
 
 #include "common/common.h"
 
-namespace flotilla::gateway {
+namespace flotilla::auth {
 
 // A stored API token: never the token itself, only a salted SHA-256.
 struct TokenRecord {
@@ -60,8 +62,8 @@ enum class AuthResult {
 // std::shared_ptr<const Authenticator> snapshot swapped on reload).
 class Authenticator {
  public:
-  // Indexes `tokens` by id. The records are expected to be valid (from parse_auth_config_yaml
-  // or generate_token): for a duplicate id the first record wins, and a record whose salt or
+  // Indexes `tokens` by id. The records are expected to be valid (checked as above, or from
+  // generate_token): for a duplicate id the first record wins, and a record whose salt or
   // digest is malformed never matches.
   explicit Authenticator(std::vector<TokenRecord> tokens);
 
@@ -99,29 +101,15 @@ class Authenticator {
 // left with none. `endpoints` empty (a token for every endpoint): the exposition as it is.
 std::string scope_metrics(std::string_view exposition, const std::vector<std::string>& endpoints);
 
-// The `auth:` section of the gateway config (docs/gateway.md).
-struct AuthConfig {
-  bool enabled = false;  // whether the section is present
-  std::vector<TokenRecord> tokens;
-  std::vector<std::string> open_routes;  // served without a token: health, metrics, stats, models
-};
+// The rules a token record's fields follow, for readers of stored records (the gateway config's
+// `auth:` section). Each error is kInvalidArgument naming `where`. Thread-safe.
+// `id`: 1 to 64 letters, digits or '-'.
+Status check_token_id(const std::string& id, const std::string& where);
+// `salt`: 32 hex characters, either case; returns it lower case.
+Result<std::string> normalize_salt(std::string salt, const std::string& where);
+// `digest`: 64 hex characters, either case; returns it lower case.
+Result<std::string> normalize_digest(std::string digest, const std::string& where);
+// `endpoints`: each one a valid endpoint name (common's check_name), named "<where>[i]".
+Status check_scope_names(const std::vector<std::string>& endpoints, const std::string& where);
 
-// Reads the `auth:` section of the gateway's YAML config text; other top-level sections (such as
-// `endpoints:`) are ignored:
-//   auth:
-//     tokens:
-//       - {id: ci, salt: "<32 hex>", sha256: "<64 hex>", endpoints: [fraud]}
-//     open_routes: [health, metrics]
-// Both keys are optional; `endpoints` may be omitted (all endpoints). Hex is stored lower case.
-// Returns enabled = false when there is no `auth:` section. Errors: kInvalidArgument naming the
-// field ("auth.tokens[1].sha256: must be 64 hex characters") for a YAML syntax error, a wrong
-// type, an unknown key, a bad id, salt, digest, endpoint or route, or a duplicate id.
-// Thread-safe.
-Result<AuthConfig> parse_auth_config_yaml(std::string_view text);
-
-// One YAML flow mapping for `record`, as parse_auth_config_yaml reads it under `tokens:` (no
-// leading "- ", no newline); `endpoints` is left out when empty. Used by the CLI that mints
-// tokens. Thread-safe.
-std::string token_record_yaml(const TokenRecord& record);
-
-}  // namespace flotilla::gateway
+}  // namespace flotilla::auth
