@@ -387,6 +387,10 @@ class Histogram {
 // Bounds growing by `factor` from `start`, `count` of them.
 std::vector<double> exponential_buckets(double start, double factor, int count);
 
+// The value of the unlabelled sample `name` in the Prometheus text `text` (another process's
+// /metrics), or nullopt when there is none or its value does not parse. Thread-safe.
+std::optional<double> metric_value(std::string_view text, std::string_view name);
+
 // Owns every metric of a process and renders them in the Prometheus text format (0.0.4).
 // Registration takes a lock; keep the returned reference (valid for the registry's life) and
 // update it on the hot path without locking.

@@ -63,6 +63,22 @@ std::string series(const std::string& name, const std::string& labels,
 
 }  // namespace
 
+std::optional<double> metric_value(std::string_view text, std::string_view name) {
+  while (!text.empty()) {
+    const size_t end = text.find('\n');
+    std::string_view line = text.substr(0, end);
+    text = end == std::string_view::npos ? std::string_view() : text.substr(end + 1);
+    if (line.size() > name.size() && line.starts_with(name) && line[name.size()] == ' ') {
+      line.remove_prefix(name.size() + 1);
+      double value = 0;
+      const auto [rest, error] = std::from_chars(line.data(), line.data() + line.size(), value);
+      const bool ends = rest == line.data() + line.size() || *rest == ' ' || *rest == '\r';
+      return error == std::errc() && ends ? std::optional(value) : std::nullopt;
+    }
+  }
+  return std::nullopt;
+}
+
 Histogram::Histogram(std::vector<double> upper_bounds)
     : bounds_(std::move(upper_bounds)),
       buckets_(std::make_unique<std::atomic<uint64_t>[]>(bounds_.size() + 1)) {

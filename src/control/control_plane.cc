@@ -26,6 +26,9 @@
 namespace flotilla::control {
 namespace {
 
+// How long a usage query (the vertical autoscaler's, once per period) may hold the reconciler.
+constexpr std::chrono::milliseconds kUsageDeadline{500};
+
 std::string describe_versions(const EndpointSpec& spec) {
   std::string text;
   for (const ServedModelSpec& served : spec.served_models) {
@@ -426,27 +429,30 @@ ReplicaUsage ControlPlaneImpl::replica_usage(const std::vector<orchestrator::Rep
   int cpu_measured = 0;
   int queue_measured = 0;
   int queue_unknown = 0;  // replicas that report a queue, read once so far
+  std::vector<std::string> ids;
+  ids.reserve(replicas.size());
   for (const orchestrator::Replica& replica : replicas) {
-    UsageReading reading;
-    reading.cpu_seconds = orchestrator::process_cpu_seconds(replica.pid);
-    http::ClientRequest request;
-    request.method = http::Method::kGet;
-    request.target = "/metrics";
-    // Blocks this thread: one short request per ready replica and vertical period.
-    const http::ClientResponse response =
-        http::fetch(replica.host, replica.port, std::move(request), std::chrono::milliseconds(500));
-    if (response.failure == http::UpstreamFailure::kNone && response.status == 200) {
-      reading.queue_wait_seconds =
-          metric_value(response.body, "flotilla_replica_queue_wait_seconds_total");
+    ids.push_back(replica.id);
+  }
+  // Blocks this thread for at most the deadline, however many replicas there are.
+  std::map<std::string, orchestrator::UsageReading> readings;
+  for (orchestrator::UsageReading& reading : orchestrator_.usage(ids, kUsageDeadline)) {
+    std::string id = reading.replica_id;
+    readings.emplace(std::move(id), std::move(reading));
+  }
+  for (const orchestrator::Replica& replica : replicas) {
+    auto found = readings.find(replica.id);
+    if (found == readings.end()) {
+      continue;  // gone since the list was read
     }
-    reading.at = std::chrono::steady_clock::now();
-    auto previous = usage_readings_.find(replica.pid);
+    const orchestrator::UsageReading& reading = found->second;
+    auto previous = usage_readings_.find(replica.id);
     if (reading.queue_wait_seconds &&
         (previous == usage_readings_.end() || !previous->second.queue_wait_seconds)) {
       queue_unknown += 1;
     }
     if (previous != usage_readings_.end()) {
-      const UsageReading& before = previous->second;
+      const orchestrator::UsageReading& before = previous->second;
       const double wall = std::chrono::duration<double>(reading.at - before.at).count();
       const double cores = replica.deployment.cpus > 0
                                ? std::min(replica.deployment.cpus, machine_cores)
@@ -461,7 +467,7 @@ ReplicaUsage ControlPlaneImpl::replica_usage(const std::vector<orchestrator::Rep
         queue_measured += 1;
       }
     }
-    usage_readings_[replica.pid] = reading;
+    usage_readings_[replica.id] = reading;
   }
   ReplicaUsage usage;
   usage.cpu_utilization = cpu_measured > 0 ? std::clamp(cpu_sum / cpu_measured, 0.0, 1.0) : 0.0;
@@ -538,7 +544,7 @@ void ControlPlaneImpl::autoscale(const std::vector<orchestrator::Replica>& repli
   // Only now: each endpoint's pass reads its own replicas, and must not forget the others'.
   std::erase_if(usage_readings_, [&](const auto& entry) {
     return std::none_of(replicas.begin(), replicas.end(),
-                        [&](const auto& replica) { return replica.pid == entry.first; });
+                        [&](const auto& replica) { return replica.id == entry.first; });
   });
   MutexLock lock(mu_);
   for (auto& [name, decision] : decisions) {

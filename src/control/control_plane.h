@@ -97,8 +97,8 @@ class ControlPlaneImpl final : public ControlPlane, public gateway::CapacityRequ
   void autoscale(const std::vector<orchestrator::Replica>& replicas);
   // Stores what an endpoint's autoscaler learned when it changed since the last save.
   void save_learned(const std::string& endpoint, const LearnedTarget& learned);
-  // What `replicas` did since their previous reading: mean CPU use (from /proc) and mean
-  // requests queued inside them (from each one's /metrics, one request per replica).
+  // What `replicas` did since their previous reading: mean CPU use and mean requests queued
+  // inside them, from the orchestrator's usage query.
   ReplicaUsage replica_usage(const std::vector<orchestrator::Replica>& replicas);
 
   const ControlOptions options_;
@@ -131,12 +131,8 @@ class ControlPlaneImpl final : public ControlPlane, public gateway::CapacityRequ
   // What each endpoint's autoscaler learned, as last saved to the store (loaded at start);
   // reconciler thread only after start().
   std::map<std::string, LearnedTarget> learned_;
-  struct UsageReading {
-    double cpu_seconds = -1;                   // -1: unreadable
-    std::optional<double> queue_wait_seconds;  // none: the replica does not report it
-    std::chrono::steady_clock::time_point at;
-  };
-  std::map<int64_t, UsageReading> usage_readings_;  // by pid; reconciler thread only
+  // Each replica's previous usage reading, by replica id; reconciler thread only.
+  std::map<std::string, orchestrator::UsageReading> usage_readings_;
   // Every deployment ensured with replicas, by key (reconciler thread only).
   std::map<std::string, orchestrator::Deployment> ensured_;
   std::string new_admin_token_;

@@ -30,7 +30,7 @@
 namespace flotilla::orchestrator {
 namespace {
 
-using Clock = std::chrono::steady_clock;
+using TimePoint = Clock::TimePoint;
 using std::chrono::milliseconds;
 
 constexpr milliseconds kProbeTimeout{500};
@@ -39,22 +39,22 @@ constexpr int kMaxStartsPerTick = 8;
 struct Process {
   Replica replica;
   bool child = true;  // ours to waitpid; adopted ones are watched through /proc
-  Clock::time_point started;
-  Clock::time_point drain_started;
-  Clock::time_point term_sent;
+  TimePoint started;
+  TimePoint drain_started;
+  TimePoint term_sent;
   bool terminated = false;  // SIGTERM sent
   bool timed_out = false;   // not ready in time: SIGKILL sent
-  Clock::time_point failed_at;
-  std::string cgroup;           // the cgroup directory made for it, "" when none
-  Clock::time_point last_live;  // ready, adopted, or its last liveness answer
-  int failed_probes = 0;        // liveness probes failed in a row
+  TimePoint failed_at;
+  std::string cgroup;     // the cgroup directory made for it, "" when none
+  TimePoint last_live;    // ready, adopted, or its last liveness answer
+  int failed_probes = 0;  // liveness probes failed in a row
 };
 
 // A process with our marker that no record describes: being stopped.
 struct Stray {
   int64_t pid = 0;
   uint64_t start_ticks = 0;
-  Clock::time_point term_sent;
+  TimePoint term_sent;
 };
 
 // An idle `flotilla replica --standby` process waiting on its stdin for the replica's flags.
@@ -76,7 +76,7 @@ struct Wanted {
   Deployment deployment;
   int replicas = 0;
   int failures = 0;  // consecutive failures, reset when a replica becomes ready
-  Clock::time_point next_start;
+  TimePoint next_start;
   bool capped = false;  // short of replicas for the host-wide cap (reported once)
 };
 
@@ -92,8 +92,9 @@ std::string random_suffix() {
 
 class LocalOrchestrator final : public Orchestrator {
  public:
-  explicit LocalOrchestrator(LocalOptions options)
+  LocalOrchestrator(LocalOptions options, Clock& clock)
       : options_(std::move(options)),
+        clock_(clock),
         cgroup_reason_(cgroup_unavailable_reason(options_.cgroup_root)) {
     thread_ = std::thread([this] { loop(); });
     if (options_.liveness_timeout.count() > 0) {
@@ -131,7 +132,7 @@ class LocalOrchestrator final : public Orchestrator {
           return;
         }
       }
-      it = wanted_.emplace(deployment.key, Wanted{deployment, replicas, 0, Clock::now(), false})
+      it = wanted_.emplace(deployment.key, Wanted{deployment, replicas, 0, clock_.now(), false})
                .first;
     } else if (!deployment.model.empty()) {
       it->second.deployment = deployment;
@@ -165,6 +166,66 @@ class LocalOrchestrator final : public Orchestrator {
     return replicas;
   }
 
+  std::vector<UsageReading> usage(const std::vector<std::string>& replica_ids,
+                                  milliseconds deadline) override {
+    struct Target {
+      std::string id;
+      std::string host;
+      uint16_t port = 0;
+      int64_t pid = 0;
+    };
+    std::vector<Target> targets;
+    {
+      std::lock_guard lock(mu_);
+      for (const std::string& id : replica_ids) {
+        auto it = processes_.find(id);
+        if (it == processes_.end()) {
+          continue;
+        }
+        const Replica& replica = it->second.replica;
+        if (replica.state != ReplicaState::kFailed && replica.state != ReplicaState::kStopped) {
+          targets.push_back({id, replica.host, replica.port, replica.pid});
+        }
+      }
+    }
+    // A bound on this call's blocking, in real time whatever the clock. Every replica's
+    // /metrics is fetched on a thread of its own and each fetch ends by the deadline, so a
+    // slow or hung replica costs the deadline once, not once per replica.
+    const auto until = std::chrono::steady_clock::now() + deadline;
+    constexpr size_t kParallel = 64;
+    std::vector<UsageReading> readings(targets.size());
+    for (size_t begin = 0; begin < targets.size(); begin += kParallel) {
+      std::vector<std::thread> readers;
+      for (size_t i = begin; i < std::min(targets.size(), begin + kParallel); ++i) {
+        readers.emplace_back([&, i] {
+          const Target& target = targets[i];
+          UsageReading& reading = readings[i];
+          reading.replica_id = target.id;
+          const auto left =
+              std::chrono::duration_cast<milliseconds>(until - std::chrono::steady_clock::now());
+          if (left.count() > 0) {
+            http::ClientRequest request;
+            request.method = http::Method::kGet;
+            request.target = "/metrics";
+            const http::ClientResponse response =
+                http::fetch(target.host, target.port, std::move(request), left);
+            if (response.failure == http::UpstreamFailure::kNone && response.status == 200) {
+              reading.queue_wait_seconds =
+                  metric_value(response.body, "flotilla_replica_queue_wait_seconds_total");
+            }
+          }
+          reading.cpu_seconds = process_cpu_seconds(target.pid);
+          reading.memory_bytes = process_resident_bytes(target.pid);
+          reading.at = clock_.now();
+        });
+      }
+      for (std::thread& reader : readers) {
+        reader.join();
+      }
+    }
+    return readings;
+  }
+
   void watch(std::function<void(const ReplicaEvent&)> on_change) override {
     std::lock_guard lock(mu_);
     watchers_.push_back(std::move(on_change));
@@ -188,10 +249,10 @@ class LocalOrchestrator final : public Orchestrator {
         Process process;
         process.replica = replica;
         process.child = false;
-        process.started = Clock::now();
-        process.last_live = Clock::now();
+        process.started = clock_.now();
+        process.last_live = clock_.now();
         if (replica.state == ReplicaState::kDraining) {
-          process.drain_started = Clock::now() - options_.drain_delay;
+          process.drain_started = clock_.now() - options_.drain_delay;
         }
         events.push_back({replica, "adopted",
                           "process " + std::to_string(replica.pid) + " adopted as " +
@@ -227,7 +288,8 @@ class LocalOrchestrator final : public Orchestrator {
     wake_.notify_all();
     // The loop thread carries the drains through; wait for it to finish them.
     std::unique_lock lock(mu_);
-    const auto deadline = Clock::now() + timeout + options_.drain_delay;
+    // A bound on a blocking wait, in real time whatever the clock.
+    const auto deadline = std::chrono::steady_clock::now() + timeout + options_.drain_delay;
     idle_.wait_until(lock, deadline, [this] { return live_process_count() == 0; });
     for (auto& [id, process] : processes_) {
       if (process.replica.state != ReplicaState::kFailed &&
@@ -296,12 +358,12 @@ class LocalOrchestrator final : public Orchestrator {
           "directory, and no replica record describes it",
           pid, command_line(pid));
       ::kill(static_cast<pid_t>(pid), SIGTERM);
-      strays_.push_back(Stray{pid, ticks, Clock::now()});
+      strays_.push_back(Stray{pid, ticks, clock_.now()});
     }
   }
 
   void advance_strays() {
-    const auto now = Clock::now();
+    const auto now = clock_.now();
     std::erase_if(strays_, [&](Stray& stray) {
       if (!process_matches(stray.pid, stray.start_ticks)) {
         return true;
@@ -349,7 +411,7 @@ class LocalOrchestrator final : public Orchestrator {
     }
     process.replica.state = ReplicaState::kDraining;
     process.replica.reason = why;
-    process.drain_started = Clock::now();
+    process.drain_started = clock_.now();
     events.push_back({process.replica, "draining", why});
   }
 
@@ -370,7 +432,7 @@ class LocalOrchestrator final : public Orchestrator {
         scale(events);
         // A new standby's start-up competes for the CPU with replicas loading their models:
         // refill the pool once they are ready.
-        if (!any_starting() && Clock::now() >= next_pool_fill_) {
+        if (!any_starting() && clock_.now() >= next_pool_fill_) {
           fill_pools();
         }
       }
@@ -414,11 +476,11 @@ class LocalOrchestrator final : public Orchestrator {
           spdlog::warn("warm pool process {} {}: {}", pid, how, exit_reason_from_log(it->log_path));
         }
         close_control(*it);
-        if (!shut_down_ && Clock::now() - it->started < std::chrono::seconds(1)) {
+        if (!shut_down_ && clock_.now() - it->started < std::chrono::seconds(1)) {
           // A standby that dies at once will again: refill with a doubling backoff.
           pool_backoff_ = std::min<milliseconds>(
               std::max(options_.restart_backoff, pool_backoff_ * 2), options_.max_restart_backoff);
-          next_pool_fill_ = Clock::now() + pool_backoff_;
+          next_pool_fill_ = clock_.now() + pool_backoff_;
         }
         pool.erase(it);
         return;
@@ -441,7 +503,7 @@ class LocalOrchestrator final : public Orchestrator {
       }
       if (process.timed_out) {
         replica.state = ReplicaState::kFailed;
-        process.failed_at = Clock::now();
+        process.failed_at = clock_.now();
         count_failure(replica.deployment.key);
         events.push_back({replica, "failed", replica.reason});
         return;
@@ -451,7 +513,7 @@ class LocalOrchestrator final : public Orchestrator {
       const std::string last_line =
           exited_by_itself ? exit_reason_from_log(log_path(replica.id)) : "";
       replica.reason = how + (last_line.empty() ? "" : ": " + last_line);
-      process.failed_at = Clock::now();
+      process.failed_at = clock_.now();
       count_failure(replica.deployment.key);
       events.push_back({replica, "failed", replica.reason});
       return;
@@ -467,7 +529,7 @@ class LocalOrchestrator final : public Orchestrator {
     wanted.failures += 1;
     auto backoff = options_.restart_backoff * (1LL << std::min(wanted.failures - 1, 16));
     backoff = std::min<milliseconds>(backoff, options_.max_restart_backoff);
-    wanted.next_start = Clock::now() + backoff;
+    wanted.next_start = clock_.now() + backoff;
   }
 
   // Probes replicas that are not ready yet, without holding mu_ during the requests.
@@ -501,7 +563,7 @@ class LocalOrchestrator final : public Orchestrator {
       if (response.failure == http::UpstreamFailure::kNone && response.status == 200) {
         replica.state = ReplicaState::kReady;
         replica.ready_unix_ms = unix_time_ms();
-        process.last_live = Clock::now();
+        process.last_live = clock_.now();
         process.failed_probes = 0;
         if (auto wanted = wanted_.find(replica.deployment.key); wanted != wanted_.end()) {
           wanted->second.failures = 0;
@@ -516,7 +578,7 @@ class LocalOrchestrator final : public Orchestrator {
         replica.state = ReplicaState::kLoading;
       }
       if (replica.state != ReplicaState::kReady && !process.timed_out &&
-          Clock::now() - process.started > options_.ready_timeout) {
+          clock_.now() - process.started > options_.ready_timeout) {
         // Reaped as failed on a later tick; the reason stays this one.
         process.timed_out = true;
         ::kill(static_cast<pid_t>(replica.pid), SIGKILL);
@@ -528,7 +590,7 @@ class LocalOrchestrator final : public Orchestrator {
   }
 
   void advance_drains() {
-    const auto now = Clock::now();
+    const auto now = clock_.now();
     for (auto& [id, process] : processes_) {
       if (process.replica.state != ReplicaState::kDraining) {
         continue;
@@ -546,7 +608,7 @@ class LocalOrchestrator final : public Orchestrator {
   }
 
   void scale(std::vector<ReplicaEvent>& events) {
-    const auto now = Clock::now();
+    const auto now = clock_.now();
     for (auto& [key, wanted] : wanted_) {
       std::vector<Process*> live;
       for (auto& [id, process] : processes_) {
@@ -629,7 +691,7 @@ class LocalOrchestrator final : public Orchestrator {
   }
 
   void expire_failed() {
-    const auto now = Clock::now();
+    const auto now = clock_.now();
     std::erase_if(processes_, [&](const auto& entry) {
       return entry.second.replica.state == ReplicaState::kFailed &&
              now - entry.second.failed_at > options_.keep_failed;
@@ -685,7 +747,7 @@ class LocalOrchestrator final : public Orchestrator {
     replica.started_unix_ms = unix_time_ms();
     Process process;
     process.replica = replica;
-    process.started = Clock::now();
+    process.started = clock_.now();
     apply_limits(process);
     replica.limits = process.replica.limits;
     processes_.emplace(replica.id, std::move(process));
@@ -715,7 +777,7 @@ class LocalOrchestrator final : public Orchestrator {
         }
         standby.pid = *pid;
         standby.control_fd = fds[0];
-        standby.started = Clock::now();
+        standby.started = clock_.now();
         pool.push_back(standby);
       }
     }
@@ -734,11 +796,12 @@ class LocalOrchestrator final : public Orchestrator {
       int64_t pid = 0;
     };
     std::unique_lock lock(mu_);
-    auto next_round = Clock::now() + interval;
+    // The rounds' cadence is real time (a wait); whether a replica is hung is the clock's.
+    auto next_round = std::chrono::steady_clock::now() + interval;
     while (!stopping_) {
       // A round every interval, start to start: a round of failing probes takes one interval.
       liveness_wake_.wait_until(lock, next_round, [this] { return stopping_; });
-      next_round = std::max(next_round + interval, Clock::now());
+      next_round = std::max(next_round + interval, std::chrono::steady_clock::now());
       if (stopping_ || shut_down_) {
         continue;
       }
@@ -768,7 +831,7 @@ class LocalOrchestrator final : public Orchestrator {
         }
       }
       lock.lock();
-      const auto now = Clock::now();
+      const auto now = clock_.now();
       bool replaced = false;
       for (size_t i = 0; i < targets.size(); ++i) {
         auto it = processes_.find(targets[i].id);
@@ -840,6 +903,7 @@ class LocalOrchestrator final : public Orchestrator {
   }
 
   const LocalOptions options_;
+  Clock& clock_;  // the caller's (create_local_orchestrator), outlives this
   const std::string cgroup_reason_;
   mutable std::mutex mu_;
   std::condition_variable wake_;              // the loop waits on it between ticks
@@ -851,7 +915,7 @@ class LocalOrchestrator final : public Orchestrator {
   std::vector<std::function<void(const ReplicaEvent&)>> watchers_;
   std::vector<ReplicaEvent> pending_events_;  // for the loop thread to publish
   std::vector<Stray> strays_;                 // unrecorded processes of ours being stopped
-  Clock::time_point next_pool_fill_;
+  TimePoint next_pool_fill_;
   milliseconds pool_backoff_{0};
   bool shut_down_ = false;
   bool stopping_ = false;
@@ -890,7 +954,8 @@ Result<ReplicaState> parse_state(std::string_view name) {
   return invalid_argument("unknown replica state '" + std::string(name) + "'");
 }
 
-Result<std::unique_ptr<Orchestrator>> create_local_orchestrator(const LocalOptions& options) {
+Result<std::unique_ptr<Orchestrator>> create_local_orchestrator(const LocalOptions& options,
+                                                                Clock& clock) {
   if (::access(options.binary.c_str(), X_OK) != 0) {
     return invalid_argument("replica binary '" + options.binary + "' is not executable");
   }
@@ -900,7 +965,7 @@ Result<std::unique_ptr<Orchestrator>> create_local_orchestrator(const LocalOptio
     return invalid_argument("cannot create log directory '" + options.log_dir +
                             "': " + error.message());
   }
-  return std::unique_ptr<Orchestrator>(std::make_unique<LocalOrchestrator>(options));
+  return std::unique_ptr<Orchestrator>(std::make_unique<LocalOrchestrator>(options, clock));
 }
 
 }  // namespace flotilla::orchestrator

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -62,6 +63,19 @@ struct ReplicaEvent {
   std::string message;
 };
 
+// What one replica has used so far, as its driver measures it: running totals, so that the
+// caller turns two readings into rates.
+struct UsageReading {
+  std::string replica_id;
+  double cpu_seconds = -1;    // CPU time used (user + system); -1: unknown
+  int64_t memory_bytes = -1;  // resident memory now; -1: unknown
+  // Seconds requests have waited inside the replica for its engine, summed
+  // (flotilla_replica_queue_wait_seconds_total): its rate is the mean number queued. None: the
+  // replica does not report it, or did not answer within the query's deadline.
+  std::optional<double> queue_wait_seconds;
+  Clock::TimePoint at{};  // when it was read, on the orchestrator's clock
+};
+
 // Thread-safety: every method may be called from any thread. Watch callbacks run on the
 // orchestrator's own thread, one at a time; they must not block for long and must not call
 // shutdown().
@@ -80,6 +94,12 @@ class Orchestrator {
   virtual Status drain(const std::string& replica_id) = 0;
   // Every replica known: live, draining, and failed ones kept for a while to show why.
   virtual std::vector<Replica> list() const = 0;
+  // What each replica named in `replica_ids` has used (CPU, memory, its in-replica queue), for
+  // the autoscaler. Ids not known or no longer live are left out. Replicas are read at the
+  // same time, not one after another, and the call returns within about `deadline`: a replica
+  // that has not answered by then comes back with what could be read without it. Blocks.
+  virtual std::vector<UsageReading> usage(const std::vector<std::string>& replica_ids,
+                                          std::chrono::milliseconds deadline) = 0;
   // Adds a watcher of replica changes (see ReplicaEvent). Call before the first ensure().
   virtual void watch(std::function<void(const ReplicaEvent&)> on_change) = 0;
   // Takes over replicas a previous process of ours started and left running (their records
@@ -147,15 +167,14 @@ inline constexpr std::string_view kParentEnv = "FLOTILLA_ORCHESTRATOR_PID";
 bool exit_with_parent();
 void disarm_parent_death();
 
-// The CPU time process `pid` has used (user + system, /proc/PID/stat), in seconds; -1 when it
-// does not exist. Thread-safe.
-double process_cpu_seconds(int64_t pid);
-
 // Why per-replica cgroup v2 limits cannot be applied on this machine, or "" when they can.
 std::string cgroup_unavailable_reason(const std::string& cgroup_root);
 
-// Starts the local orchestrator's thread. Errors: kInvalidArgument when `binary` is not an
+// Starts the local orchestrator's threads. `clock` decides restart backoffs, ready and
+// liveness timeouts, drain delays and stop timeouts (its waits between ticks are real time);
+// it must outlive the orchestrator. Errors: kInvalidArgument when `binary` is not an
 // executable file or `log_dir` cannot be created.
-Result<std::unique_ptr<Orchestrator>> create_local_orchestrator(const LocalOptions& options);
+Result<std::unique_ptr<Orchestrator>> create_local_orchestrator(const LocalOptions& options,
+                                                                Clock& clock = real_clock());
 
 }  // namespace flotilla::orchestrator

@@ -165,6 +165,17 @@ double process_cpu_seconds(int64_t pid) {
   return ticks / static_cast<double>(::sysconf(_SC_CLK_TCK));
 }
 
+int64_t process_resident_bytes(int64_t pid) {
+  // "size resident shared ...", in pages.
+  const std::string statm = read_file("/proc/" + std::to_string(pid) + "/statm");
+  const size_t space = statm.find(' ');
+  if (space == std::string::npos) {
+    return -1;
+  }
+  const int64_t pages = std::strtoll(statm.c_str() + space + 1, nullptr, 10);
+  return pages * static_cast<int64_t>(::sysconf(_SC_PAGESIZE));
+}
+
 std::vector<int64_t> find_marked_processes(const std::string& marker) {
   std::vector<int64_t> found;
   const int64_t self = ::getpid();

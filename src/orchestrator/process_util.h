@@ -32,6 +32,14 @@ uint64_t process_start_ticks(int64_t pid);
 // The command line of `pid`, its arguments separated by spaces; "" when unreadable.
 std::string command_line(int64_t pid);
 
+// The CPU time process `pid` has used (user + system, /proc/PID/stat), in seconds; -1 when it
+// does not exist. Thread-safe.
+double process_cpu_seconds(int64_t pid);
+
+// The resident memory of process `pid` (/proc/PID/statm), in bytes; -1 when it does not exist.
+// Thread-safe.
+int64_t process_resident_bytes(int64_t pid);
+
 // Whether process `pid` exists, is not a zombie, and started at `start_ticks`.
 bool process_matches(int64_t pid, uint64_t start_ticks);
 

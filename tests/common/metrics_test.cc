@@ -111,5 +111,23 @@ TEST(ProcessMetricsTest, ReportsMemoryAndCpu) {
   EXPECT_THAT(text, ::testing::Not(HasSubstr("process_resident_memory_bytes 0\n")));
 }
 
+// Another process's /metrics, as the orchestrator reads a replica's queue.
+TEST(MetricValueTest, ReadsAnUnlabelledSample) {
+  const std::string text =
+      "# HELP flotilla_replica_queue_wait_seconds_total Seconds.\n"
+      "# TYPE flotilla_replica_queue_wait_seconds_total counter\n"
+      "flotilla_replica_queue_wait_seconds_total_other 7\n"
+      "flotilla_replica_queue_wait_seconds_total{route=\"x\"} 5\n"
+      "flotilla_replica_queue_wait_seconds_total 12.5\n"
+      "process_open_fds 9";
+  EXPECT_EQ(metric_value(text, "flotilla_replica_queue_wait_seconds_total"), 12.5);
+  EXPECT_EQ(metric_value(text, "process_open_fds"), 9);      // the last line, with no newline
+  EXPECT_EQ(metric_value("a 1 1700000000000\r\n", "a"), 1);  // with a timestamp, CRLF
+  EXPECT_FALSE(metric_value(text, "flotilla_missing").has_value());
+  EXPECT_FALSE(metric_value("a lots\n", "a").has_value());
+  EXPECT_FALSE(metric_value("a 1x\n", "a").has_value());
+  EXPECT_FALSE(metric_value("", "a").has_value());
+}
+
 }  // namespace
 }  // namespace flotilla

@@ -16,8 +16,10 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "fakes/common/fake_clock.h"
 #include "http/http.h"
 #include "orchestrator/orchestrator.h"
+#include "orchestrator/process_util.h"
 
 extern char** environ;
 
@@ -74,7 +76,7 @@ class LocalOrchestratorTest : public ::testing::Test {
   }
 
   void start() {
-    auto created = create_local_orchestrator(options_);
+    auto created = create_local_orchestrator(options_, *clock_);
     ASSERT_TRUE(created.is_ok()) << created.status().message();
     orchestrator_ = std::move(created).value();
     orchestrator_->watch([this](const ReplicaEvent& event) {
@@ -122,6 +124,7 @@ class LocalOrchestratorTest : public ::testing::Test {
 
   std::filesystem::path dir_;
   LocalOptions options_;
+  Clock* clock_ = &real_clock();  // a test may point it at a FakeClock before start()
   std::unique_ptr<Orchestrator> orchestrator_;
   std::mutex mu_;
   std::vector<ReplicaEvent> events_;
@@ -167,17 +170,30 @@ TEST_F(LocalOrchestratorTest, ReplacesAKilledReplicaAndSaysWhy) {
 }
 
 TEST_F(LocalOrchestratorTest, BacksOffAFailingDeploymentAndReportsTheReplicasError) {
+  flotilla::testing::FakeClock clock;
+  clock_ = &clock;
+  options_.drain_delay = 0ms;  // the drains of shutdown() need no clock time
   start();
   orchestrator_->ensure(deployment("broken.yaml"), 1);
-  ASSERT_TRUE(wait_for([&] { return count_events("failed") >= 2; }));
+  ASSERT_TRUE(wait_for([&] { return count_events("failed") == 1; }));
   const ReplicaEvent failure = events_of("failed").front();
   EXPECT_NE(failure.message.find("exited with status 2"), std::string::npos) << failure.message;
   EXPECT_NE(failure.message.find("cannot load model"), std::string::npos) << failure.message;
-  // Backoff 200 ms doubling: starts at about 0, 0.2, 0.6, 1.4 s. Without it a failing replica
-  // restarts every few milliseconds.
-  const int started = count_events("started");
-  std::this_thread::sleep_for(1200ms);
-  EXPECT_LE(count_events("started") - started, 4);
+  // Backoff 200 ms doubling, on the orchestrator's clock: the second start comes 200 ms after
+  // the first failure, the third 400 ms after the second. Without it a failing replica
+  // restarts every few milliseconds. The sleeps only let ticks pass; the clock stands still.
+  EXPECT_EQ(count_events("started"), 1);
+  clock.advance(199ms);
+  std::this_thread::sleep_for(100ms);
+  EXPECT_EQ(count_events("started"), 1);
+  clock.advance(1ms);
+  ASSERT_TRUE(wait_for([&] { return count_events("failed") == 2; }));
+  EXPECT_EQ(count_events("started"), 2);
+  clock.advance(399ms);
+  std::this_thread::sleep_for(100ms);
+  EXPECT_EQ(count_events("started"), 2);
+  clock.advance(1ms);
+  ASSERT_TRUE(wait_for([&] { return count_events("started") == 3; }));
 }
 
 TEST_F(LocalOrchestratorTest, ScalesDownAndRetiresByDrainingThenStopping) {
@@ -352,6 +368,62 @@ TEST_F(LocalOrchestratorTest, ReplacesAHungReplica) {
   EXPECT_GE(std::chrono::steady_clock::now() - stopped, 1000ms);
   EXPECT_TRUE(wait_for([&] { return !process_exists(victim.pid); }));
   EXPECT_EQ(count_events("hung"), 1);  // the healthy replacement is left alone
+}
+
+std::vector<std::string> ids_of(const std::vector<Replica>& replicas) {
+  std::vector<std::string> ids;
+  for (const Replica& replica : replicas) {
+    ids.push_back(replica.id);
+  }
+  return ids;
+}
+
+// Issue 19: the autoscaler's per-replica usage comes from the orchestrator, which reads the
+// processes (/proc) and each replica's in-replica queue (its /metrics).
+TEST_F(LocalOrchestratorTest, UsageReadsEachReplicasCpuMemoryAndQueue) {
+  start();
+  orchestrator_->ensure(deployment(), 2);
+  ASSERT_TRUE(wait_for([&] { return in_state(ReplicaState::kReady).size() == 2; }));
+  const std::vector<Replica> ready = in_state(ReplicaState::kReady);
+  std::vector<std::string> ids = ids_of(ready);
+  ids.push_back("nobody");  // unknown: left out
+  const std::vector<UsageReading> readings = orchestrator_->usage(ids, 5s);
+  ASSERT_EQ(readings.size(), 2u);
+  for (const UsageReading& reading : readings) {
+    EXPECT_TRUE(std::any_of(ready.begin(), ready.end(),
+                            [&](const Replica& r) { return r.id == reading.replica_id; }));
+    EXPECT_GE(reading.cpu_seconds, 0) << reading.replica_id;
+    EXPECT_GT(reading.memory_bytes, 0) << reading.replica_id;
+    ASSERT_TRUE(reading.queue_wait_seconds.has_value()) << reading.replica_id;
+    EXPECT_GE(*reading.queue_wait_seconds, 0);
+  }
+}
+
+// Issue 19: the reconciler used to read each replica's /metrics one after another with 500 ms
+// each, so hung replicas stalled it for 500 ms apiece. The query reads them at once and ends
+// by its deadline, with what /proc tells of the hung ones.
+TEST_F(LocalOrchestratorTest, HungReplicasDoNotStallTheUsageQueryPastItsDeadline) {
+  options_.liveness_timeout = 0ms;  // the stopped replicas stay listed as ready
+  start();
+  orchestrator_->ensure(deployment(), 4);
+  ASSERT_TRUE(wait_for([&] { return in_state(ReplicaState::kReady).size() == 4; }));
+  const std::vector<Replica> ready = in_state(ReplicaState::kReady);
+  for (size_t i = 1; i < ready.size(); ++i) {
+    ASSERT_EQ(::kill(static_cast<pid_t>(ready[i].pid), SIGSTOP), 0);
+  }
+  const auto before = std::chrono::steady_clock::now();
+  const std::vector<UsageReading> readings = orchestrator_->usage(ids_of(ready), 400ms);
+  const auto took = std::chrono::steady_clock::now() - before;
+  for (size_t i = 1; i < ready.size(); ++i) {
+    ::kill(static_cast<pid_t>(ready[i].pid), SIGCONT);
+  }
+  EXPECT_LT(took, 1000ms);  // one after another: 3 x 400 ms
+  ASSERT_EQ(readings.size(), 4u);
+  for (const UsageReading& reading : readings) {
+    const bool hung = reading.replica_id != ready[0].id;
+    EXPECT_EQ(reading.queue_wait_seconds.has_value(), !hung) << reading.replica_id;
+    EXPECT_GE(reading.cpu_seconds, 0) << reading.replica_id;  // /proc answers for a stopped one
+  }
 }
 
 // Starts `command` under /bin/sh in the background and returns the background job's pid: once
