@@ -124,7 +124,8 @@ class LocalOrchestratorTest : public ::testing::Test {
 
   std::filesystem::path dir_;
   LocalOptions options_;
-  Clock* clock_ = &real_clock();  // a test may point it at a FakeClock before start()
+  flotilla::testing::FakeClock fake_clock_;  // outlives orchestrator_ (reset in TearDown)
+  Clock* clock_ = &real_clock();             // a test may point it at fake_clock_ before start()
   std::unique_ptr<Orchestrator> orchestrator_;
   std::mutex mu_;
   std::vector<ReplicaEvent> events_;
@@ -170,7 +171,7 @@ TEST_F(LocalOrchestratorTest, ReplacesAKilledReplicaAndSaysWhy) {
 }
 
 TEST_F(LocalOrchestratorTest, BacksOffAFailingDeploymentAndReportsTheReplicasError) {
-  flotilla::testing::FakeClock clock;
+  flotilla::testing::FakeClock& clock = fake_clock_;
   clock_ = &clock;
   options_.drain_delay = 0ms;  // the drains of shutdown() need no clock time
   start();
