@@ -1,10 +1,10 @@
 // The control plane's REST API (docs/control-plane.md), shaped after the managed-serving API
 // users already script against: /api/2.0/serving-endpoints and /api/2.0/tokens. Errors are
 // {"error_code": "...", "message": "..."} with the matching HTTP status.
+#include "control/api.h"
+
 #include <algorithm>
 #include <charconv>
-
-#include "control/control_plane.h"
 
 namespace flotilla::control {
 namespace {
@@ -79,7 +79,25 @@ std::string api_error_body(int status, std::string_view message) {
       -1, ' ', false, nlohmann::json::error_handler_t::replace);
 }
 
-http::Response ControlPlaneImpl::handle_api(const http::Request& request) {
+Result<std::unique_ptr<ApiServer>> ApiServer::create(http::ServerOptions options,
+                                                     ApiService& service, bool metrics_open) {
+  auto api = std::unique_ptr<ApiServer>(new ApiServer(service, metrics_open));
+  options.workers = 1;
+  options.capture_headers = true;
+  options.max_body_bytes = std::min<size_t>(options.max_body_bytes, 1024 * 1024);
+  options.error_body = [](int status, std::string_view message) {
+    return api_error_body(status, message);
+  };
+  FLOTILLA_ASSIGN_OR_RETURN(
+      api->server_,
+      http::Server::create(
+          options, [server = api.get()](http::Request&& request, http::Responder&& responder) {
+            responder.send(server->handle(request));
+          }));
+  return api;
+}
+
+http::Response ApiServer::handle(const http::Request& request) const {
   std::string_view target = request.target;
   const size_t question = target.find('?');
   const std::string_view path = target.substr(0, question);
@@ -91,18 +109,9 @@ http::Response ControlPlaneImpl::handle_api(const http::Request& request) {
     // The same series as the gateway's /metrics, under the same rule: any valid token (none with
     // `--open-routes metrics`), one scoped to endpoints seeing only theirs.
     std::vector<std::string> scope;
-    if (std::find(options_.open_routes.begin(), options_.open_routes.end(), "metrics") ==
-        options_.open_routes.end()) {
-      auth::AuthResult result;
-      {
-        MutexLock lock(mu_);
-        std::vector<auth::TokenRecord> records;
-        for (const TokenRow& row : tokens_) {
-          records.push_back(row.record);
-        }
-        result = auth::Authenticator(std::move(records))
-                     .check_scope(http::find_header(request.headers, "authorization"), &scope);
-      }
+    if (!metrics_open_) {
+      const auth::AuthResult result =
+          service_.check_token(http::find_header(request.headers, "authorization"), &scope);
       if (result == auth::AuthResult::kMissing) {
         return error_response(401, "UNAUTHENTICATED",
                               "missing Authorization: Bearer <token> (any token; one scoped to "
@@ -114,11 +123,11 @@ http::Response ControlPlaneImpl::handle_api(const http::Request& request) {
     }
     http::Response response;
     response.content_type = "text/plain; version=0.0.4";
-    response.body = auth::scope_metrics(registry_.render(), scope);
+    response.body = auth::scope_metrics(service_.render_metrics(), scope);
     return response;
   }
   std::string actor;
-  switch (check_admin(http::find_header(request.headers, "authorization"), &actor)) {
+  switch (service_.check_admin(http::find_header(request.headers, "authorization"), &actor)) {
     case auth::AuthResult::kAllowed:
       break;
     case auth::AuthResult::kMissing:
@@ -132,11 +141,7 @@ http::Response ControlPlaneImpl::handle_api(const http::Request& request) {
                             "this token may call endpoints but not the control plane API");
   }
   if (path == "/api/2.0/info") {
-    return json_response(200,
-                         {{"gateway", options_.gateway_url},
-                          {"api", "http://" + options_.api.host + ":" + std::to_string(api_port())},
-                          {"data_dir", options_.data_dir},
-                          {"version", FLOTILLA_VERSION}});
+    return json_response(200, service_.info());
   }
   if (path.starts_with(kEndpointsPrefix)) {
     return handle_endpoints(
@@ -150,8 +155,8 @@ http::Response ControlPlaneImpl::handle_api(const http::Request& request) {
       "no API route " + std::string(path) + " (see /api/2.0/serving-endpoints, /api/2.0/tokens)");
 }
 
-http::Response ControlPlaneImpl::handle_endpoints(const http::Request& request,
-                                                  std::string_view rest, const std::string& actor) {
+http::Response ApiServer::handle_endpoints(const http::Request& request, std::string_view rest,
+                                           const std::string& actor) const {
   const size_t question = rest.find('?');
   const std::string_view query =
       question == std::string_view::npos ? std::string_view() : rest.substr(question + 1);
@@ -159,15 +164,15 @@ http::Response ControlPlaneImpl::handle_endpoints(const http::Request& request,
   if (rest.empty() || rest == "/") {
     if (request.method == http::Method::kGet) {
       nlohmann::json list = nlohmann::json::array();
-      for (const std::string& name : endpoint_names()) {
-        if (Result<nlohmann::json> view = endpoint_view(name); view.is_ok()) {
+      for (const std::string& name : service_.endpoint_names()) {
+        if (Result<nlohmann::json> view = service_.endpoint_view(name); view.is_ok()) {
           list.push_back(std::move(view).value());
         }
       }
       return json_response(200, {{"endpoints", std::move(list)}});
     }
     if (request.method == http::Method::kPost) {
-      Result<nlohmann::json> view = create_endpoint(request.body, actor);
+      Result<nlohmann::json> view = service_.create_endpoint(request.body, actor);
       return view.is_ok() ? json_response(200, *view) : error_response(view.status());
     }
     return method_not_allowed("GET, POST");
@@ -183,11 +188,11 @@ http::Response ControlPlaneImpl::handle_endpoints(const http::Request& request,
 
   if (action.empty()) {
     if (request.method == http::Method::kGet) {
-      Result<nlohmann::json> view = endpoint_view(name);
+      Result<nlohmann::json> view = service_.endpoint_view(name);
       if (!view.is_ok()) {
         return error_response(view.status());
       }
-      Result<std::vector<EventRow>> events = store_->list_events(name, 20);
+      Result<std::vector<EventRow>> events = service_.list_events(name, 20);
       nlohmann::json list = nlohmann::json::array();
       for (const EventRow& event : events.is_ok() ? *events : std::vector<EventRow>{}) {
         list.push_back({{"timestamp", event.unix_ms},
@@ -199,7 +204,7 @@ http::Response ControlPlaneImpl::handle_endpoints(const http::Request& request,
       return json_response(200, *view);
     }
     if (request.method == http::Method::kDelete) {
-      Status status = delete_endpoint(name, actor);
+      Status status = service_.delete_endpoint(name, actor);
       return status.is_ok() ? json_response(200, nlohmann::json::object()) : error_response(status);
     }
     return method_not_allowed("GET, DELETE");
@@ -208,16 +213,16 @@ http::Response ControlPlaneImpl::handle_endpoints(const http::Request& request,
     if (request.method != http::Method::kPut) {
       return method_not_allowed("PUT");
     }
-    Result<nlohmann::json> view = update_endpoint(name, request.body, actor);
+    Result<nlohmann::json> view = service_.update_endpoint(name, request.body, actor);
     return view.is_ok() ? json_response(200, *view) : error_response(view.status());
   }
   if (action == "events") {
     if (request.method != http::Method::kGet) {
       return method_not_allowed("GET");
     }
-    if (Result<nlohmann::json> view = endpoint_view(name); !view.is_ok()) {
+    if (Result<nlohmann::json> view = service_.endpoint_view(name); !view.is_ok()) {
       // Events of a deleted endpoint stay readable; only names never seen are unknown.
-      Result<std::vector<EventRow>> any = store_->list_events(name, 1);
+      Result<std::vector<EventRow>> any = service_.list_events(name, 1);
       if (!any.is_ok() || any->empty()) {
         return error_response(view.status());
       }
@@ -233,7 +238,7 @@ http::Response ControlPlaneImpl::handle_endpoints(const http::Request& request,
                               "limit: must be an integer from 1 to 10000");
       }
     }
-    Result<std::vector<EventRow>> events = store_->list_events(name, limit);
+    Result<std::vector<EventRow>> events = service_.list_events(name, limit);
     if (!events.is_ok()) {
       return error_response(events.status());
     }
@@ -250,11 +255,11 @@ http::Response ControlPlaneImpl::handle_endpoints(const http::Request& request,
   return error_response(404, "ENDPOINT_NOT_FOUND", "no API route " + request.target);
 }
 
-http::Response ControlPlaneImpl::handle_tokens(const http::Request& request, std::string_view rest,
-                                               const std::string& actor) {
+http::Response ApiServer::handle_tokens(const http::Request& request, std::string_view rest,
+                                        const std::string& actor) const {
   if (rest.empty() || rest == "/") {
     if (request.method == http::Method::kGet) {
-      return json_response(200, {{"tokens", list_tokens()}});
+      return json_response(200, {{"tokens", service_.list_tokens()}});
     }
     if (request.method != http::Method::kPost) {
       return method_not_allowed("GET, POST");
@@ -296,8 +301,8 @@ http::Response ControlPlaneImpl::handle_tokens(const http::Request& request, std
                             "endpoints: an admin token may call every endpoint; leave it out");
     }
     Result<nlohmann::json> created =
-        create_token(body["id"].get<std::string>(), std::move(endpoints), admin,
-                     body.value("comment", std::string()), actor);
+        service_.create_token(body["id"].get<std::string>(), std::move(endpoints), admin,
+                              body.value("comment", std::string()), actor);
     return created.is_ok() ? json_response(200, *created) : error_response(created.status());
   }
   if (rest.front() == '/' && rest.find('/', 1) == std::string_view::npos) {
@@ -311,7 +316,7 @@ http::Response ControlPlaneImpl::handle_tokens(const http::Request& request, std
                                 "' is the one making this call; revoke it with "
                                 "another admin token");
     }
-    Status status = revoke_token(id, actor);
+    Status status = service_.revoke_token(id, actor);
     return status.is_ok() ? json_response(200, nlohmann::json::object()) : error_response(status);
   }
   return error_response(404, "ENDPOINT_NOT_FOUND", "no API route " + request.target);

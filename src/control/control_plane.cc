@@ -1,5 +1,5 @@
 // The control plane: endpoint operations, tokens and events over the SQLite store, the
-// reconciler thread, and the REST API (api.cc) on an http::Server.
+// reconciler thread, and the service behind the REST API (api.h, an ApiServer).
 //
 // Concurrency: API calls run on the API server's worker and the reconciler on its own thread;
 // both take mu_ for any read-modify-write of endpoints_ or tokens_ and the store write that goes
@@ -281,18 +281,9 @@ Status ControlPlaneImpl::start() FLOTILLA_NO_THREAD_SAFETY_ANALYSIS {
 
   // The API binds first: once the orchestrator holds the watcher below, nothing may fail (a
   // failed create() destroys this object).
-  http::ServerOptions api_options = options_.api;
-  api_options.workers = 1;
-  api_options.capture_headers = true;
-  api_options.max_body_bytes = std::min<size_t>(api_options.max_body_bytes, 1024 * 1024);
-  api_options.error_body = [](int status, std::string_view message) {
-    return api_error_body(status, message);
-  };
-  FLOTILLA_ASSIGN_OR_RETURN(
-      api_, http::Server::create(api_options,
-                                 [this](http::Request&& request, http::Responder&& responder) {
-                                   responder.send(handle_api(request));
-                                 }));
+  const bool metrics_open = std::find(options_.open_routes.begin(), options_.open_routes.end(),
+                                      "metrics") != options_.open_routes.end();
+  FLOTILLA_ASSIGN_OR_RETURN(api_, ApiServer::create(options_.api, *this, metrics_open));
   orchestrator_.watch([this](const orchestrator::ReplicaEvent& event) { on_replica(event); });
   std::vector<orchestrator::Replica> leftovers;
   for (const ReplicaRecord& record : replica_records) {
@@ -889,6 +880,23 @@ nlohmann::json ControlPlaneImpl::list_tokens() {
     list.push_back(token_view(row));
   }
   return list;
+}
+
+auth::AuthResult ControlPlaneImpl::check_token(std::string_view authorization,
+                                               std::vector<std::string>* scope) {
+  MutexLock lock(mu_);
+  std::vector<auth::TokenRecord> records;
+  for (const TokenRow& row : tokens_) {
+    records.push_back(row.record);
+  }
+  return auth::Authenticator(std::move(records)).check_scope(authorization, scope);
+}
+
+nlohmann::json ControlPlaneImpl::info() {
+  return {{"gateway", options_.gateway_url},
+          {"api", "http://" + options_.api.host + ":" + std::to_string(api_port())},
+          {"data_dir", options_.data_dir},
+          {"version", FLOTILLA_VERSION}};
 }
 
 auth::AuthResult ControlPlaneImpl::check_admin(std::string_view authorization,

@@ -1,5 +1,6 @@
-// The control plane's implementation class, shared by control_plane.cc (operations, reconciler)
-// and api.cc (the REST routes). Private to the control module.
+// The control plane's implementation class (control_plane.cc): operations, tokens and events
+// over the store, the reconciler, and the service behind the REST API (api.h). Private to the
+// control module.
 #pragma once
 
 #include <map>
@@ -12,6 +13,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "control/api.h"
 #include "control/autoscaling.h"
 #include "control/control.h"
 #include "control/reconciler.h"
@@ -19,10 +21,6 @@
 #include "control/store.h"
 
 namespace flotilla::control {
-
-// The API's error body for errors the HTTP server answers itself (413, 431, ...), in the
-// API's shape: {"error_code": "...", "message": "..."} (api.cc).
-std::string api_error_body(int status, std::string_view message);
 
 // The runtime a served model's replicas run: "auto" resolved from the artifact where it can be.
 std::string resolve_runtime(const ServedModelSpec& served);
@@ -35,7 +33,9 @@ inline constexpr std::string_view kAdminTokenFile = "admin.token";
 // first. On failure nothing is left at `path`.
 Status write_secret_file(const std::string& path, const std::string& text, bool replace);
 
-class ControlPlaneImpl final : public ControlPlane, public gateway::CapacityRequester {
+class ControlPlaneImpl final : public ControlPlane,
+                               public gateway::CapacityRequester,
+                               public ApiService {
  public:
   ControlPlaneImpl(const ControlOptions& options, std::unique_ptr<Store> store,
                    orchestrator::Orchestrator& orchestrator, gateway::Gateway& gateway,
@@ -58,28 +58,27 @@ class ControlPlaneImpl final : public ControlPlane, public gateway::CapacityRequ
     EndpointRecord record;
   };
 
-  // The REST API (api.cc): routes, auth, JSON errors.
-  http::Response handle_api(const http::Request& request);
-  http::Response handle_endpoints(const http::Request& request, std::string_view rest,
-                                  const std::string& actor);
-  http::Response handle_tokens(const http::Request& request, std::string_view rest,
-                               const std::string& actor);
-
-  Result<nlohmann::json> create_endpoint(std::string_view body, const std::string& actor);
+  // ApiService: what the REST API's routes call (api.h), on the API server's worker.
+  auth::AuthResult check_admin(std::string_view authorization, std::string* token_id) override;
+  auth::AuthResult check_token(std::string_view authorization,
+                               std::vector<std::string>* scope) override;
+  std::string render_metrics() override { return registry_.render(); }
+  nlohmann::json info() override;
+  Result<nlohmann::json> create_endpoint(std::string_view body, const std::string& actor) override;
   Result<nlohmann::json> update_endpoint(const std::string& name, std::string_view body,
-                                         const std::string& actor);
-  Status delete_endpoint(const std::string& name, const std::string& actor);
-  Result<nlohmann::json> endpoint_view(const std::string& name);
-  std::vector<std::string> endpoint_names();
-
+                                         const std::string& actor) override;
+  Status delete_endpoint(const std::string& name, const std::string& actor) override;
+  Result<nlohmann::json> endpoint_view(const std::string& name) override;
+  std::vector<std::string> endpoint_names() override;
+  Result<std::vector<EventRow>> list_events(const std::string& endpoint, size_t limit) override {
+    return store_->list_events(endpoint, limit);
+  }
   Result<nlohmann::json> create_token(const std::string& id, std::vector<std::string> endpoints,
                                       bool admin, const std::string& comment,
-                                      const std::string& actor);
-  Status revoke_token(const std::string& id, const std::string& actor);
-  nlohmann::json list_tokens();
+                                      const std::string& actor) override;
+  Status revoke_token(const std::string& id, const std::string& actor) override;
+  nlohmann::json list_tokens() override;
   static nlohmann::json token_view(const TokenRow& row);
-  // kAllowed for an admin token (its id in *token_id), kForbidden for a valid non-admin one.
-  auth::AuthResult check_admin(std::string_view authorization, std::string* token_id);
 
   // Before any other thread exists (from start()), so without mu_.
   Status mint_first_admin_token() FLOTILLA_NO_THREAD_SAFETY_ANALYSIS;
@@ -136,7 +135,7 @@ class ControlPlaneImpl final : public ControlPlane, public gateway::CapacityRequ
   // Every deployment ensured with replicas, by key (reconciler thread only).
   std::map<std::string, orchestrator::Deployment> ensured_;
   std::string new_admin_token_;
-  std::unique_ptr<http::Server> api_;
+  std::unique_ptr<ApiServer> api_;
   std::thread reconciler_;
 };
 

@@ -1,0 +1,100 @@
+// The control plane's REST API (docs/control-plane.md): a small HTTP server whose routes parse
+// requests, check tokens and shape answers, over ApiService, the operations they need. The
+// routes know nothing of the control plane's state; ControlPlaneImpl implements the service.
+// Private to the control module.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "auth/auth.h"
+#include "common/common.h"
+#include "control/store.h"
+#include "http/http.h"
+
+namespace flotilla::control {
+
+// What the API's routes need of the control plane. Every method may be called from the API
+// server's worker thread while the control plane runs; each blocks only as its comment says.
+class ApiService {
+ public:
+  virtual ~ApiService() = default;
+
+  // kAllowed for an admin token (its id in *token_id), kForbidden for a valid non-admin one,
+  // kMissing or kInvalid as auth::Authenticator says.
+  virtual auth::AuthResult check_admin(std::string_view authorization, std::string* token_id) = 0;
+  // Any valid token; on kAllowed, *scope is the endpoints it may see (empty: all).
+  virtual auth::AuthResult check_token(std::string_view authorization,
+                                       std::vector<std::string>* scope) = 0;
+  // The control plane's metrics in the Prometheus text format, every series.
+  virtual std::string render_metrics() = 0;
+  // GET /api/2.0/info: where the gateway and the API listen, the data directory, the version.
+  virtual nlohmann::json info() = 0;
+
+  // Endpoint operations, as JSON views (docs/control-plane.md). create, update and delete
+  // return once the gateway's table shows the change (up to a few seconds). Errors:
+  // kInvalidArgument (a bad spec), kNotFound, kFailedPrecondition (already exists),
+  // kUnavailable (the store).
+  virtual Result<nlohmann::json> create_endpoint(std::string_view body,
+                                                 const std::string& actor) = 0;
+  virtual Result<nlohmann::json> update_endpoint(const std::string& name, std::string_view body,
+                                                 const std::string& actor) = 0;
+  virtual Status delete_endpoint(const std::string& name, const std::string& actor) = 0;
+  virtual Result<nlohmann::json> endpoint_view(const std::string& name) = 0;
+  virtual std::vector<std::string> endpoint_names() = 0;
+  // The newest `limit` events of `endpoint`, newest first; those of a deleted endpoint too.
+  virtual Result<std::vector<EventRow>> list_events(const std::string& endpoint, size_t limit) = 0;
+
+  // Tokens: {"token": "<shown once>", "token_info": {...}} from create_token.
+  virtual Result<nlohmann::json> create_token(const std::string& id,
+                                              std::vector<std::string> endpoints, bool admin,
+                                              const std::string& comment,
+                                              const std::string& actor) = 0;
+  virtual Status revoke_token(const std::string& id, const std::string& actor) = 0;
+  virtual nlohmann::json list_tokens() = 0;
+};
+
+// The API's error body for errors the HTTP server answers itself (413, 431, ...), in the
+// API's shape: {"error_code": "...", "message": "..."}.
+std::string api_error_body(int status, std::string_view message);
+
+// The API's routes on an http::Server of one worker. Thread-safety: handle() may be called from
+// any thread; run() and drain() from the owner's.
+class ApiServer {
+ public:
+  // Binds `options`' address (one worker, headers captured, bodies up to 1 MiB).
+  // `metrics_open`: GET /metrics needs no token (--open-routes metrics). `service` must
+  // outlive the server. Errors: kUnavailable when the address cannot be bound.
+  static Result<std::unique_ptr<ApiServer>> create(http::ServerOptions options, ApiService& service,
+                                                   bool metrics_open);
+
+  uint16_t port() const { return server_->port(); }
+  // Serves until drain(); blocks.
+  void run() { server_->run(); }
+  // Stops accepting; in-flight calls finish within `timeout`.
+  void drain(std::chrono::milliseconds timeout) { server_->drain(timeout); }
+
+  // One request's answer, as the server sends it.
+  http::Response handle(const http::Request& request) const;
+
+ private:
+  ApiServer(ApiService& service, bool metrics_open)
+      : service_(service), metrics_open_(metrics_open) {}
+
+  http::Response handle_endpoints(const http::Request& request, std::string_view rest,
+                                  const std::string& actor) const;
+  http::Response handle_tokens(const http::Request& request, std::string_view rest,
+                               const std::string& actor) const;
+
+  ApiService& service_;
+  const bool metrics_open_;
+  std::unique_ptr<http::Server> server_;
+};
+
+}  // namespace flotilla::control
