@@ -2,7 +2,7 @@
 
 #include <gtest/gtest.h>
 
-#include "gateway/gateway.h"
+#include "gateway/gateway_policy.h"
 
 namespace flotilla::gateway {
 namespace {
