@@ -170,6 +170,29 @@ class OraclePolicy final : public autoscaler::Policy {
   double per_replica_;
 };
 
+}  // namespace
+
+std::unique_ptr<autoscaler::EndpointAutoscaler> make_apa_autoscaler(const Scenario& scenario,
+                                                                    const SimOptions& options) {
+  const autoscaler::ReplicaRange range{scenario.min_replicas, scenario.max_replicas,
+                                       scenario.min_replicas == 0};
+  autoscaler::ApaOptions apa;
+  if (options.apa_period_ms > 0) {
+    apa.period = Millis(options.apa_period_ms);
+  }
+  if (options.apa_max_up_factor > 0) {
+    apa.max_up_factor = options.apa_max_up_factor;
+  }
+  autoscaler::VerticalOptions vertical;
+  vertical.initial_target = scenario.configured_concurrency;
+  vertical.min_target = 1;
+  vertical.max_target = 256;
+  return std::make_unique<autoscaler::EndpointAutoscaler>(
+      apa, vertical, [range](double) { return range; }, scenario.initial_replicas, Millis(0));
+}
+
+namespace {
+
 class Simulator {
  public:
   Simulator(const Scenario& scenario, const SimOptions& options)
@@ -221,14 +244,6 @@ class Simulator {
  private:
   static double seconds_of(Millis millis) { return static_cast<double>(millis.count()) / 1000; }
 
-  static autoscaler::VerticalOptions vertical_options(const Scenario& scenario) {
-    autoscaler::VerticalOptions options;
-    options.initial_target = scenario.configured_concurrency;
-    options.min_target = 1;
-    options.max_target = 256;
-    return options;
-  }
-
   void make_policy() {
     const autoscaler::ReplicaRange range{scenario_.min_replicas, scenario_.max_replicas,
                                          scenario_.min_replicas == 0};
@@ -243,9 +258,7 @@ class Simulator {
     }
     switch (options_.policy) {
       case PolicyKind::kApa:
-        autoscaler_ = std::make_unique<autoscaler::EndpointAutoscaler>(
-            apa, vertical_options(scenario_), [range](double) { return range; },
-            scenario_.initial_replicas, Millis(0));
+        autoscaler_ = make_apa_autoscaler(scenario_, options_);
         break;
       case PolicyKind::kOracle:
         policy_ = std::make_unique<OraclePolicy>(scenario_, apa);
