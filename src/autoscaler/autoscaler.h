@@ -10,10 +10,13 @@
 #include <chrono>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "common/common.h"
 
@@ -203,6 +206,94 @@ class VerticalPolicy {
   std::deque<double> baseline_window_;  // qualifying cycle latencies, oldest first
   int overload_streak_ = 0;
   int headroom_streak_ = 0;
+};
+
+// ---- One endpoint's autoscaler: APA horizontal and vertical, wired together ------------------
+
+// What an endpoint's ready replicas did over a vertical cycle, from outside the gateway (the
+// orchestrator's usage query; the simulator's replica model).
+struct ReplicaUsage {
+  double cpu_utilization = 0;  // mean over the replicas, 0..1 of the cores each may use
+  // Mean requests waiting inside a replica for its engine (a full batch); nullopt when the
+  // replicas report a queue but none has been read twice yet (unknown, not zero).
+  std::optional<double> queued = 0;
+};
+
+// The endpoint's replica range for a per-replica target (a spec's concurrency range divided by
+// the target; or a fixed range).
+using RangeFor = std::function<ReplicaRange(double target)>;
+
+// The glue both `flotilla up` (control/autoscaling.h) and the simulator run, so the two make the
+// same decisions from the same samples: the gateway's 1-second samples in, decisions out (the
+// replica count, and the per-replica target that is also the gateway's cap). Driven by explicit
+// time: `now` in every call, on the samples' time base (their unix_ms); it reads no clock.
+// Not thread-safe: one per endpoint, called from one thread.
+//
+// Every `horizontal.period` the APA horizontal policy sizes the fleet on the sample window;
+// every `vertical.period` the vertical policy moves the target from the cycle's signals:
+// latency (completion-weighted), the busiest second's in-flight per ready replica and its
+// latency, and the replicas' usage. The horizontal range follows the target (`range_for`).
+class EndpointAutoscaler {
+ public:
+  // Starts at `replicas` (what already runs: a restart scales nothing down; raised to the
+  // range's minimum, not capped at its maximum: the first decisions bring it into range) and
+  // at `vertical`'s initial target and baseline. The first decisions are a period after `now`.
+  // `horizontal.range` is not used: `range_for` gives it.
+  EndpointAutoscaler(const ApaOptions& horizontal, const VerticalOptions& vertical,
+                     RangeFor range_for, int64_t replicas, Millis now);
+
+  // Adds the samples newer than the last one seen; `ready`: the endpoint's replicas serving when
+  // they were measured (a second's in-flight per replica is its concurrency over `ready`).
+  void add_samples(std::span<const LoadSample> samples, int64_t ready);
+
+  // Runs whichever policy is due at `now`, the vertical first. `ready`/`pending`: replicas
+  // serving and starting; `failures`: how many of the endpoint's replicas ever failed (a
+  // running count). `usage` is called only when the vertical policy is due and a replica is
+  // ready; a cycle with no completions, no ready replica or an unknown queue decides nothing
+  // (its latency may be queueing). While nothing is ready, no scale-down: capacity is on its
+  // way. Returns the reasons of the decisions that changed something (to record as events).
+  std::vector<std::string> tick(Millis now, int64_t ready, int64_t pending, int64_t failures,
+                                const std::function<ReplicaUsage()>& usage);
+
+  // Scale from zero: a request waits with no replica asked for. Asks for one at once; true when
+  // that changed the count.
+  bool request_capacity();
+
+  // A new range (the spec changed): the count is clamped into it at once.
+  void set_range(RangeFor range_for);
+  // Learns the target anew from `vertical` (the models changed: the baseline is theirs no more).
+  void restart_vertical(const VerticalOptions& vertical);
+
+  int64_t replicas() const { return replicas_; }
+  double target() const { return target_; }
+  std::optional<double> baseline_ms() const { return vertical_->baseline_ms(); }
+  // When each policy is next due (the simulator schedules its events there).
+  Millis next_horizontal() const { return next_horizontal_; }
+  Millis next_vertical() const { return next_vertical_; }
+
+ private:
+  Millis horizontal_period_;
+  Millis vertical_period_;
+  RangeFor range_for_;
+  std::unique_ptr<VerticalPolicy> vertical_;
+  // The vertical policy's target, which the horizontal policy reads through a pointer; copied
+  // after each vertical decision, so the vertical policy can be replaced under it.
+  double target_ = 1;
+  // Made once with an open range: its state (what past scale-ups were for, recent failures)
+  // outlives target and spec changes; decisions are clamped to range_for_(target_) here.
+  std::unique_ptr<Policy> horizontal_;
+  SampleWindow window_;
+  int64_t replicas_ = 0;
+  // Since the last vertical decision: completion-weighted latency and the busiest second.
+  double latency_weighted_sum_ = 0;
+  double completions_sum_ = 0;
+  double concurrency_sum_ = 0;
+  int64_t sample_count_ = 0;
+  double peak_concurrency_ = 0;  // in flight per ready replica in the busiest second
+  double peak_latency_ms_ = 0;   // in that second
+  int64_t last_sample_unix_ms_ = 0;
+  Millis next_horizontal_{0};
+  Millis next_vertical_{0};
 };
 
 // ---- Baselines -------------------------------------------------------------------------------

@@ -1,29 +1,12 @@
 #include "control/autoscaling.h"
 
 #include <algorithm>
-#include <charconv>
 #include <cmath>
 #include <optional>
 
 #include <nlohmann/json.hpp>
 
 namespace flotilla::control {
-
-std::optional<double> metric_value(std::string_view text, std::string_view name) {
-  while (!text.empty()) {
-    const size_t end = text.find('\n');
-    std::string_view line = text.substr(0, end);
-    text = end == std::string_view::npos ? std::string_view() : text.substr(end + 1);
-    if (line.size() > name.size() && line.starts_with(name) && line[name.size()] == ' ') {
-      line.remove_prefix(name.size() + 1);
-      double value = 0;
-      const auto [rest, error] = std::from_chars(line.data(), line.data() + line.size(), value);
-      const bool ends = rest == line.data() + line.size() || *rest == ' ' || *rest == '\r';
-      return error == std::errc() && ends ? std::optional(value) : std::nullopt;
-    }
-  }
-  return std::nullopt;
-}
 
 ConcurrencyRange target_bounds(const EndpointSpec& spec) {
   ConcurrencyRange bounds{1, 4096};
@@ -106,29 +89,26 @@ EndpointScaler::EndpointScaler(const EndpointSpec& spec, const AutoscalingOption
                                int64_t current_replicas, autoscaler::Millis now,
                                const std::optional<LearnedTarget>& saved)
     : options_(options), spec_(spec), learned_for_(learned_for(spec)) {
+  autoscaler::VerticalOptions vertical;
   if (saved && saved->models == learned_for_) {
-    rebuild_policies(saved->target, saved->baseline_ms);  // the policy clamps it to the bounds
+    vertical = vertical_options(saved->target, saved->baseline_ms);  // clamped to the bounds
   } else {
     double target = 0;
     for (const ServedModelSpec& served : spec.served_models) {
       target = std::max(target, static_cast<double>(initial_target_concurrency(served)));
     }
-    rebuild_policies(target);
+    vertical = vertical_options(target, std::nullopt);
   }
-  const double target = vertical_->target();
-  // Not capped by the range's maximum: the replicas running may come from another target (a
-  // model changed while the control plane was down); the first decisions bring the count into
-  // the range.
-  scale_ = Scale{std::max(current_replicas, replica_range(spec_, target).min), target};
-  next_horizontal_ = now + options_.horizontal_period;
-  next_vertical_ = now + options_.vertical_period;
+  autoscaler::ApaOptions horizontal;
+  horizontal.period = options_.horizontal_period;
+  horizontal.up_window = options_.up_window;
+  horizontal.down_window = options_.down_window;
+  autoscaler_ = std::make_unique<autoscaler::EndpointAutoscaler>(horizontal, vertical, range_for(),
+                                                                 current_replicas, now);
 }
 
-LearnedTarget EndpointScaler::learned() const {
-  return LearnedTarget{learned_for_, vertical_->target(), vertical_->baseline_ms()};
-}
-
-void EndpointScaler::rebuild_policies(double target, std::optional<double> baseline_ms) {
+autoscaler::VerticalOptions EndpointScaler::vertical_options(
+    double target, std::optional<double> baseline_ms) const {
   const ConcurrencyRange bounds = target_bounds(spec_);
   autoscaler::VerticalOptions vertical;
   vertical.period = options_.vertical_period;
@@ -136,17 +116,21 @@ void EndpointScaler::rebuild_policies(double target, std::optional<double> basel
   vertical.max_target = static_cast<double>(bounds.max);
   vertical.initial_target = target;
   vertical.initial_baseline_ms = baseline_ms;
-  vertical_ = std::make_unique<autoscaler::VerticalPolicy>(vertical);
-  rebuild_horizontal();
+  return vertical;
 }
 
-void EndpointScaler::rebuild_horizontal() {
-  autoscaler::ApaOptions apa;
-  apa.period = options_.horizontal_period;
-  apa.up_window = options_.up_window;
-  apa.down_window = options_.down_window;
-  apa.range = replica_range(spec_, vertical_->target());
-  horizontal_ = autoscaler::make_apa_policy(apa, vertical_->target_ptr());
+autoscaler::RangeFor EndpointScaler::range_for() const {
+  return [spec = spec_](double target) {
+    return replica_range(spec, target);
+  };
+}
+
+Scale EndpointScaler::scale() const {
+  return Scale{autoscaler_->replicas(), autoscaler_->target()};
+}
+
+LearnedTarget EndpointScaler::learned() const {
+  return LearnedTarget{learned_for_, autoscaler_->target(), autoscaler_->baseline_ms()};
 }
 
 void EndpointScaler::update_spec(const EndpointSpec& spec) {
@@ -159,98 +143,27 @@ void EndpointScaler::update_spec(const EndpointSpec& spec) {
   const bool same_models = identity == learned_for_;
   spec_ = spec;
   learned_for_ = std::move(identity);
-  const ConcurrencyRange bounds = target_bounds(spec_);
-  const double target = std::clamp(vertical_->target(), static_cast<double>(bounds.min),
-                                   static_cast<double>(bounds.max));
-  if (same_models) {
-    rebuild_horizontal();
-  } else {
-    rebuild_policies(target);
+  if (!same_models) {
+    const ConcurrencyRange bounds = target_bounds(spec_);
+    const double target = std::clamp(autoscaler_->target(), static_cast<double>(bounds.min),
+                                     static_cast<double>(bounds.max));
+    autoscaler_->restart_vertical(vertical_options(target, std::nullopt));
   }
-  const autoscaler::ReplicaRange range = replica_range(spec_, target);
-  scale_ = Scale{std::clamp(scale_.replicas, range.min, range.max), target};
+  autoscaler_->set_range(range_for());
 }
 
-void EndpointScaler::add_samples(const std::vector<LoadSample>& samples) {
-  for (const LoadSample& sample : samples) {
-    if (sample.unix_ms <= last_sample_unix_ms_) {
-      continue;
-    }
-    last_sample_unix_ms_ = sample.unix_ms;
-    autoscaler::Sample converted;
-    converted.time = autoscaler::Millis(sample.unix_ms);
-    converted.concurrency = sample.concurrency;
-    converted.queued = sample.queued;
-    converted.arrivals = static_cast<double>(sample.arrivals);
-    converted.completions = static_cast<double>(sample.completions);
-    window_.add(converted);
-    latency_weighted_sum_ += sample.latency_ms * static_cast<double>(sample.completions);
-    completions_sum_ += static_cast<double>(sample.completions);
-    concurrency_sum_ += sample.concurrency;
-    sample_count_ += 1;
-    if (sample.completions > 0 && sample.concurrency > peak_concurrency_) {
-      peak_concurrency_ = sample.concurrency;
-      peak_latency_ms_ = sample.latency_ms;
-    }
-  }
+void EndpointScaler::add_samples(const std::vector<LoadSample>& samples, int64_t ready) {
+  autoscaler_->add_samples(samples, ready);
 }
 
 std::vector<std::string> EndpointScaler::tick(autoscaler::Millis now, int64_t ready,
                                               int64_t pending, int64_t failures,
                                               const std::function<ReplicaUsage()>& usage) {
-  std::vector<std::string> changes;
-  if (now >= next_vertical_) {
-    next_vertical_ = now + options_.vertical_period;
-    // Read on every due tick, idle ones too, so that the first busy cycle has a reading to
-    // difference against (a replica's queue is known from its second reading on).
-    const ReplicaUsage used = ready > 0 ? usage() : ReplicaUsage{};
-    if (completions_sum_ > 0 && ready > 0 && used.queued) {
-      autoscaler::ReplicaSignals signals;
-      signals.latency_ms = latency_weighted_sum_ / completions_sum_;
-      signals.concurrency = concurrency_sum_ /
-                            static_cast<double>(std::max<int64_t>(1, sample_count_)) /
-                            static_cast<double>(ready);
-      signals.peak_concurrency = peak_concurrency_ / static_cast<double>(ready);
-      signals.peak_latency_ms = peak_latency_ms_;
-      signals.cpu_utilization = used.cpu_utilization;
-      signals.queued_in_replica = *used.queued;
-      const autoscaler::Decision decision = vertical_->decide_target(signals);
-      if (!decision.reason.empty()) {
-        changes.push_back("vertical: " + decision.reason);
-        scale_.target = vertical_->target();
-        // The range in replicas follows the target; the vertical policy keeps its baseline.
-        rebuild_horizontal();
-      }
-    }
-    latency_weighted_sum_ = 0;
-    completions_sum_ = 0;
-    concurrency_sum_ = 0;
-    sample_count_ = 0;
-    peak_concurrency_ = 0;
-    peak_latency_ms_ = 0;
-  }
-  if (now >= next_horizontal_) {
-    next_horizontal_ = now + options_.horizontal_period;
-    autoscaler::Fleet fleet{ready, pending, scale_.replicas, failures};
-    const autoscaler::Decision decision = horizontal_->decide(now, window_, fleet);
-    // While nothing is ready (a cold start, scale from zero) capacity is on its way: a window
-    // of idle seconds must not cancel it.
-    const bool hold = decision.desired < scale_.replicas && ready == 0;
-    if (decision.desired != scale_.replicas && !hold) {
-      changes.push_back("horizontal: " + std::to_string(scale_.replicas) + " -> " +
-                        std::to_string(decision.desired) + " replicas: " + decision.reason);
-      scale_.replicas = decision.desired;
-    }
-  }
-  return changes;
+  return autoscaler_->tick(now, ready, pending, failures, usage);
 }
 
 bool EndpointScaler::request_capacity() {
-  if (scale_.replicas > 0) {
-    return false;
-  }
-  scale_.replicas = 1;
-  return true;
+  return autoscaler_->request_capacity();
 }
 
 }  // namespace flotilla::control

@@ -1,7 +1,7 @@
 // The autoscaler's live loop for one endpoint (DESIGN.md §4, issue #5; docs/autoscaler.md):
-// the APA horizontal policy on the gateway's 1-second samples and the APA vertical policy on the
-// replicas' latency and CPU, turned into a replica count and a per-replica concurrency target
-// that the reconciler applies. Private to the control module. Not thread-safe: the control
+// autoscaler::EndpointAutoscaler (the same glue the simulator runs) on an endpoint's spec,
+// turned into a replica count and a per-replica concurrency target that the reconciler
+// applies. Private to the control module. Not thread-safe: the control
 // plane's reconciler thread owns every EndpointScaler.
 #pragma once
 
@@ -18,7 +18,6 @@
 #include "control/control.h"
 #include "control/reconciler.h"
 #include "control/spec.h"
-#include "gateway/gateway.h"
 
 namespace flotilla::control {
 
@@ -50,24 +49,17 @@ std::optional<LearnedTarget> learned_target_from_json(const std::string& json);
 // and its runtime settings) and its per-replica bounds.
 std::string learned_for(const EndpointSpec& spec);
 
-// The value of the unlabelled sample `name` in a Prometheus text exposition (a line
-// `name value`); nullopt when there is none or its value is not a number.
-std::optional<double> metric_value(std::string_view text, std::string_view name);
-
 // What an endpoint's ready replicas did over an interval, as the vertical policy reads it.
-struct ReplicaUsage {
-  double cpu_utilization = 0;  // mean over the replicas, 0..1 of the cores each may use
-  // Mean requests waiting inside a replica for its engine (a full batch); nullopt when the
-  // replicas report a queue but none has been read twice yet (unknown, not zero). Replicas
-  // that report none (an external server) count as 0.
-  std::optional<double> queued = 0;
-};
+// Replicas that report no queue (an external server) count as 0.
+using ReplicaUsage = autoscaler::ReplicaUsage;
 
+// An endpoint's autoscaler::EndpointAutoscaler on its spec: the replica range and the per-replica
+// bounds follow the spec, and the learned target and baseline are kept across restarts.
 class EndpointScaler {
  public:
   // Starts at `saved`'s target and baseline when it was learned for this spec's models and
   // bounds, else at the spec's initial target; and at `current_replicas` (what already runs,
-  // so a restart of the control plane does not scale anything down), clamped to the range.
+  // so a restart of the control plane does not scale anything down), raised to the range.
   EndpointScaler(const EndpointSpec& spec, const AutoscalingOptions& options,
                  int64_t current_replicas, autoscaler::Millis now,
                  const std::optional<LearnedTarget>& saved = std::nullopt);
@@ -76,15 +68,12 @@ class EndpointScaler {
   // latency baseline is kept unless a model (a deployment key) or the per-replica bounds change.
   void update_spec(const EndpointSpec& spec);
 
-  // Adds the gateway's samples newer than the last one seen.
-  void add_samples(const std::vector<LoadSample>& samples);
+  // Adds the gateway's samples newer than the last one seen; `ready`: the endpoint's replicas
+  // serving now (the samples are of the last seconds).
+  void add_samples(const std::vector<LoadSample>& samples, int64_t ready);
 
-  // Runs whichever policy is due at `now` (the horizontal every horizontal_period, the vertical
-  // every vertical_period). `ready`/`pending`: the endpoint's replicas serving and starting;
-  // `failures`: how many of its replicas ever failed (a running count); `usage` is called when
-  // the vertical policy is due and returns what the ready replicas did since its previous
-  // call (a cycle whose queue is unknown decides nothing: its latency may be queueing). Returns the
-  // reasons of the decisions that changed something (to record as events).
+  // Runs whichever policy is due at `now` (autoscaler::EndpointAutoscaler::tick): the
+  // horizontal every horizontal_period, the vertical every vertical_period.
   std::vector<std::string> tick(autoscaler::Millis now, int64_t ready, int64_t pending,
                                 int64_t failures, const std::function<ReplicaUsage()>& usage);
 
@@ -92,34 +81,21 @@ class EndpointScaler {
   // once; true when that changed the scale.
   bool request_capacity();
 
-  const Scale& scale() const { return scale_; }
+  Scale scale() const;
   LearnedTarget learned() const;
 
  private:
-  // Makes both policies for the current spec; the vertical one starts from `target` (and
+  // The vertical policy's options for the current spec, starting from `target` (and
   // `baseline_ms`, if known).
-  void rebuild_policies(double target, std::optional<double> baseline_ms = std::nullopt);
-  // Makes the horizontal policy for the current spec and target (its range follows both).
-  void rebuild_horizontal();
+  autoscaler::VerticalOptions vertical_options(double target,
+                                               std::optional<double> baseline_ms) const;
+  // The replica range for a target under the current spec.
+  autoscaler::RangeFor range_for() const;
 
   AutoscalingOptions options_;
   EndpointSpec spec_;
   std::string learned_for_;  // learned_for(spec_): computed once per spec, read every pass
-  std::unique_ptr<autoscaler::VerticalPolicy> vertical_;
-  std::unique_ptr<autoscaler::Policy> horizontal_;  // reads vertical_'s target through a pointer
-  autoscaler::SampleWindow window_;
-  // Since the last vertical decision: completion-weighted latency, mean concurrency, and the
-  // busiest second.
-  double latency_weighted_sum_ = 0;
-  double completions_sum_ = 0;
-  double concurrency_sum_ = 0;
-  int64_t sample_count_ = 0;
-  double peak_concurrency_ = 0;  // the endpoint's, in the busiest second
-  double peak_latency_ms_ = 0;   // in that second
-  int64_t last_sample_unix_ms_ = 0;
-  autoscaler::Millis next_horizontal_{0};
-  autoscaler::Millis next_vertical_{0};
-  Scale scale_;
+  std::unique_ptr<autoscaler::EndpointAutoscaler> autoscaler_;
 };
 
 }  // namespace flotilla::control

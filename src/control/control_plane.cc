@@ -522,7 +522,7 @@ void ControlPlaneImpl::autoscale(const std::vector<orchestrator::Replica>& repli
           saved != learned_.end() ? std::optional(saved->second) : std::nullopt);
     }
     scaler->update_spec(spec);
-    scaler->add_samples(gateway_.samples(name, 30));
+    scaler->add_samples(gateway_.samples(name, 30), static_cast<int64_t>(ready.size()));
     std::vector<std::string> changes =
         scaler->tick(now, static_cast<int64_t>(ready.size()), pending, failures[name],
                      [&] { return replica_usage(ready); });

@@ -4,7 +4,7 @@
 // balancer sending to the same idle replica) or the blindness of round robin (a slow
 // replica gets its full share).
 #include "common/common.h"
-#include "gateway/gateway.h"
+#include "gateway/gateway_policy.h"
 
 namespace flotilla::gateway {
 namespace {

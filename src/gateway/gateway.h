@@ -1,8 +1,7 @@
-// The gateway module's contract (DESIGN.md §1 "Request path", §2). This first part holds the
-// balancing policies: pure functions of the replicas' load and a Random&, so that unit tests
-// and the fleet simulator drive the same code the gateway runs. The HTTP proxy, endpoint
-// table, retries and auth build on it (issue #3). The admission queue below is its waiting
-// room.
+// The gateway module's contract (DESIGN.md §1 "Request path", §2): the endpoint table, routing,
+// errors, retries and the server. Its policies (the balancers and the admission queue) are in
+// gateway/gateway_policy.h, included here, so that the fleet simulator drives the same code
+// without the server's dependencies.
 #pragma once
 
 #include <chrono>
@@ -18,44 +17,10 @@
 
 #include "auth/auth.h"
 #include "common/common.h"
+#include "gateway/gateway_policy.h"
 #include "http/http.h"
 
 namespace flotilla::gateway {
-
-// What a balancer knows of one replica when it picks.
-struct Candidate {
-  bool ready = true;
-  int64_t in_flight = 0;  // requests sent to it and not yet answered
-  int64_t cap = 0;        // its concurrency cap; 0 means no cap
-};
-
-inline bool has_room(const Candidate& candidate) {
-  return candidate.ready && (candidate.cap <= 0 || candidate.in_flight < candidate.cap);
-}
-
-enum class BalancerKind {
-  kPowerOfTwo,    // the production policy: the less loaded of two random eligible replicas
-  kRoundRobin,    // for comparison only
-  kLeastRequest,  // full scan; for comparison only
-};
-
-Result<BalancerKind> parse_balancer_kind(std::string_view name);
-
-// Picks the replica for one request among `candidates` (one endpoint version's replicas):
-// only ready replicas below their cap are eligible. Returns the index, or nullopt when none
-// is eligible (the request then waits in the admission queue). Not thread-safe: a balancer
-// may keep state (round robin's cursor); use one per worker thread.
-class Balancer {
- public:
-  virtual ~Balancer() = default;
-  virtual std::optional<size_t> pick(std::span<const Candidate> candidates, Random& random) = 0;
-};
-
-std::unique_ptr<Balancer> make_balancer(BalancerKind kind);
-
-// Picks a version by traffic weight: index i with probability weights[i] / sum. Weights of
-// zero or less are never picked; nullopt when no weight is positive.
-std::optional<size_t> pick_by_weight(std::span<const int64_t> weights, Random& random);
 
 // ---- Endpoint table: endpoint → versions with traffic weights → replicas ----------------------
 
@@ -138,99 +103,6 @@ struct GatewayConfig {
 // Reads and parses the config file at `path`. Errors: "cannot read '<path>'", or
 // "<path>: <field>: <problem>".
 Result<GatewayConfig> load_gateway_config(const std::string& path);
-
-// The per-endpoint queue of requests waiting for a replica slot (DESIGN.md §1): bounded, FIFO,
-// each entry with a deadline. Deadlines must not decrease in push order (an endpoint has one
-// queue timeout), so the oldest entry always expires first. Pure: time comes in as an argument.
-// Not thread-safe: the gateway guards each endpoint's queue with a mutex (why a mutex: see
-// "Locking" at Gateway below).
-template <typename T>
-class AdmissionQueue {
- public:
-  using TimePoint = std::chrono::steady_clock::time_point;
-
-  explicit AdmissionQueue(size_t capacity) : capacity_(capacity) {}
-
-  // Queues `item` until `deadline`. When the queue is full the item is not taken: it comes
-  // back so the caller can still answer its client (429).
-  std::optional<T> push(T&& item, TimePoint deadline) {
-    if (entries_.size() >= capacity_) {
-      return std::move(item);
-    }
-    FLOTILLA_DCHECK(entries_.empty() || entries_.back().deadline <= deadline);
-    entries_.push_back(Entry{std::move(item), deadline});
-    return std::nullopt;
-  }
-
-  // The oldest waiting item, to dispatch the moment a slot frees; nullopt when empty.
-  std::optional<T> pop() {
-    if (entries_.empty()) {
-      return std::nullopt;
-    }
-    T item = std::move(entries_.front().item);
-    entries_.pop_front();
-    return item;
-  }
-
-  // The oldest waiting item for which `accepts(item)` holds (a slot on a replica that some
-  // waiters must not be sent to again); the others keep their places. nullopt when none.
-  template <typename Predicate>
-  std::optional<T> pop_first(Predicate&& accepts) {
-    for (auto it = entries_.begin(); it != entries_.end(); ++it) {
-      if (accepts(std::as_const(it->item))) {
-        T item = std::move(it->item);
-        entries_.erase(it);
-        return item;
-      }
-    }
-    return std::nullopt;
-  }
-
-  // The oldest waiting item, left in place; null when empty.
-  const T* front() const { return entries_.empty() ? nullptr : &entries_.front().item; }
-
-  // Removes the entry equal to `item` (a waiter that left); false when it is not queued.
-  bool remove(const T& item) {
-    for (auto it = entries_.begin(); it != entries_.end(); ++it) {
-      if (it->item == item) {
-        entries_.erase(it);
-        return true;
-      }
-    }
-    return false;
-  }
-
-  // Removes the items whose deadline is at or before `now`, oldest first.
-  std::vector<T> expire(TimePoint now) {
-    std::vector<T> expired;
-    while (!entries_.empty() && entries_.front().deadline <= now) {
-      expired.push_back(std::move(entries_.front().item));
-      entries_.pop_front();
-    }
-    return expired;
-  }
-
-  // When the next expiry is due (one timer per queue suffices); nullopt when empty.
-  std::optional<TimePoint> next_deadline() const {
-    return entries_.empty() ? std::nullopt : std::optional<TimePoint>(entries_.front().deadline);
-  }
-
-  // The newest entry's deadline: a later push must not be earlier. nullopt when empty.
-  std::optional<TimePoint> last_deadline() const {
-    return entries_.empty() ? std::nullopt : std::optional<TimePoint>(entries_.back().deadline);
-  }
-
-  size_t size() const { return entries_.size(); }
-  size_t capacity() const { return capacity_; }
-
- private:
-  struct Entry {
-    T item;
-    TimePoint deadline;
-  };
-  size_t capacity_;
-  std::deque<Entry> entries_;
-};
 
 // ---- Routing: which endpoint a request is for, and where it goes on the replica ---------------
 

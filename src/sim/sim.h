@@ -4,11 +4,13 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
 
+#include "autoscaler/autoscaler.h"
 #include "common/common.h"
 
 namespace flotilla::sim {
@@ -132,6 +134,12 @@ struct SimResult {
 };
 
 SimResult simulate(const Scenario& scenario, const SimOptions& options);
+
+// The APA autoscaler simulate() runs for `scenario` (its periods, windows, range and vertical
+// bounds), starting at simulated time 0: `flotilla up`'s glue with the simulator's settings, for
+// tests that feed it the same samples as the control plane's.
+std::unique_ptr<autoscaler::EndpointAutoscaler> make_apa_autoscaler(const Scenario& scenario,
+                                                                    const SimOptions& options);
 
 // The per-second rows as CSV (with a header line).
 std::string to_csv(const SimResult& result);

@@ -13,16 +13,21 @@
 //   request that got no response byte), then fails.
 // - Replicas start after a lognormal cold start; scale-down removes starting replicas first,
 //   then drains ready ones (no new requests, gone when empty).
-// - The policy sees what the live loop will: 1 s samples of mean in-flight and queue.
+// - The policy sees what the live loop will: 1 s samples of mean in-flight and queue. APA runs
+//   through autoscaler::EndpointAutoscaler, the glue `flotilla up` runs; the gateway's balancer
+//   and admission queue are the gateway's own (gateway/gateway_policy.h).
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <deque>
+#include <memory>
 #include <queue>
+#include <span>
 
 #include <fmt/format.h>
 
 #include "autoscaler/autoscaler.h"
-#include "gateway/gateway.h"
+#include "gateway/gateway_policy.h"
 #include "sim/sim.h"
 
 namespace flotilla::sim {
@@ -165,6 +170,29 @@ class OraclePolicy final : public autoscaler::Policy {
   double per_replica_;
 };
 
+}  // namespace
+
+std::unique_ptr<autoscaler::EndpointAutoscaler> make_apa_autoscaler(const Scenario& scenario,
+                                                                    const SimOptions& options) {
+  const autoscaler::ReplicaRange range{scenario.min_replicas, scenario.max_replicas,
+                                       scenario.min_replicas == 0};
+  autoscaler::ApaOptions apa;
+  if (options.apa_period_ms > 0) {
+    apa.period = Millis(options.apa_period_ms);
+  }
+  if (options.apa_max_up_factor > 0) {
+    apa.max_up_factor = options.apa_max_up_factor;
+  }
+  autoscaler::VerticalOptions vertical;
+  vertical.initial_target = scenario.configured_concurrency;
+  vertical.min_target = 1;
+  vertical.max_target = 256;
+  return std::make_unique<autoscaler::EndpointAutoscaler>(
+      apa, vertical, [range](double) { return range; }, scenario.initial_replicas, Millis(0));
+}
+
+namespace {
+
 class Simulator {
  public:
   Simulator(const Scenario& scenario, const SimOptions& options)
@@ -173,7 +201,7 @@ class Simulator {
         random_(options.seed),
         balancer_(gateway::make_balancer(options.round_robin ? gateway::BalancerKind::kRoundRobin
                                                              : gateway::BalancerKind::kPowerOfTwo)),
-        vertical_(vertical_options(scenario)) {
+        queue_(static_cast<size_t>(std::max<int64_t>(scenario.queue_capacity, 0))) {
     make_policy();
   }
 
@@ -186,12 +214,14 @@ class Simulator {
     for (int64_t i = 0; i < initial; ++i) {
       add_replica(/*cold=*/false);
     }
-    desired_ = initial;
+    desired_ = autoscaler_ ? autoscaler_->replicas() : initial;
     schedule(0, EventKind::kArrival);
     schedule(1, EventKind::kSecond);
-    schedule(seconds_of(policy_->period()), EventKind::kDecide);
-    if (options_.policy == PolicyKind::kApa) {
-      schedule(seconds_of(vertical_options(scenario_).period), EventKind::kVertical);
+    if (autoscaler_) {
+      schedule(seconds_of(autoscaler_->next_horizontal()), EventKind::kDecide);
+      schedule(seconds_of(autoscaler_->next_vertical()), EventKind::kVertical);
+    } else {
+      schedule(seconds_of(policy_->period()), EventKind::kDecide);
     }
     while (!events_.empty()) {
       const Event event = events_.top();
@@ -214,14 +244,6 @@ class Simulator {
  private:
   static double seconds_of(Millis millis) { return static_cast<double>(millis.count()) / 1000; }
 
-  static autoscaler::VerticalOptions vertical_options(const Scenario& scenario) {
-    autoscaler::VerticalOptions options;
-    options.initial_target = scenario.configured_concurrency;
-    options.min_target = 1;
-    options.max_target = 256;
-    return options;
-  }
-
   void make_policy() {
     const autoscaler::ReplicaRange range{scenario_.min_replicas, scenario_.max_replicas,
                                          scenario_.min_replicas == 0};
@@ -236,7 +258,7 @@ class Simulator {
     }
     switch (options_.policy) {
       case PolicyKind::kApa:
-        policy_ = autoscaler::make_apa_policy(apa, vertical_.target_ptr());
+        autoscaler_ = make_apa_autoscaler(scenario_, options_);
         break;
       case PolicyKind::kOracle:
         policy_ = std::make_unique<OraclePolicy>(scenario_, apa);
@@ -359,13 +381,14 @@ class Simulator {
       ++arrivals_;
       ++second_arrivals_;
       // Behind a non-empty queue there is no free slot (freed slots go to waiters at once).
-      const bool has_waiters = !queue_.empty();
-      if (has_waiters && static_cast<int64_t>(queue_.size()) >= scenario_.queue_capacity) {
+      const bool has_waiters = queue_.size() > 0;
+      if (has_waiters && queue_.size() >= queue_.capacity()) {
         reject();
       } else {
         const uint32_t id = new_request();
-        if (has_waiters || !try_start(id)) {
-          queue_.push_back(id);
+        if ((has_waiters || !try_start(id)) && queue_.push(uint32_t{id}, deadline(id))) {
+          reject();  // no room and a queue of no capacity
+          free_requests_.push_back(id);
         }
       }
     }
@@ -494,9 +517,7 @@ class Simulator {
     if (latency_ms > scenario_.slo_ms) {
       ++over_slo_;
     }
-    window_replica_ms_ += (now_ - request.dispatched) * 1000;
     second_replica_ms_ += (now_ - request.dispatched) * 1000;
-    ++window_completions_;
     free_requests_.push_back(id);
   }
 
@@ -520,9 +541,8 @@ class Simulator {
   // gateway; O(1) per request where a balancer pick would scan a saturated fleet.
   void drain_queue_to(uint32_t slot) {
     const gateway::Candidate& candidate = candidates_[slot];
-    while (!queue_.empty() && gateway::has_room(candidate)) {
-      const uint32_t id = queue_.front();
-      queue_.pop_front();
+    while (queue_.size() > 0 && gateway::has_room(candidate)) {
+      const uint32_t id = *queue_.pop();
       if (expired(id)) {
         continue;
       }
@@ -531,22 +551,26 @@ class Simulator {
   }
 
   void drain_queue() {
-    while (!queue_.empty()) {
-      const uint32_t id = queue_.front();
+    while (const uint32_t* front = queue_.front()) {
+      const uint32_t id = *front;
       if (expired(id)) {
-        queue_.pop_front();
+        queue_.pop();
         continue;
       }
       if (!try_start(id)) {
         return;
       }
-      queue_.pop_front();
+      queue_.pop();
     }
   }
 
-  // A queued request past its deadline is answered 429 (and forgotten).
+  double deadline(uint32_t id) const { return requests_[id].arrival + scenario_.queue_timeout_s; }
+
+  // A queued request past its deadline is answered 429 (and forgotten). Checked as the queue is
+  // served, so that a request is answered when a slot would have taken it, or at the latest
+  // at the next second.
   bool expired(uint32_t id) {
-    if (requests_[id].arrival + scenario_.queue_timeout_s >= now_) {
+    if (deadline(id) >= now_) {
       return false;
     }
     reject();
@@ -641,7 +665,7 @@ class Simulator {
         free_requests_.push_back(id);
       } else {
         request.retried = true;
-        queue_.push_front(id);
+        queue_.push_front(uint32_t{id}, deadline(id));
       }
     }
     drain_queue();
@@ -651,8 +675,7 @@ class Simulator {
   // and for the baselines the per-replica concurrency a user configured for them.
   int64_t cap() const {
     return std::max<int64_t>(
-        1, std::llround(options_.policy == PolicyKind::kApa ? vertical_.target()
-                                                            : scenario_.configured_concurrency));
+        1, std::llround(autoscaler_ ? autoscaler_->target() : scenario_.configured_concurrency));
   }
 
   void on_second() {
@@ -667,17 +690,26 @@ class Simulator {
     stats.p99_ms = second_latency_.percentile(0.99);
     stats.rejected = second_rejected_;
     stats.failed = second_failed_;
-    stats.target_concurrency = options_.policy == PolicyKind::kApa ? vertical_.target() : 0;
+    stats.target_concurrency = autoscaler_ ? autoscaler_->target() : 0;
     result_.seconds.push_back(stats);
-    window_.add(autoscaler::Sample{Millis(std::llround(now_ * 1000)), in_flight_area_, queued_area_,
-                                   static_cast<double>(second_arrivals_),
-                                   static_cast<double>(second_completions_)});
-    window_in_flight_ += in_flight_area_;
-    const double per_replica = in_flight_area_ / static_cast<double>(std::max<int64_t>(ready_, 1));
-    if (second_completions_ > 0 && per_replica > window_peak_concurrency_) {
-      window_peak_concurrency_ = per_replica;
-      window_peak_latency_ms_ = second_replica_ms_ / static_cast<double>(second_completions_);
+    // The second as the gateway samples it.
+    LoadSample sample;
+    sample.unix_ms = std::llround(now_ * 1000);
+    sample.concurrency = in_flight_area_;
+    sample.queued = queued_area_;
+    sample.arrivals = second_arrivals_;
+    sample.completions = second_completions_;
+    sample.rejected = second_rejected_;
+    sample.latency_ms =
+        second_completions_ > 0 ? second_replica_ms_ / static_cast<double>(second_completions_) : 0;
+    if (autoscaler_) {
+      autoscaler_->add_samples(std::span(&sample, 1), ready_);
+    } else {
+      window_.add(autoscaler::Sample{Millis(sample.unix_ms), sample.concurrency, sample.queued,
+                                     static_cast<double>(sample.arrivals),
+                                     static_cast<double>(sample.completions)});
     }
+    window_in_flight_ += in_flight_area_;
     second_replica_ms_ = 0;
     window_replica_queued_ += replica_queued_area_;
     ++window_seconds_;
@@ -693,13 +725,27 @@ class Simulator {
     schedule(now_ + 1, EventKind::kSecond);
   }
 
+  // APA: the autoscaler runs whatever is due now.
+  void tick_autoscaler() {
+    autoscaler_->tick(Millis(std::llround(now_ * 1000)), ready_, starting_, result_.summary.crashes,
+                      [this] { return replica_usage(); });
+  }
+
   void on_decide() {
-    const autoscaler::Decision decision =
-        policy_->decide(Millis(std::llround(now_ * 1000)), window_,
-                        autoscaler::Fleet{ready_, starting_, desired_, result_.summary.crashes});
-    if (decision.desired != desired_) {
+    int64_t desired = 0;
+    if (autoscaler_) {
+      tick_autoscaler();
+      desired = autoscaler_->replicas();
+    } else {
+      desired =
+          policy_
+              ->decide(Millis(std::llround(now_ * 1000)), window_,
+                       autoscaler::Fleet{ready_, starting_, desired_, result_.summary.crashes})
+              .desired;
+    }
+    if (desired != desired_) {
       ++result_.summary.scale_events;
-      desired_ = decision.desired;
+      desired_ = desired;
     }
     while (ready_ + starting_ < desired_) {
       add_replica(/*cold=*/true);
@@ -721,30 +767,30 @@ class Simulator {
         replicas_[slot].phase = ReplicaPhase::kDraining;
       }
     }
-    schedule(now_ + seconds_of(policy_->period()), EventKind::kDecide);
+    schedule(autoscaler_ ? seconds_of(autoscaler_->next_horizontal())
+                         : now_ + seconds_of(policy_->period()),
+             EventKind::kDecide);
   }
 
-  void on_vertical() {
-    autoscaler::ReplicaSignals signals;
+  // What the replicas' meters show since the last vertical cycle (what `flotilla up` reads from
+  // /proc and each replica's /metrics): the model's CPU is busy in proportion to what it serves
+  // at once, up to its saturation point (a batched engine: its batch); the queue is the
+  // requests waiting inside replicas for room in the batch.
+  autoscaler::ReplicaUsage replica_usage() const {
     const double replica_seconds =
         static_cast<double>(window_seconds_) * static_cast<double>(std::max<int64_t>(ready_, 1));
     const double per_replica = window_seconds_ > 0 ? window_in_flight_ / replica_seconds : 0;
-    signals.latency_ms =
-        window_completions_ > 0 ? window_replica_ms_ / static_cast<double>(window_completions_) : 0;
-    signals.concurrency = per_replica;
-    signals.peak_concurrency = window_peak_concurrency_;
-    signals.peak_latency_ms = window_peak_latency_ms_;
-    signals.queued_in_replica = window_seconds_ > 0 ? window_replica_queued_ / replica_seconds : 0;
-    // The model's CPU is busy in proportion to what it serves at once, up to its saturation
-    // point (a batched engine: its batch).
     const double saturation =
         batched() ? static_cast<double>(scenario_.replica.max_batch) : scenario_.replica.saturation;
-    signals.cpu_utilization = std::min(1.0, per_replica / saturation);
-    vertical_.decide_target(signals);
-    window_replica_ms_ = 0;
-    window_peak_concurrency_ = 0;
-    window_peak_latency_ms_ = 0;
-    window_completions_ = 0;
+    autoscaler::ReplicaUsage usage;
+    usage.cpu_utilization = std::min(1.0, per_replica / saturation);
+    usage.queued = window_seconds_ > 0 ? window_replica_queued_ / replica_seconds : 0;
+    return usage;
+  }
+
+  // APA's vertical cycle: the new target is every replica's cap at once.
+  void on_vertical() {
+    tick_autoscaler();
     window_in_flight_ = 0;
     window_replica_queued_ = 0;
     window_seconds_ = 0;
@@ -753,7 +799,7 @@ class Simulator {
       candidate.cap = new_cap;
     }
     drain_queue();
-    schedule(now_ + seconds_of(vertical_options(scenario_).period), EventKind::kVertical);
+    schedule(seconds_of(autoscaler_->next_vertical()), EventKind::kVertical);
   }
 
   void finish_summary() {
@@ -768,17 +814,17 @@ class Simulator {
     summary.failed_pct = 100.0 * static_cast<double>(failed_) / total;
     summary.over_slo_pct = 100.0 * static_cast<double>(over_slo_ + rejected_ + failed_) / total;
     summary.p99_ms = total_latency_.percentile(0.99);
-    summary.final_target = options_.policy == PolicyKind::kApa ? vertical_.target() : 0;
+    summary.final_target = autoscaler_ ? autoscaler_->target() : 0;
   }
 
   const Scenario& scenario_;
   SimOptions options_;
   SeededRandom random_;
   std::unique_ptr<gateway::Balancer> balancer_;
-  autoscaler::VerticalPolicy vertical_;
-  std::unique_ptr<autoscaler::Policy> policy_;
-  int64_t static_replicas_ = 0;  // the count of the static policy
-  autoscaler::SampleWindow window_;
+  std::unique_ptr<autoscaler::EndpointAutoscaler> autoscaler_;  // APA
+  std::unique_ptr<autoscaler::Policy> policy_;                  // the others
+  int64_t static_replicas_ = 0;                                 // the count of the static policy
+  autoscaler::SampleWindow window_;                             // the others' samples
 
   std::priority_queue<Event, std::vector<Event>, std::greater<>> events_;
   uint64_t sequence_ = 0;
@@ -797,7 +843,8 @@ class Simulator {
   int64_t replica_queued_ = 0;     // batched: requests waiting inside replicas for a full batch
   std::vector<Request> requests_;  // in flight or queued; reused through free_requests_
   std::vector<uint32_t> free_requests_;
-  std::deque<uint32_t> queue_;  // the gateway's queue, oldest first
+  // The gateway's queue: request ids, with deadlines in simulated seconds.
+  gateway::AdmissionQueue<uint32_t, double> queue_;
 
   uint64_t arrivals_ = 0;
   uint64_t completed_ = 0;
@@ -813,12 +860,8 @@ class Simulator {
   double replica_queued_area_ = 0;
   LatencyHistogram second_latency_;
   LatencyHistogram total_latency_;
-  // For the vertical policy, since its last cycle.
-  double window_replica_ms_ = 0;        // summed replica-side latency of completed requests
-  double second_replica_ms_ = 0;        // the same, this second
-  double window_peak_concurrency_ = 0;  // per replica, in the cycle's busiest second
-  double window_peak_latency_ms_ = 0;   // replica-side, in that second
-  uint64_t window_completions_ = 0;
+  double second_replica_ms_ = 0;  // summed replica-side latency of this second's completions
+  // The replicas' meters (replica_usage()), since the last vertical cycle.
   double window_in_flight_ = 0;
   double window_replica_queued_ = 0;
   int64_t window_seconds_ = 0;

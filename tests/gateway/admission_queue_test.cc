@@ -2,7 +2,7 @@
 
 #include <gtest/gtest.h>
 
-#include "gateway/gateway.h"
+#include "gateway/gateway_policy.h"
 
 namespace flotilla::gateway {
 namespace {
@@ -92,6 +92,20 @@ TEST(AdmissionQueueTest, PopFirstSkipsWaitersThatCannotTakeTheSlot) {
   EXPECT_EQ(queue.pop(), 3);
   EXPECT_EQ(queue.pop(), 4);
   EXPECT_EQ(queue.front(), nullptr);
+}
+
+// The simulator's use: time in seconds as a double, and a request lost with its replica put
+// back ahead of the waiters, beyond the capacity (it held a place already).
+TEST(AdmissionQueueTest, TakesAnyTimeTypeAndPutsARetryInFront) {
+  AdmissionQueue<int, double> queue(2);
+  EXPECT_EQ(queue.push(1, 5.5), std::nullopt);
+  EXPECT_EQ(queue.push(2, 6.0), std::nullopt);
+  queue.push_front(0, 5.0);
+  EXPECT_EQ(queue.size(), 3u);
+  EXPECT_EQ(queue.push(3, 7.0), 3);  // full
+  EXPECT_EQ(queue.next_deadline(), 5.0);
+  EXPECT_EQ(queue.expire(5.5), (std::vector<int>{0, 1}));
+  EXPECT_EQ(queue.pop(), 2);
 }
 
 }  // namespace

@@ -4,7 +4,7 @@
 #include <gtest/gtest.h>
 
 #include "fakes/common/scripted_random.h"
-#include "gateway/gateway.h"
+#include "gateway/gateway_policy.h"
 
 namespace flotilla::gateway {
 namespace {

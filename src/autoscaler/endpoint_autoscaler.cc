@@ -1,0 +1,117 @@
+// EndpointAutoscaler: APA's horizontal and vertical policies wired into one endpoint's loop,
+// the same for `flotilla up` and the simulator.
+#include <algorithm>
+#include <limits>
+
+#include "autoscaler/autoscaler.h"
+#include "autoscaler/replica_math.h"
+
+namespace flotilla::autoscaler {
+
+EndpointAutoscaler::EndpointAutoscaler(const ApaOptions& horizontal,
+                                       const VerticalOptions& vertical, RangeFor range_for,
+                                       int64_t replicas, Millis now)
+    : horizontal_period_(horizontal.period),
+      vertical_period_(vertical.period),
+      range_for_(std::move(range_for)),
+      vertical_(std::make_unique<VerticalPolicy>(vertical)),
+      target_(vertical_->target()),
+      next_horizontal_(now + horizontal.period),
+      next_vertical_(now + vertical.period) {
+  ApaOptions open = horizontal;
+  open.range = ReplicaRange{0, std::numeric_limits<int64_t>::max(), /*scale_to_zero=*/true};
+  horizontal_ = make_apa_policy(open, &target_);
+  replicas_ = std::max(replicas, range_for_(target_).min);
+}
+
+void EndpointAutoscaler::set_range(RangeFor range_for) {
+  range_for_ = std::move(range_for);
+  const ReplicaRange range = range_for_(target_);
+  replicas_ = std::clamp(replicas_, range.min, range.max);
+}
+
+void EndpointAutoscaler::restart_vertical(const VerticalOptions& vertical) {
+  vertical_ = std::make_unique<VerticalPolicy>(vertical);
+  target_ = vertical_->target();
+}
+
+void EndpointAutoscaler::add_samples(std::span<const LoadSample> samples, int64_t ready) {
+  const double replicas = static_cast<double>(std::max<int64_t>(ready, 1));
+  for (const LoadSample& sample : samples) {
+    if (sample.unix_ms <= last_sample_unix_ms_) {
+      continue;
+    }
+    last_sample_unix_ms_ = sample.unix_ms;
+    window_.add(Sample{Millis(sample.unix_ms), sample.concurrency, sample.queued,
+                       static_cast<double>(sample.arrivals),
+                       static_cast<double>(sample.completions)});
+    latency_weighted_sum_ += sample.latency_ms * static_cast<double>(sample.completions);
+    completions_sum_ += static_cast<double>(sample.completions);
+    concurrency_sum_ += sample.concurrency;
+    sample_count_ += 1;
+    const double per_replica = sample.concurrency / replicas;
+    if (sample.completions > 0 && per_replica > peak_concurrency_) {
+      peak_concurrency_ = per_replica;
+      peak_latency_ms_ = sample.latency_ms;
+    }
+  }
+}
+
+std::vector<std::string> EndpointAutoscaler::tick(Millis now, int64_t ready, int64_t pending,
+                                                  int64_t failures,
+                                                  const std::function<ReplicaUsage()>& usage) {
+  std::vector<std::string> changes;
+  if (now >= next_vertical_) {
+    next_vertical_ = now + vertical_period_;
+    // Read on every due tick, idle ones too, so that the first busy cycle has a reading to
+    // difference against (a replica's queue is known from its second reading on).
+    const ReplicaUsage used = ready > 0 ? usage() : ReplicaUsage{};
+    if (completions_sum_ > 0 && ready > 0 && used.queued) {
+      ReplicaSignals signals;
+      signals.latency_ms = latency_weighted_sum_ / completions_sum_;
+      signals.concurrency = concurrency_sum_ /
+                            static_cast<double>(std::max<int64_t>(1, sample_count_)) /
+                            static_cast<double>(ready);
+      signals.peak_concurrency = peak_concurrency_;
+      signals.peak_latency_ms = peak_latency_ms_;
+      signals.cpu_utilization = used.cpu_utilization;
+      signals.queued_in_replica = *used.queued;
+      const Decision decision = vertical_->decide_target(signals);
+      if (!decision.reason.empty()) {
+        changes.push_back("vertical: " + decision.reason);
+        target_ = vertical_->target();  // the horizontal policy and its range follow at once
+      }
+    }
+    latency_weighted_sum_ = 0;
+    completions_sum_ = 0;
+    concurrency_sum_ = 0;
+    sample_count_ = 0;
+    peak_concurrency_ = 0;
+    peak_latency_ms_ = 0;
+  }
+  if (now >= next_horizontal_) {
+    next_horizontal_ = now + horizontal_period_;
+    const Fleet fleet{ready, pending, replicas_, failures};
+    const Decision decision = horizontal_->decide(now, window_, fleet);
+    const int64_t desired = detail::clamp_to(range_for_(target_), decision.desired);
+    // While nothing is ready (a cold start, scale from zero) capacity is on its way: a window
+    // of idle seconds must not cancel it.
+    const bool hold = desired < replicas_ && ready == 0;
+    if (desired != replicas_ && !hold) {
+      changes.push_back("horizontal: " + std::to_string(replicas_) + " -> " +
+                        std::to_string(desired) + " replicas: " + decision.reason);
+      replicas_ = desired;
+    }
+  }
+  return changes;
+}
+
+bool EndpointAutoscaler::request_capacity() {
+  if (replicas_ > 0) {
+    return false;
+  }
+  replicas_ = 1;
+  return true;
+}
+
+}  // namespace flotilla::autoscaler

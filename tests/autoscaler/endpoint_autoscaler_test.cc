@@ -1,0 +1,142 @@
+#include <gtest/gtest.h>
+
+#include "autoscaler/autoscaler.h"
+
+namespace flotilla::autoscaler {
+namespace {
+
+ReplicaRange fixed_range(int64_t min, int64_t max) {
+  return ReplicaRange{min, max, min == 0};
+}
+
+ApaOptions horizontal() {
+  ApaOptions options;
+  options.period = Millis(5'000);
+  options.up_window = Millis(20'000);
+  options.down_window = Millis(60'000);
+  return options;
+}
+
+VerticalOptions vertical(double target = 16) {
+  VerticalOptions options;
+  options.period = Millis(30'000);
+  options.initial_target = target;
+  options.min_target = 1;
+  options.max_target = 64;
+  return options;
+}
+
+// `seconds` steady 1-second samples ending at from_ms + seconds s.
+std::vector<LoadSample> steady(int64_t from_ms, int seconds, double concurrency,
+                               double latency_ms = 10) {
+  std::vector<LoadSample> samples;
+  for (int i = 1; i <= seconds; ++i) {
+    LoadSample sample;
+    sample.unix_ms = from_ms + i * 1'000;
+    sample.concurrency = concurrency;
+    sample.arrivals = static_cast<uint64_t>(concurrency * 100);
+    sample.completions = sample.arrivals;
+    sample.latency_ms = latency_ms;
+    samples.push_back(sample);
+  }
+  return samples;
+}
+
+ReplicaUsage light() {
+  return {.cpu_utilization = 0.1, .queued = 0};
+}
+
+TEST(EndpointAutoscalerTest, DecidesOnlyWhenAPeriodIsDue) {
+  EndpointAutoscaler scaler(
+      horizontal(), vertical(), [](double) { return fixed_range(1, 100); }, 1, Millis(1'000));
+  EXPECT_EQ(scaler.next_horizontal(), Millis(6'000));
+  EXPECT_EQ(scaler.next_vertical(), Millis(31'000));
+  scaler.add_samples(steady(1'000, 4, 40), 1);
+  EXPECT_TRUE(scaler.tick(Millis(5'999), 1, 0, 0, light).empty());
+  EXPECT_EQ(scaler.replicas(), 1);
+  EXPECT_FALSE(scaler.tick(Millis(6'000), 1, 0, 0, light).empty());
+  EXPECT_EQ(scaler.replicas(), 3);  // ceil(40 / 16)
+  EXPECT_EQ(scaler.next_horizontal(), Millis(11'000));
+}
+
+TEST(EndpointAutoscalerTest, ScalesDownOnlyAfterTheDownWindow) {
+  EndpointAutoscaler scaler(
+      horizontal(), vertical(), [](double) { return fixed_range(1, 100); }, 4, Millis(0));
+  scaler.add_samples(steady(0, 55, 1), 4);
+  for (int64_t t = 5'000; t <= 55'000; t += 5'000) {
+    scaler.tick(Millis(t), 4, 0, 0, light);
+    EXPECT_EQ(scaler.replicas(), 4) << t;  // the down window (60 s) is not covered yet
+  }
+  scaler.add_samples(steady(55'000, 6, 1), 4);
+  scaler.tick(Millis(61'000), 4, 0, 0, light);
+  EXPECT_EQ(scaler.replicas(), 3);  // at most -25% per cycle
+}
+
+TEST(EndpointAutoscalerTest, ScalesToZeroWhenTheRangeAllowsAndNotWhileStarting) {
+  EndpointAutoscaler scaler(
+      horizontal(), vertical(), [](double) { return fixed_range(0, 10); }, 1, Millis(0));
+  scaler.add_samples(steady(0, 61, 0), 1);
+  scaler.tick(Millis(61'000), 1, 0, 0, light);
+  EXPECT_EQ(scaler.replicas(), 0);
+  EXPECT_TRUE(scaler.request_capacity());
+  EXPECT_FALSE(scaler.request_capacity());
+  scaler.add_samples(steady(61'000, 5, 0), 0);
+  scaler.tick(Millis(66'000), 0, 1, 0, light);  // idle seconds, the replica still starting
+  EXPECT_EQ(scaler.replicas(), 1);
+}
+
+TEST(EndpointAutoscalerTest, VerticalMovesTheTargetAndTheRangeFollows) {
+  // The range in replicas is a concurrency range over the target.
+  EndpointAutoscaler scaler(
+      horizontal(), vertical(),
+      [](double target) { return fixed_range(1, static_cast<int64_t>(64 / target)); }, 2,
+      Millis(0));
+  int reads = 0;
+  const auto usage = [&] {
+    ++reads;
+    return light();
+  };
+  scaler.add_samples(steady(0, 29, 20, 10), 2);  // baseline: 10 ms
+  scaler.tick(Millis(29'000), 2, 0, 0, usage);
+  EXPECT_EQ(reads, 0);  // not due
+  scaler.add_samples(steady(29'000, 1, 20, 10), 2);
+  scaler.tick(Millis(30'000), 2, 0, 0, usage);
+  EXPECT_EQ(reads, 1);
+  EXPECT_EQ(scaler.baseline_ms(), 10);
+  scaler.add_samples(steady(30'000, 30, 32, 25), 2);  // 2.5x the baseline, loaded
+  const auto changes = scaler.tick(Millis(60'000), 2, 0, 0, usage);
+  ASSERT_FALSE(changes.empty());
+  EXPECT_NE(changes[0].find("vertical: target 16.00 -> 12.00"), std::string::npos) << changes[0];
+  EXPECT_EQ(scaler.target(), 12);
+  // 32 in flight over the new target: 3 replicas, and the range is 64 / 12 = 5 now.
+  EXPECT_EQ(scaler.replicas(), 3);
+}
+
+TEST(EndpointAutoscalerTest, PeakPerReplicaIsOfTheReplicasReadyInThatSecond) {
+  // 20 in flight on 2 replicas (10 each) is the busiest second, not 20 over the 4 ready later.
+  EndpointAutoscaler scaler(
+      horizontal(), vertical(16), [](double) { return fixed_range(1, 100); }, 2, Millis(0));
+  scaler.add_samples(steady(0, 30, 6, 10), 2);
+  scaler.tick(Millis(30'000), 2, 0, 0, light);  // baseline 10 ms
+  scaler.add_samples(steady(30'000, 10, 20, 25), 2);
+  scaler.add_samples(steady(40'000, 20, 8, 25), 4);
+  // Loaded (the busiest second filled replicas to 10 >= 8) and slow: lowered. Over the 4
+  // ready at the end it would read 5 in flight each: not loaded, nothing learned.
+  const auto changes = scaler.tick(Millis(60'000), 4, 0, 0, light);
+  ASSERT_FALSE(changes.empty());
+  EXPECT_EQ(scaler.target(), 12);
+}
+
+TEST(EndpointAutoscalerTest, NoVerticalDecisionWithoutCompletionsOrAQueueReading) {
+  EndpointAutoscaler scaler(
+      horizontal(), vertical(), [](double) { return fixed_range(1, 100); }, 2, Millis(0));
+  scaler.add_samples(steady(0, 30, 32, 66), 2);
+  const auto unknown = [] {
+    return ReplicaUsage{.cpu_utilization = 0.1, .queued = std::nullopt};
+  };
+  EXPECT_TRUE(scaler.tick(Millis(30'000), 2, 0, 0, unknown).empty());
+  EXPECT_FALSE(scaler.baseline_ms().has_value());
+}
+
+}  // namespace
+}  // namespace flotilla::autoscaler
