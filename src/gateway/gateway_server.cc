@@ -13,12 +13,10 @@
 //   the config file. Table swaps publish a new immutable Snapshot; workers pick it up with one
 //   atomic load per request.
 #include <algorithm>
-#include <array>
 #include <atomic>
 #include <filesystem>
 #include <map>
 #include <thread>
-#include <unordered_map>
 
 #include <nlohmann/json.hpp>
 #include <spdlog/spdlog.h>
@@ -27,303 +25,12 @@
 #include "gateway/gateway.h"
 #include "gateway/load_sampler.h"
 #include "gateway/outlier_detector.h"
+#include "gateway/runtime_state.h"
 
 namespace flotilla::gateway {
 namespace {
 
-using Clock = std::chrono::steady_clock;
-using TimePoint = Clock::time_point;
-
 constexpr auto kSampleTick = std::chrono::milliseconds(100);  // LoadSampler's tick
-
-double seconds_between(TimePoint from, TimePoint to) {
-  return std::chrono::duration<double>(to - from).count();
-}
-
-http::Response error_response(ErrorShape shape, int status, std::string_view message,
-                              std::string_view param = {}) {
-  http::Response response;
-  response.status = status;
-  response.body = error_body(shape, status, message, param);
-  return response;
-}
-
-// Counters by HTTP status code, registered on first use of each code so the output lists only
-// codes that occurred. inc() is lock-free once a code has been seen.
-class CodeCounters {
- public:
-  CodeCounters(MetricsRegistry& registry, std::string name, std::string help, Labels labels)
-      : registry_(registry),
-        name_(std::move(name)),
-        help_(std::move(help)),
-        labels_(std::move(labels)) {}
-
-  void inc(int code) {
-    if (code < 100 || code > 599) {
-      code = 0;
-    }
-    Counter* counter = counters_[code].load(std::memory_order_acquire);
-    if (counter == nullptr) {
-      Labels labels = labels_;
-      labels.emplace_back("code", std::to_string(code));
-      counter = &registry_.counter(name_, help_, labels);
-      counters_[code].store(counter, std::memory_order_release);
-    }
-    counter->inc();
-  }
-
- private:
-  MetricsRegistry& registry_;
-  std::string name_;
-  std::string help_;
-  Labels labels_;
-  std::array<std::atomic<Counter*>, 600> counters_{};
-};
-
-std::vector<double> latency_buckets() {
-  return exponential_buckets(0.0001, 2, 18);  // 100 µs .. 13 s
-}
-
-std::vector<double> added_latency_buckets() {
-  return exponential_buckets(0.000005, 2, 16);  // 5 µs .. 164 ms
-}
-
-// ---- Live state, kept across table swaps ------------------------------------------------------
-
-struct ReplicaRuntime {
-  ReplicaRuntime(const std::string& endpoint_name, const std::string& version_name,
-                 const ReplicaEntry& entry, MetricsRegistry& registry)
-      : registry(registry),
-        endpoint(endpoint_name),
-        version(version_name),
-        id(entry.id),
-        host(entry.host),
-        port(entry.port),
-        address(entry.host + ":" + std::to_string(entry.port)),
-        codes(registry, "flotilla_gateway_replica_requests_total",
-              "Requests answered by a replica, by status code.",
-              {{"endpoint", endpoint_name}, {"replica", entry.id}}),
-        latency(registry.histogram("flotilla_gateway_replica_request_duration_seconds",
-                                   "Time from sending to a replica to its full response.",
-                                   latency_buckets(),
-                                   {{"endpoint", endpoint_name}, {"replica", entry.id}})),
-        in_flight_gauge(registry.gauge("flotilla_gateway_replica_in_flight_requests",
-                                       "Requests sent to a replica and not yet answered.",
-                                       {{"endpoint", endpoint_name}, {"replica", entry.id}})),
-        ejections(registry.counter("flotilla_gateway_replica_ejections_total",
-                                   "Times a replica was ejected by outlier detection.",
-                                   {{"endpoint", endpoint_name}, {"replica", entry.id}})) {
-    apply(entry);
-  }
-  // Gone from the table and from every request and probe: its series leave /metrics, so the
-  // output does not grow with replica churn.
-  ~ReplicaRuntime() { registry.retire({{"endpoint", endpoint}, {"replica", id}}); }
-  ReplicaRuntime(const ReplicaRuntime&) = delete;
-  ReplicaRuntime& operator=(const ReplicaRuntime&) = delete;
-
-  void apply(const ReplicaEntry& entry) {
-    cap.store(entry.max_in_flight);
-    state.store(entry.state);
-  }
-
-  // Ready, not ejected and still in the table; the cap is checked separately.
-  bool eligible() const {
-    return state.load(std::memory_order_relaxed) == ReplicaState::kReady && !outlier.ejected() &&
-           !removed.load(std::memory_order_relaxed);
-  }
-
-  // Takes one slot below the cap. Sequentially consistent with the queue counter, so a slot
-  // freed while a request is being queued is never missed (see enqueue()).
-  bool try_acquire() {
-    const int64_t limit = cap.load();
-    int64_t current = in_flight.load();
-    while (limit <= 0 || current < limit) {
-      if (in_flight.compare_exchange_weak(current, current + 1)) {
-        in_flight_gauge.add(1);
-        return true;
-      }
-    }
-    return false;
-  }
-
-  void release() {
-    in_flight.fetch_sub(1);
-    in_flight_gauge.add(-1);
-  }
-
-  MetricsRegistry& registry;
-  const std::string endpoint;
-  const std::string version;
-  const std::string id;
-  const std::string host;
-  const uint16_t port;
-  const std::string address;
-  std::atomic<int64_t> cap{0};
-  std::atomic<ReplicaState> state{ReplicaState::kReady};
-  std::atomic<bool> removed{false};
-  std::atomic<int64_t> in_flight{0};
-  OutlierState outlier;
-  CodeCounters codes;
-  Histogram& latency;
-  Gauge& in_flight_gauge;
-  Counter& ejections;
-};
-
-struct ProxyCall;
-struct EndpointView;
-
-struct EndpointRuntime {
-  EndpointRuntime(const std::string& endpoint_name, size_t queue_capacity,
-                  MetricsRegistry& registry)
-      : name(endpoint_name),
-        queue(queue_capacity),
-        codes(registry, "flotilla_gateway_requests_total",
-              "Requests answered by the gateway for an endpoint, by status code.",
-              {{"endpoint", endpoint_name}}),
-        latency(registry.histogram("flotilla_gateway_request_duration_seconds",
-                                   "Time from a request's arrival to its response.",
-                                   latency_buckets(), {{"endpoint", endpoint_name}})),
-        added_latency(registry.histogram(
-            "flotilla_gateway_added_latency_seconds",
-            "Time a request spent in the gateway itself: total minus time at replicas, "
-            "including time in the admission queue.",
-            added_latency_buckets(), {{"endpoint", endpoint_name}})),
-        in_flight_gauge(registry.gauge("flotilla_gateway_in_flight_requests",
-                                       "Requests of an endpoint at its replicas.",
-                                       {{"endpoint", endpoint_name}})),
-        queue_gauge(registry.gauge("flotilla_gateway_queue_depth",
-                                   "Requests waiting in an endpoint's admission queue.",
-                                   {{"endpoint", endpoint_name}})),
-        retries(registry.counter("flotilla_gateway_retries_total",
-                                 "Requests retried on another replica after a failure.",
-                                 {{"endpoint", endpoint_name}})) {}
-
-  const std::string name;
-  Mutex mutex;
-  AdmissionQueue<std::shared_ptr<ProxyCall>> queue FLOTILLA_GUARDED_BY(mutex);
-  // The latest table's view of this endpoint, for dispatching waiters. Weak: views own their
-  // runtime, and the snapshot that owns the view keeps it alive.
-  std::weak_ptr<const EndpointView> view FLOTILLA_GUARDED_BY(mutex);
-  std::atomic<bool> removed{false};
-  std::atomic<int64_t> queued{0};  // entries in `queue`, read without the lock
-  std::atomic<int64_t> in_flight{0};
-  std::atomic<uint64_t> arrivals{0};
-  std::atomic<uint64_t> completions{0};
-  std::atomic<uint64_t> rejected{0};
-  // Replica answers and their summed upstream time: the replicas' latency in each sample.
-  std::atomic<uint64_t> upstream_answers{0};
-  std::atomic<uint64_t> upstream_us{0};
-  std::atomic<int64_t> last_capacity_request_ms{0};
-  CodeCounters codes;
-  Histogram& latency;
-  Histogram& added_latency;
-  Gauge& in_flight_gauge;
-  Gauge& queue_gauge;
-  Counter& retries;
-
-  // Registry of replica state by "version/id@host:port"; touched only under the gateway's
-  // swap mutex.
-  std::map<std::string, std::shared_ptr<ReplicaRuntime>> replicas;
-
-  // Ticked by the control thread; samples() reads it from any thread.
-  LoadSampler sampler{real_clock()};
-};
-
-struct VersionView {
-  std::string name;
-  std::vector<std::shared_ptr<ReplicaRuntime>> replicas;
-};
-
-// One endpoint as one table snapshot describes it.
-struct EndpointView {
-  std::shared_ptr<EndpointRuntime> runtime;
-  std::vector<VersionView> versions;
-  std::vector<int64_t> weights;
-  // An endpoint with an "llm" version is a generative model (`GET /v1/models`); its
-  // max_model_len is the smallest known one of those versions (a request may reach any).
-  bool generative = false;
-  int64_t max_model_len = 0;
-};
-
-struct Snapshot {
-  std::unordered_map<std::string, std::shared_ptr<const EndpointView>> endpoints;
-  std::vector<std::string> names;  // sorted
-  bool auth_enabled = false;
-  std::shared_ptr<const Authenticator> auth;
-  std::vector<std::string> open_routes;
-
-  const EndpointView* find(const std::string& name) const {
-    auto it = endpoints.find(name);
-    return it == endpoints.end() ? nullptr : it->second.get();
-  }
-  bool is_open(std::string_view route) const {
-    return !auth_enabled ||
-           std::find(open_routes.begin(), open_routes.end(), route) != open_routes.end();
-  }
-};
-
-// ---- One proxied request ------------------------------------------------------------------------
-
-enum class CallState { kNew, kQueued, kDispatched, kExpired, kCancelled };
-
-struct WorkerState;
-class GatewayImpl;
-
-struct ProxyCall : std::enable_shared_from_this<ProxyCall> {
-  ProxyCall(http::Responder&& responder_in, http::Loop loop_in)
-      : responder(std::move(responder_in)), loop(loop_in) {}
-
-  http::Responder responder;
-  http::Loop loop;  // the worker that owns the client connection
-  // Callbacks capture only the call and reach the gateway through it. (A std::function still
-  // allocates for a shared_ptr capture: libstdc++ keeps only trivially copyable ones inline.)
-  GatewayImpl* gateway = nullptr;
-  http::Method method = http::Method::kPost;
-  std::string path;  // as the client sent it, for the log
-  http::ClientRequest request;
-  std::string request_id;
-  std::shared_ptr<const Snapshot> snapshot;  // keeps `view` alive
-  const EndpointView* view = nullptr;
-  std::shared_ptr<EndpointRuntime> endpoint;
-  std::shared_ptr<ReplicaRuntime> replica;
-  // The replica that failed the last attempt: a retry goes elsewhere, and a queued retry is
-  // not handed a slot there (the call's `replica` keeps it alive, so the address is unique).
-  const ReplicaRuntime* excluded = nullptr;
-  std::string version;  // for an OIP version path: only this version's replicas serve it
-  ErrorShape shape = ErrorShape::kPlain;
-  http::ClientPool::CallHandle handle;
-  std::atomic<CallState> state{CallState::kNew};
-
-  // Whether a slot on `candidate` may serve this call (the queue's dispatch asks).
-  bool accepts(const ReplicaRuntime& candidate) const {
-    return &candidate != excluded && (version.empty() || candidate.version == version);
-  }
-  bool cold = false;  // queued for lack of any ready replica
-  bool watching = false;
-  bool client_gone = false;
-  bool answered = false;
-  // The upstream answered with an event stream whose head went on to the client: from then on
-  // a byte was sent, so the call is never retried, and it ends with finish() or a cut.
-  bool streaming = false;
-  WorkerState* owner = nullptr;  // set while the call is in owner->active
-  size_t active_index = 0;
-  int attempts = 0;
-  TimePoint start;
-  TimePoint upstream_start;
-  Clock::duration upstream_time{0};
-};
-
-struct WorkerState {
-  std::unique_ptr<http::ClientPool> pool;  // created on first use, on the worker's thread
-  // Calls at the replicas, for the disconnect sweep (see watch_slow_calls).
-  std::vector<ProxyCall*> active;
-  bool sweeping = false;
-  std::unique_ptr<Balancer> balancer;
-  std::unique_ptr<SeededRandom> random;
-  std::shared_ptr<const Snapshot> snapshot;
-  uint64_t snapshot_version = 0;
-  uint64_t request_counter = 0;
-};
 
 // The name under which `auth.open_routes` lists a local route.
 std::string_view open_route_name(RouteKind kind) {
@@ -370,6 +77,8 @@ bool forwardable(std::string_view name) {
   return true;
 }
 
+}  // namespace
+
 // ---------------------------------------------------------------------------------------------
 
 class GatewayImpl final : public Gateway {
@@ -380,7 +89,7 @@ class GatewayImpl final : public Gateway {
         registry_(registry),
         control_random_(options.seed != 0
                             ? options.seed
-                            : static_cast<uint64_t>(Clock::now().time_since_epoch().count())),
+                            : static_cast<uint64_t>(SteadyClock::now().time_since_epoch().count())),
         control_balancer_(make_balancer(options.balancer)),
         outlier_({options.eject_after_failures, options.ejection_time, options.max_ejection_time},
                  real_clock()),
@@ -431,7 +140,7 @@ class GatewayImpl final : public Gateway {
       auto worker = std::make_unique<WorkerState>();
       worker->balancer = make_balancer(options_.balancer);
       worker->random = std::make_unique<SeededRandom>(seed + 0x9E3779B97F4A7C15ULL * (i + 1));
-      workers_.push_back(std::move(worker));
+      workers_.add(std::move(worker));
     }
     FLOTILLA_RETURN_IF_ERROR(update_table(std::move(table)));
     control_thread_ = std::thread([this] { control_loop(); });
@@ -509,7 +218,7 @@ class GatewayImpl final : public Gateway {
   CapacityRequester* capacity_;
   MetricsRegistry& registry_;
   std::unique_ptr<http::Server> server_;
-  std::vector<std::unique_ptr<WorkerState>> workers_;
+  Workers workers_{options_.client};
   std::unique_ptr<AccessLog> access_log_;
 
   // Table swaps: serialized by swap_mutex_, which also guards the runtime registries, auth_
@@ -542,13 +251,7 @@ class GatewayImpl final : public Gateway {
 };
 
 WorkerState& GatewayImpl::worker() {
-  const int index = http::current_worker_index();
-  FLOTILLA_CHECK(index >= 0 && static_cast<size_t>(index) < workers_.size());
-  WorkerState& state = *workers_[index];
-  if (!state.pool) {
-    state.pool = http::ClientPool::create(http::Loop::current(), options_.client);
-  }
-  return state;
+  return workers_.current();
 }
 
 const std::shared_ptr<const Snapshot>& GatewayImpl::current_snapshot(WorkerState& worker) {
@@ -580,7 +283,8 @@ void GatewayImpl::publish_locked() {
     std::shared_ptr<EndpointRuntime> runtime =
         found != endpoints_.end()
             ? found->second
-            : std::make_shared<EndpointRuntime>(entry.name, options_.queue_capacity, registry_);
+            : std::make_shared<EndpointRuntime>(entry.name, options_.queue_capacity, registry_,
+                                                real_clock());
     auto view = std::make_shared<EndpointView>();
     view->runtime = runtime;
     std::map<std::string, std::shared_ptr<ReplicaRuntime>> replicas;
@@ -676,6 +380,8 @@ void GatewayImpl::publish_locked() {
 // ---- The request path
 // ----------------------------------------------------------------------------
 
+namespace {
+
 // The client's X-Request-Id when it is a valid one, else a fresh one.
 void assign_request_id(const http::Request& request, Random& random, std::string& out) {
   const std::string_view client_id = http::find_header(request.headers, "x-request-id");
@@ -696,6 +402,8 @@ void assign_request_id(const http::Request& request, Random& random, std::string
     out[i] = kDigits[bits & 0x1f];
   }
 }
+
+}  // namespace
 
 void GatewayImpl::handle(http::Request&& request, http::Responder&& responder) {
   WorkerState& state = worker();
@@ -786,7 +494,7 @@ void GatewayImpl::handle(http::Request&& request, http::Responder&& responder) {
 
   auto call = std::make_shared<ProxyCall>(std::move(responder), http::Loop::current());
   call->gateway = this;
-  call->start = Clock::now();
+  call->start = SteadyClock::now();
   call->method = request.method;
   call->path = std::move(request.target);
   call->snapshot = snapshot;
@@ -888,7 +596,7 @@ void GatewayImpl::enqueue(const std::shared_ptr<ProxyCall>& call) {
     }
   }
   call->cold = !any_eligible;
-  const TimePoint now = Clock::now();
+  const TimePoint now = SteadyClock::now();
   TimePoint deadline = now + (call->cold ? options_.cold_start_timeout : options_.queue_timeout);
   call->state.store(CallState::kQueued);
   bool full = false;
@@ -998,7 +706,7 @@ void GatewayImpl::expire_waiting(const std::shared_ptr<EndpointRuntime>& endpoin
   std::vector<std::shared_ptr<ProxyCall>> expired;
   {
     MutexLock lock(endpoint->mutex);
-    expired = endpoint->queue.expire(Clock::now());
+    expired = endpoint->queue.expire(SteadyClock::now());
     endpoint->queued.fetch_sub(static_cast<int64_t>(expired.size()));
     endpoint->queue_gauge.add(-static_cast<double>(expired.size()));
   }
@@ -1039,7 +747,7 @@ void GatewayImpl::forward(const std::shared_ptr<ProxyCall>& call,
   ++call->attempts;
   call->endpoint->in_flight.fetch_add(1);
   call->endpoint->in_flight_gauge.add(1);
-  call->upstream_start = Clock::now();
+  call->upstream_start = SteadyClock::now();
   ReplicaRuntime& target = *call->replica;
   WorkerState& state = worker();
   call->handle =
@@ -1062,7 +770,7 @@ void GatewayImpl::forward(const std::shared_ptr<ProxyCall>& call,
 // saving: calls still at their replica after one sweep period (25 to 50 ms) are watched.
 void GatewayImpl::watch_slow_calls(WorkerState& state) {
   http::Loop::current().post_after(std::chrono::milliseconds(25), [this, &state] {
-    const TimePoint old = Clock::now() - std::chrono::milliseconds(25);
+    const TimePoint old = SteadyClock::now() - std::chrono::milliseconds(25);
     for (size_t i = 0; i < state.active.size(); ++i) {
       ProxyCall* call = state.active[i];
       if (!call->watching && !call->answered && call->start <= old) {
@@ -1092,7 +800,7 @@ void GatewayImpl::release(ProxyCall& call) {
 
 void GatewayImpl::on_upstream(const std::shared_ptr<ProxyCall>& call,
                               http::ClientResponse&& response) {
-  const TimePoint now = Clock::now();
+  const TimePoint now = SteadyClock::now();
   call->upstream_time += now - call->upstream_start;
   ReplicaRuntime& replica = *call->replica;
   replica.latency.observe(seconds_between(call->upstream_start, now));
@@ -1235,7 +943,7 @@ bool GatewayImpl::account(ProxyCall& call, int code) {
     active.pop_back();
     call.owner = nullptr;
   }
-  const TimePoint now = Clock::now();
+  const TimePoint now = SteadyClock::now();
   const double total = seconds_between(call.start, now);
   const double added = total - std::chrono::duration<double>(call.upstream_time).count();
   EndpointRuntime& endpoint = *call.endpoint;
@@ -1324,6 +1032,8 @@ void GatewayImpl::probe_later(std::shared_ptr<ReplicaRuntime> replica,
 
 // ---- Local routes ------------------------------------------------------------------------------
 
+namespace {
+
 // An OpenAI model object for a generative endpoint, as vLLM writes it (max_model_len added).
 nlohmann::json model_object(const std::string& name, const EndpointView& view) {
   return {{"id", name},
@@ -1333,6 +1043,8 @@ nlohmann::json model_object(const std::string& name, const EndpointView& view) {
           {"max_model_len",
            view.max_model_len > 0 ? nlohmann::json(view.max_model_len) : nlohmann::json(nullptr)}};
 }
+
+}  // namespace
 
 void GatewayImpl::answer_local(const Route& route, const http::Request& request,
                                const Snapshot& snapshot, ErrorShape shape,
@@ -1503,7 +1215,7 @@ void GatewayImpl::check_config() {
 }
 
 void GatewayImpl::control_loop() {
-  auto next_config_check = Clock::now();
+  auto next_config_check = SteadyClock::now();
   while (true) {
     std::chrono::milliseconds interval{0};
     {
@@ -1518,14 +1230,12 @@ void GatewayImpl::control_loop() {
       interval = config_interval_;
     }
     sample_all();
-    if (interval.count() > 0 && Clock::now() >= next_config_check) {
+    if (interval.count() > 0 && SteadyClock::now() >= next_config_check) {
       check_config();
-      next_config_check = Clock::now() + interval;
+      next_config_check = SteadyClock::now() + interval;
     }
   }
 }
-
-}  // namespace
 
 Result<std::unique_ptr<Gateway>> Gateway::create(const GatewayOptions& options, EndpointTable table,
                                                  AuthConfig auth, CapacityRequester* capacity,
