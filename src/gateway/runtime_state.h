@@ -270,7 +270,7 @@ struct Snapshot {
 enum class CallState { kNew, kQueued, kDispatched, kExpired, kCancelled };
 
 struct WorkerState;
-class GatewayImpl;
+class Proxy;
 
 struct ProxyCall : std::enable_shared_from_this<ProxyCall> {
   ProxyCall(http::Responder&& responder_in, http::Loop loop_in)
@@ -278,9 +278,9 @@ struct ProxyCall : std::enable_shared_from_this<ProxyCall> {
 
   http::Responder responder;
   http::Loop loop;  // the worker that owns the client connection
-  // Callbacks capture only the call and reach the gateway through it. (A std::function still
+  // Callbacks capture only the call and reach the proxy through it. (A std::function still
   // allocates for a shared_ptr capture: libstdc++ keeps only trivially copyable ones inline.)
-  GatewayImpl* gateway = nullptr;
+  Proxy* proxy = nullptr;
   http::Method method = http::Method::kPost;
   std::string path;  // as the client sent it, for the log
   http::ClientRequest request;
