@@ -1,5 +1,17 @@
-// The gateway server: routing, auth, admission, balancing, retries and outlier ejection around
-// the http module's server and client pools. docs/gateway.md describes the behaviour.
+// The gateway server: GatewayImpl composes the gateway's parts around the http module's server
+// and client pools. docs/gateway.md describes the behaviour.
+//
+// The parts, one concern each (issue #19):
+// - runtime_state.h: replica and endpoint runtime state, table views, one proxied call
+//   (ProxyCall) and each worker's state.
+// - snapshots.{h,cc}: snapshot publication (table and auth swaps).
+// - admission.{h,cc}: the slow path: enqueue, dispatch, expire.
+// - proxy.{h,cc}: the proxied call: forward, retry, streaming, accounting, outlier ejection
+//   (outlier_detector.h) and probes.
+// - local_routes.{h,cc}: health, metrics, stats and the model listing.
+// - load_sampler.h: the 1 s samples.
+// This file keeps the request's entry (routing, auth, the call's creation) and the control
+// thread.
 //
 // Threads and ownership:
 // - Worker threads (one event loop each) run the handler. A request stays on the worker that
@@ -13,336 +25,25 @@
 //   the config file. Table swaps publish a new immutable Snapshot; workers pick it up with one
 //   atomic load per request.
 #include <algorithm>
-#include <array>
 #include <atomic>
 #include <filesystem>
-#include <map>
 #include <thread>
-#include <unordered_map>
 
-#include <nlohmann/json.hpp>
 #include <spdlog/spdlog.h>
 
 #include "gateway/access_log.h"
-#include "gateway/auth_names.h"
+#include "gateway/admission.h"
 #include "gateway/gateway.h"
 #include "gateway/load_sampler.h"
-#include "gateway/outlier_detector.h"
+#include "gateway/local_routes.h"
+#include "gateway/proxy.h"
+#include "gateway/runtime_state.h"
+#include "gateway/snapshots.h"
 
 namespace flotilla::gateway {
 namespace {
 
-using Clock = std::chrono::steady_clock;
-using TimePoint = Clock::time_point;
-
 constexpr auto kSampleTick = std::chrono::milliseconds(100);  // LoadSampler's tick
-
-double seconds_between(TimePoint from, TimePoint to) {
-  return std::chrono::duration<double>(to - from).count();
-}
-
-http::Response error_response(ErrorShape shape, int status, std::string_view message,
-                              std::string_view param = {}) {
-  http::Response response;
-  response.status = status;
-  response.body = error_body(shape, status, message, param);
-  return response;
-}
-
-// Counters by HTTP status code, registered on first use of each code so the output lists only
-// codes that occurred. inc() is lock-free once a code has been seen.
-class CodeCounters {
- public:
-  CodeCounters(MetricsRegistry& registry, std::string name, std::string help, Labels labels)
-      : registry_(registry),
-        name_(std::move(name)),
-        help_(std::move(help)),
-        labels_(std::move(labels)) {}
-
-  void inc(int code) {
-    if (code < 100 || code > 599) {
-      code = 0;
-    }
-    Counter* counter = counters_[code].load(std::memory_order_acquire);
-    if (counter == nullptr) {
-      Labels labels = labels_;
-      labels.emplace_back("code", std::to_string(code));
-      counter = &registry_.counter(name_, help_, labels);
-      counters_[code].store(counter, std::memory_order_release);
-    }
-    counter->inc();
-  }
-
- private:
-  MetricsRegistry& registry_;
-  std::string name_;
-  std::string help_;
-  Labels labels_;
-  std::array<std::atomic<Counter*>, 600> counters_{};
-};
-
-std::vector<double> latency_buckets() {
-  return exponential_buckets(0.0001, 2, 18);  // 100 µs .. 13 s
-}
-
-std::vector<double> added_latency_buckets() {
-  return exponential_buckets(0.000005, 2, 16);  // 5 µs .. 164 ms
-}
-
-// ---- Live state, kept across table swaps ------------------------------------------------------
-
-struct ReplicaRuntime {
-  ReplicaRuntime(const std::string& endpoint_name, const std::string& version_name,
-                 const ReplicaEntry& entry, MetricsRegistry& registry)
-      : registry(registry),
-        endpoint(endpoint_name),
-        version(version_name),
-        id(entry.id),
-        host(entry.host),
-        port(entry.port),
-        address(entry.host + ":" + std::to_string(entry.port)),
-        codes(registry, "flotilla_gateway_replica_requests_total",
-              "Requests answered by a replica, by status code.",
-              {{"endpoint", endpoint_name}, {"replica", entry.id}}),
-        latency(registry.histogram("flotilla_gateway_replica_request_duration_seconds",
-                                   "Time from sending to a replica to its full response.",
-                                   latency_buckets(),
-                                   {{"endpoint", endpoint_name}, {"replica", entry.id}})),
-        in_flight_gauge(registry.gauge("flotilla_gateway_replica_in_flight_requests",
-                                       "Requests sent to a replica and not yet answered.",
-                                       {{"endpoint", endpoint_name}, {"replica", entry.id}})),
-        ejections(registry.counter("flotilla_gateway_replica_ejections_total",
-                                   "Times a replica was ejected by outlier detection.",
-                                   {{"endpoint", endpoint_name}, {"replica", entry.id}})) {
-    apply(entry);
-  }
-  // Gone from the table and from every request and probe: its series leave /metrics, so the
-  // output does not grow with replica churn.
-  ~ReplicaRuntime() { registry.retire({{"endpoint", endpoint}, {"replica", id}}); }
-  ReplicaRuntime(const ReplicaRuntime&) = delete;
-  ReplicaRuntime& operator=(const ReplicaRuntime&) = delete;
-
-  void apply(const ReplicaEntry& entry) {
-    cap.store(entry.max_in_flight);
-    state.store(entry.state);
-  }
-
-  // Ready, not ejected and still in the table; the cap is checked separately.
-  bool eligible() const {
-    return state.load(std::memory_order_relaxed) == ReplicaState::kReady && !outlier.ejected() &&
-           !removed.load(std::memory_order_relaxed);
-  }
-
-  // Takes one slot below the cap. Sequentially consistent with the queue counter, so a slot
-  // freed while a request is being queued is never missed (see enqueue()).
-  bool try_acquire() {
-    const int64_t limit = cap.load();
-    int64_t current = in_flight.load();
-    while (limit <= 0 || current < limit) {
-      if (in_flight.compare_exchange_weak(current, current + 1)) {
-        in_flight_gauge.add(1);
-        return true;
-      }
-    }
-    return false;
-  }
-
-  void release() {
-    in_flight.fetch_sub(1);
-    in_flight_gauge.add(-1);
-  }
-
-  MetricsRegistry& registry;
-  const std::string endpoint;
-  const std::string version;
-  const std::string id;
-  const std::string host;
-  const uint16_t port;
-  const std::string address;
-  std::atomic<int64_t> cap{0};
-  std::atomic<ReplicaState> state{ReplicaState::kReady};
-  std::atomic<bool> removed{false};
-  std::atomic<int64_t> in_flight{0};
-  OutlierState outlier;
-  CodeCounters codes;
-  Histogram& latency;
-  Gauge& in_flight_gauge;
-  Counter& ejections;
-};
-
-struct ProxyCall;
-struct EndpointView;
-
-struct EndpointRuntime {
-  EndpointRuntime(const std::string& endpoint_name, size_t queue_capacity,
-                  MetricsRegistry& registry)
-      : name(endpoint_name),
-        queue(queue_capacity),
-        codes(registry, "flotilla_gateway_requests_total",
-              "Requests answered by the gateway for an endpoint, by status code.",
-              {{"endpoint", endpoint_name}}),
-        latency(registry.histogram("flotilla_gateway_request_duration_seconds",
-                                   "Time from a request's arrival to its response.",
-                                   latency_buckets(), {{"endpoint", endpoint_name}})),
-        added_latency(registry.histogram(
-            "flotilla_gateway_added_latency_seconds",
-            "Time a request spent in the gateway itself: total minus time at replicas, "
-            "including time in the admission queue.",
-            added_latency_buckets(), {{"endpoint", endpoint_name}})),
-        in_flight_gauge(registry.gauge("flotilla_gateway_in_flight_requests",
-                                       "Requests of an endpoint at its replicas.",
-                                       {{"endpoint", endpoint_name}})),
-        queue_gauge(registry.gauge("flotilla_gateway_queue_depth",
-                                   "Requests waiting in an endpoint's admission queue.",
-                                   {{"endpoint", endpoint_name}})),
-        retries(registry.counter("flotilla_gateway_retries_total",
-                                 "Requests retried on another replica after a failure.",
-                                 {{"endpoint", endpoint_name}})) {}
-
-  const std::string name;
-  Mutex mutex;
-  AdmissionQueue<std::shared_ptr<ProxyCall>> queue FLOTILLA_GUARDED_BY(mutex);
-  // The latest table's view of this endpoint, for dispatching waiters. Weak: views own their
-  // runtime, and the snapshot that owns the view keeps it alive.
-  std::weak_ptr<const EndpointView> view FLOTILLA_GUARDED_BY(mutex);
-  std::atomic<bool> removed{false};
-  std::atomic<int64_t> queued{0};  // entries in `queue`, read without the lock
-  std::atomic<int64_t> in_flight{0};
-  std::atomic<uint64_t> arrivals{0};
-  std::atomic<uint64_t> completions{0};
-  std::atomic<uint64_t> rejected{0};
-  // Replica answers and their summed upstream time: the replicas' latency in each sample.
-  std::atomic<uint64_t> upstream_answers{0};
-  std::atomic<uint64_t> upstream_us{0};
-  std::atomic<int64_t> last_capacity_request_ms{0};
-  CodeCounters codes;
-  Histogram& latency;
-  Histogram& added_latency;
-  Gauge& in_flight_gauge;
-  Gauge& queue_gauge;
-  Counter& retries;
-
-  // Registry of replica state by "version/id@host:port"; touched only under the gateway's
-  // swap mutex.
-  std::map<std::string, std::shared_ptr<ReplicaRuntime>> replicas;
-
-  // Ticked by the control thread; samples() reads it from any thread.
-  LoadSampler sampler{real_clock()};
-};
-
-struct VersionView {
-  std::string name;
-  std::vector<std::shared_ptr<ReplicaRuntime>> replicas;
-};
-
-// One endpoint as one table snapshot describes it.
-struct EndpointView {
-  std::shared_ptr<EndpointRuntime> runtime;
-  std::vector<VersionView> versions;
-  std::vector<int64_t> weights;
-  // An endpoint with an "llm" version is a generative model (`GET /v1/models`); its
-  // max_model_len is the smallest known one of those versions (a request may reach any).
-  bool generative = false;
-  int64_t max_model_len = 0;
-};
-
-struct Snapshot {
-  std::unordered_map<std::string, std::shared_ptr<const EndpointView>> endpoints;
-  std::vector<std::string> names;  // sorted
-  bool auth_enabled = false;
-  std::shared_ptr<const Authenticator> auth;
-  std::vector<std::string> open_routes;
-
-  const EndpointView* find(const std::string& name) const {
-    auto it = endpoints.find(name);
-    return it == endpoints.end() ? nullptr : it->second.get();
-  }
-  bool is_open(std::string_view route) const {
-    return !auth_enabled ||
-           std::find(open_routes.begin(), open_routes.end(), route) != open_routes.end();
-  }
-};
-
-// ---- One proxied request ------------------------------------------------------------------------
-
-enum class CallState { kNew, kQueued, kDispatched, kExpired, kCancelled };
-
-struct WorkerState;
-class GatewayImpl;
-
-struct ProxyCall : std::enable_shared_from_this<ProxyCall> {
-  ProxyCall(http::Responder&& responder_in, http::Loop loop_in)
-      : responder(std::move(responder_in)), loop(loop_in) {}
-
-  http::Responder responder;
-  http::Loop loop;  // the worker that owns the client connection
-  // Callbacks capture only the call and reach the gateway through it. (A std::function still
-  // allocates for a shared_ptr capture: libstdc++ keeps only trivially copyable ones inline.)
-  GatewayImpl* gateway = nullptr;
-  http::Method method = http::Method::kPost;
-  std::string path;  // as the client sent it, for the log
-  http::ClientRequest request;
-  std::string request_id;
-  std::shared_ptr<const Snapshot> snapshot;  // keeps `view` alive
-  const EndpointView* view = nullptr;
-  std::shared_ptr<EndpointRuntime> endpoint;
-  std::shared_ptr<ReplicaRuntime> replica;
-  // The replica that failed the last attempt: a retry goes elsewhere, and a queued retry is
-  // not handed a slot there (the call's `replica` keeps it alive, so the address is unique).
-  const ReplicaRuntime* excluded = nullptr;
-  std::string version;  // for an OIP version path: only this version's replicas serve it
-  ErrorShape shape = ErrorShape::kPlain;
-  http::ClientPool::CallHandle handle;
-  std::atomic<CallState> state{CallState::kNew};
-
-  // Whether a slot on `candidate` may serve this call (the queue's dispatch asks).
-  bool accepts(const ReplicaRuntime& candidate) const {
-    return &candidate != excluded && (version.empty() || candidate.version == version);
-  }
-  bool cold = false;  // queued for lack of any ready replica
-  bool watching = false;
-  bool client_gone = false;
-  bool answered = false;
-  // The upstream answered with an event stream whose head went on to the client: from then on
-  // a byte was sent, so the call is never retried, and it ends with finish() or a cut.
-  bool streaming = false;
-  WorkerState* owner = nullptr;  // set while the call is in owner->active
-  size_t active_index = 0;
-  int attempts = 0;
-  TimePoint start;
-  TimePoint upstream_start;
-  Clock::duration upstream_time{0};
-};
-
-struct WorkerState {
-  std::unique_ptr<http::ClientPool> pool;  // created on first use, on the worker's thread
-  // Calls at the replicas, for the disconnect sweep (see watch_slow_calls).
-  std::vector<ProxyCall*> active;
-  bool sweeping = false;
-  std::unique_ptr<Balancer> balancer;
-  std::unique_ptr<SeededRandom> random;
-  std::shared_ptr<const Snapshot> snapshot;
-  uint64_t snapshot_version = 0;
-  uint64_t request_counter = 0;
-};
-
-// The name under which `auth.open_routes` lists a local route.
-std::string_view open_route_name(RouteKind kind) {
-  switch (kind) {
-    case RouteKind::kHealth:
-    case RouteKind::kServerMetadata:
-      return "health";
-    case RouteKind::kMetrics:
-      return "metrics";
-    case RouteKind::kStats:
-      return "stats";
-    case RouteKind::kListModels:
-    case RouteKind::kModel:
-      return "models";
-    default:
-      return "";
-  }
-}
 
 bool valid_request_id(std::string_view id) {
   if (id.empty() || id.size() > 128) {
@@ -375,20 +76,22 @@ bool forwardable(std::string_view name) {
 
 class GatewayImpl final : public Gateway {
  public:
-  GatewayImpl(const GatewayOptions& options, CapacityRequester* capacity, MetricsRegistry& registry)
+  GatewayImpl(const GatewayOptions& options, const Clock& clock,
+              std::unique_ptr<AccessLog> access_log, CapacityRequester* capacity,
+              MetricsRegistry& registry, AuthConfig auth)
       : options_(options),
-        capacity_(capacity),
         registry_(registry),
-        control_random_(options.seed != 0
-                            ? options.seed
-                            : static_cast<uint64_t>(Clock::now().time_since_epoch().count())),
-        control_balancer_(make_balancer(options.balancer)),
-        outlier_({options.eject_after_failures, options.ejection_time, options.max_ejection_time},
-                 real_clock()),
+        access_log_(std::move(access_log)),
+        workers_(options_.client),
+        proxy_(options_, clock, workers_, admission_, snapshots_, access_log_.get()),
+        admission_(options_, clock, proxy_),
+        snapshots_(options_, clock, registry, admission_, std::move(auth)),
         unrouted_(registry, "flotilla_gateway_unrouted_requests_total",
                   "Requests answered without reaching an endpoint (auth, unknown routes), by "
                   "status code.",
-                  {}) {}
+                  {}) {
+    admission_.set_capacity_requester(capacity);
+  }
 
   ~GatewayImpl() override {
     {
@@ -403,17 +106,10 @@ class GatewayImpl final : public Gateway {
     // must be destroyed while the event loops they belong to still exist.
     workers_.clear();
     server_.reset();
-    // Requests still queued (a drain that timed out) hold their endpoint: let them go.
-    for (auto& [name, endpoint] : endpoints_) {
-      MutexLock lock(endpoint->mutex);
-      endpoint->queue.expire(TimePoint::max());
-    }
+    snapshots_.drop_queued();
   }
 
-  Status init(EndpointTable table, AuthConfig auth) {
-    if (!options_.access_log.empty()) {
-      FLOTILLA_ASSIGN_OR_RETURN(access_log_, AccessLog::open(options_.access_log));
-    }
+  Status init(EndpointTable table) {
     http::ServerOptions server_options = options_.server;
     server_options.capture_headers = true;
     server_options.error_request_ids = true;  // every answer has an X-Request-Id
@@ -422,17 +118,12 @@ class GatewayImpl final : public Gateway {
                                       [this](http::Request&& request, http::Responder&& responder) {
                                         handle(std::move(request), std::move(responder));
                                       }));
-    uint64_t seed = 0;
-    {
-      MutexLock lock(swap_mutex_);  // no other thread yet; the checker asks for it
-      seed = control_random_.next();
-      auth_ = std::move(auth);
-    }
+    const uint64_t seed = snapshots_.next_random();
     for (int i = 0; i < server_->worker_count(); ++i) {
       auto worker = std::make_unique<WorkerState>();
       worker->balancer = make_balancer(options_.balancer);
       worker->random = std::make_unique<SeededRandom>(seed + 0x9E3779B97F4A7C15ULL * (i + 1));
-      workers_.push_back(std::move(worker));
+      workers_.add(std::move(worker));
     }
     FLOTILLA_RETURN_IF_ERROR(update_table(std::move(table)));
     control_thread_ = std::thread([this] { control_loop(); });
@@ -446,12 +137,10 @@ class GatewayImpl final : public Gateway {
     server_->drain_on_signals(timeout);
   }
 
-  Status update_table(EndpointTable table) override;
-  void update_auth(AuthConfig auth) override {
-    MutexLock lock(swap_mutex_);
-    auth_ = std::move(auth);
-    publish_locked();
+  Status update_table(EndpointTable table) override {
+    return snapshots_.update_table(std::move(table));
   }
+  void update_auth(AuthConfig auth) override { snapshots_.update_auth(std::move(auth)); }
   void watch_config(const std::string& path, std::chrono::milliseconds interval) override {
     MutexLock lock(control_mutex_);
     config_path_ = path;
@@ -460,75 +149,25 @@ class GatewayImpl final : public Gateway {
   }
   std::vector<LoadSample> samples(const std::string& endpoint, size_t seconds) const override;
 
-  // The request path; public for the callbacks that reach it through ProxyCall::gateway.
+ private:
+  // The request path: routing, auth, local routes; a proxied request becomes a ProxyCall.
   void handle(http::Request&& request, http::Responder&& responder);
-  // `scope`: the endpoints whose series and stats the caller may see (empty: all).
-  void answer_local(const Route& route, const http::Request& request, const Snapshot& snapshot,
-                    ErrorShape shape, const std::string& request_id,
-                    const std::vector<std::string>& scope, http::Responder&& responder);
-  WorkerState& worker();
-  const std::shared_ptr<const Snapshot>& current_snapshot(WorkerState& worker);
 
-  void admit(const std::shared_ptr<ProxyCall>& call);
-  // A slot on an eligible replica of `view` other than `excluded`, of the version named
-  // `version` (ignoring weights) when not empty, else of a version drawn by weight; null when
-  // none has room.
-  std::shared_ptr<ReplicaRuntime> acquire(const EndpointView& view, Balancer& balancer,
-                                          Random& random, const ReplicaRuntime* excluded,
-                                          std::string_view version);
-  void enqueue(const std::shared_ptr<ProxyCall>& call);
-  void dispatch_waiting(EndpointRuntime& endpoint, Balancer& balancer, Random& random);
-  void expire_waiting(const std::shared_ptr<EndpointRuntime>& endpoint);
-  void forward(const std::shared_ptr<ProxyCall>& call, std::shared_ptr<ReplicaRuntime> replica);
-  void on_upstream(const std::shared_ptr<ProxyCall>& call, http::ClientResponse&& response);
-  void on_client_gone(const std::shared_ptr<ProxyCall>& call);
-  void watch_slow_calls(WorkerState& state);
-  void release(ProxyCall& call);
-  void respond(ProxyCall& call, http::Response&& response);
-  void on_stream_head(ProxyCall& call, int status, std::string content_type, http::Headers headers);
-  void on_upstream_stream(const std::shared_ptr<ProxyCall>& call, http::ClientResponse&& response);
-  // Ends a stream: finish() when `complete`, else the client's connection is cut.
-  void end_stream(ProxyCall& call, int code, bool complete);
-  // The bookkeeping of an answer (metrics, access log), once per call; false when done before.
-  bool account(ProxyCall& call, int code);
-
-  // Counts an upstream's answer with `status` against its replica.
-  void record_answer(const std::shared_ptr<ProxyCall>& call, int status);
-  void record_success(ReplicaRuntime& replica);
-  // `result` is kFailure or kLocalFailure.
-  void record_failure(const std::shared_ptr<ReplicaRuntime>& replica,
-                      AttemptResult result = AttemptResult::kFailure);
-  void probe_later(std::shared_ptr<ReplicaRuntime> replica, std::chrono::milliseconds delay);
-
-  void publish_locked() FLOTILLA_REQUIRES(swap_mutex_);
   void control_loop();
   void sample_all();
   void check_config();
 
- private:
-  GatewayOptions options_;
-  CapacityRequester* capacity_;
+  // The parts hold references to each other: `proxy_` is built first, keeping references to
+  // `admission_` and `snapshots_` that it uses only once requests flow.
+  const GatewayOptions options_;
   MetricsRegistry& registry_;
+  const std::unique_ptr<AccessLog> access_log_;
   std::unique_ptr<http::Server> server_;
-  std::vector<std::unique_ptr<WorkerState>> workers_;
-  std::unique_ptr<AccessLog> access_log_;
-
-  // Table swaps: serialized by swap_mutex_, which also guards the runtime registries, auth_
-  // and the control thread's balancer and random source.
-  Mutex swap_mutex_;
-  std::map<std::string, std::shared_ptr<EndpointRuntime>> endpoints_
-      FLOTILLA_GUARDED_BY(swap_mutex_);
-  EndpointTable table_ FLOTILLA_GUARDED_BY(swap_mutex_);
-  AuthConfig auth_ FLOTILLA_GUARDED_BY(swap_mutex_);
-  SeededRandom control_random_ FLOTILLA_GUARDED_BY(swap_mutex_);
-  std::unique_ptr<Balancer> control_balancer_ FLOTILLA_GUARDED_BY(swap_mutex_);
-  // Immutable after construction; each replica's state is its runtime's `outlier`.
-  const OutlierDetector outlier_;
-
-  // The published snapshot; workers re-read it when the version moves.
-  mutable Mutex snapshot_mutex_;
-  std::shared_ptr<const Snapshot> snapshot_ FLOTILLA_GUARDED_BY(snapshot_mutex_);
-  std::atomic<uint64_t> snapshot_version_{0};
+  Workers workers_;
+  Proxy proxy_;
+  Admission admission_;
+  Snapshots snapshots_;
+  CodeCounters unrouted_;
 
   // Control thread.
   Mutex control_mutex_;
@@ -538,141 +177,7 @@ class GatewayImpl final : public Gateway {
   std::chrono::milliseconds config_interval_ FLOTILLA_GUARDED_BY(control_mutex_){0};
   std::string config_stamp_;  // control thread only
   std::thread control_thread_;
-
-  CodeCounters unrouted_;
 };
-
-WorkerState& GatewayImpl::worker() {
-  const int index = http::current_worker_index();
-  FLOTILLA_CHECK(index >= 0 && static_cast<size_t>(index) < workers_.size());
-  WorkerState& state = *workers_[index];
-  if (!state.pool) {
-    state.pool = http::ClientPool::create(http::Loop::current(), options_.client);
-  }
-  return state;
-}
-
-const std::shared_ptr<const Snapshot>& GatewayImpl::current_snapshot(WorkerState& worker) {
-  const uint64_t version = snapshot_version_.load(std::memory_order_acquire);
-  if (version != worker.snapshot_version) {
-    MutexLock lock(snapshot_mutex_);
-    worker.snapshot = snapshot_;
-    worker.snapshot_version = snapshot_version_.load(std::memory_order_acquire);
-  }
-  return worker.snapshot;
-}
-
-// ---- Table swaps
-// ---------------------------------------------------------------------------------
-
-Status GatewayImpl::update_table(EndpointTable table) {
-  FLOTILLA_RETURN_IF_ERROR(validate_endpoint_table(table));
-  MutexLock lock(swap_mutex_);
-  table_ = std::move(table);
-  publish_locked();
-  return Status::ok();
-}
-
-void GatewayImpl::publish_locked() {
-  auto snapshot = std::make_shared<Snapshot>();
-  std::map<std::string, std::shared_ptr<EndpointRuntime>> endpoints;
-  for (const EndpointEntry& entry : table_.endpoints) {
-    auto found = endpoints_.find(entry.name);
-    std::shared_ptr<EndpointRuntime> runtime =
-        found != endpoints_.end()
-            ? found->second
-            : std::make_shared<EndpointRuntime>(entry.name, options_.queue_capacity, registry_);
-    auto view = std::make_shared<EndpointView>();
-    view->runtime = runtime;
-    std::map<std::string, std::shared_ptr<ReplicaRuntime>> replicas;
-    for (const VersionEntry& version : entry.versions) {
-      VersionView& version_view = view->versions.emplace_back();
-      version_view.name = version.name;
-      view->weights.push_back(version.traffic);
-      if (version.runtime == "llm") {
-        view->generative = true;
-        if (version.max_model_len > 0 &&
-            (view->max_model_len == 0 || version.max_model_len < view->max_model_len)) {
-          view->max_model_len = version.max_model_len;
-        }
-      }
-      for (const ReplicaEntry& replica : version.replicas) {
-        const std::string key = version.name + "/" + replica.id + "@" + replica.host + ":" +
-                                std::to_string(replica.port);
-        auto existing = runtime->replicas.find(key);
-        std::shared_ptr<ReplicaRuntime> replica_runtime;
-        if (existing != runtime->replicas.end()) {
-          replica_runtime = existing->second;
-          replica_runtime->apply(replica);
-        } else {
-          replica_runtime =
-              std::make_shared<ReplicaRuntime>(entry.name, version.name, replica, registry_);
-        }
-        replicas[key] = replica_runtime;
-        version_view.replicas.push_back(std::move(replica_runtime));
-      }
-    }
-    // Replicas that left the table take no new requests; those in flight finish (the calls
-    // hold them), which is the drain.
-    for (auto& [key, old] : runtime->replicas) {
-      if (!replicas.contains(key)) {
-        old->removed.store(true);
-      }
-    }
-    runtime->replicas = std::move(replicas);
-    {
-      MutexLock endpoint_lock(runtime->mutex);
-      runtime->view = view;
-    }
-    snapshot->endpoints.emplace(entry.name, std::move(view));
-    snapshot->names.push_back(entry.name);
-    endpoints.emplace(entry.name, std::move(runtime));
-  }
-  std::sort(snapshot->names.begin(), snapshot->names.end());
-  snapshot->auth_enabled = auth_.enabled;
-  snapshot->auth = std::make_shared<const Authenticator>(auth_.tokens);
-  snapshot->open_routes = auth_.open_routes;
-
-  // Endpoints that left the table: their waiting requests are answered now.
-  for (auto& [name, old] : endpoints_) {
-    if (endpoints.contains(name)) {
-      continue;
-    }
-    old->removed.store(true);
-    for (auto& [key, replica] : old->replicas) {
-      replica->removed.store(true);
-    }
-    std::vector<std::shared_ptr<ProxyCall>> waiting;
-    {
-      MutexLock endpoint_lock(old->mutex);
-      waiting = old->queue.expire(TimePoint::max());
-      old->queued.fetch_sub(static_cast<int64_t>(waiting.size()));
-      old->queue_gauge.set(0);
-    }
-    for (auto& call : waiting) {
-      CallState expected = CallState::kQueued;
-      if (call->state.compare_exchange_strong(expected, CallState::kExpired)) {
-        call->loop.post([this, call] {
-          respond(*call,
-                  error_response(call->shape, 404,
-                                 "endpoint '" + call->endpoint->name + "' was removed", "model"));
-        });
-      }
-    }
-  }
-  endpoints_ = std::move(endpoints);
-  {
-    MutexLock snapshot_lock(snapshot_mutex_);
-    snapshot_ = std::move(snapshot);
-    snapshot_version_.fetch_add(1, std::memory_order_release);
-  }
-  // New or freed capacity goes to requests that were waiting for it.
-  for (auto& [name, runtime] : endpoints_) {
-    if (runtime->queued.load() > 0) {
-      dispatch_waiting(*runtime, *control_balancer_, control_random_);
-    }
-  }
-}
 
 // ---- The request path
 // ----------------------------------------------------------------------------
@@ -699,8 +204,8 @@ void assign_request_id(const http::Request& request, Random& random, std::string
 }
 
 void GatewayImpl::handle(http::Request&& request, http::Responder&& responder) {
-  WorkerState& state = worker();
-  const std::shared_ptr<const Snapshot>& snapshot = current_snapshot(state);
+  WorkerState& state = workers_.current();
+  const std::shared_ptr<const Snapshot>& snapshot = snapshots_.current(state);
   Route route =
       route_request(request.method, request.target, request.body, options_.default_endpoint);
   const std::string_view authorization = http::find_header(request.headers, "authorization");
@@ -730,14 +235,18 @@ void GatewayImpl::handle(http::Request&& request, http::Responder&& responder) {
       // some sees only theirs: the names, replicas and counts of others are not its to read.
       std::vector<std::string> scope;
       if (!snapshot->is_open(open_route_name(route.kind))) {
-        const AuthResult result = snapshot->auth->check_scope(authorization, &scope);
-        if (result != AuthResult::kAllowed) {
+        const auth::AuthResult result = snapshot->auth->check_scope(authorization, &scope);
+        if (result != auth::AuthResult::kAllowed) {
           refuse(401,
-                 result == AuthResult::kMissing ? "missing bearer token" : "invalid bearer token");
+                 result == auth::AuthResult::kMissing ? "missing bearer token" : "invalid bearer token");
           return;
         }
       }
-      answer_local(route, request, *snapshot, shape, request_id, scope, std::move(responder));
+      http::Response response =
+          answer_local(route, request, *snapshot, shape, scope, server_->draining(), registry_);
+      unrouted_.inc(response.status);
+      response.headers.emplace_back("X-Request-Id", request_id);
+      responder.send(std::move(response));
       return;
     }
     case RouteKind::kNotFound:
@@ -758,13 +267,13 @@ void GatewayImpl::handle(http::Request&& request, http::Responder&& responder) {
   }
 
   if (snapshot->auth_enabled) {
-    const AuthResult result = snapshot->auth->check(authorization, route.endpoint);
-    if (result != AuthResult::kAllowed) {
+    const auth::AuthResult result = snapshot->auth->check(authorization, route.endpoint);
+    if (result != auth::AuthResult::kAllowed) {
       refuse(
-          result == AuthResult::kForbidden ? 403 : 401,
-          result == AuthResult::kForbidden
+          result == auth::AuthResult::kForbidden ? 403 : 401,
+          result == auth::AuthResult::kForbidden
               ? "the token may not call endpoint '" + route.endpoint + "'"
-              : (result == AuthResult::kMissing ? "missing bearer token" : "invalid bearer token"));
+              : (result == auth::AuthResult::kMissing ? "missing bearer token" : "invalid bearer token"));
       return;
     }
   }
@@ -786,8 +295,8 @@ void GatewayImpl::handle(http::Request&& request, http::Responder&& responder) {
   }
 
   auto call = std::make_shared<ProxyCall>(std::move(responder), http::Loop::current());
-  call->gateway = this;
-  call->start = Clock::now();
+  call->proxy = &proxy_;
+  call->start = SteadyClock::now();
   call->method = request.method;
   call->path = std::move(request.target);
   call->snapshot = snapshot;
@@ -811,634 +320,19 @@ void GatewayImpl::handle(http::Request&& request, http::Responder&& responder) {
   // pool calls these only while the call is pending, its callback holding the call.
   upstream.stream.on_head = [call = call.get()](int status, std::string content_type,
                                                 http::Headers headers) {
-    call->gateway->on_stream_head(*call, status, std::move(content_type), std::move(headers));
+    call->proxy->on_stream_head(*call, status, std::move(content_type), std::move(headers));
   };
   upstream.stream.on_body = [call = call.get()](std::string piece) {
     call->responder.write(std::move(piece));
   };
   call->endpoint->arrivals.fetch_add(1, std::memory_order_relaxed);
-  admit(call);
-}
-
-void GatewayImpl::admit(const std::shared_ptr<ProxyCall>& call) {
-  WorkerState& state = worker();
-  auto replica =
-      acquire(*call->view, *state.balancer, *state.random, call->excluded, call->version);
-  if (replica) {
-    forward(call, std::move(replica));
-    return;
-  }
-  enqueue(call);
-}
-
-std::shared_ptr<ReplicaRuntime> GatewayImpl::acquire(const EndpointView& view, Balancer& balancer,
-                                                     Random& random, const ReplicaRuntime* excluded,
-                                                     std::string_view version) {
-  thread_local std::vector<Candidate> candidates;
-  std::optional<size_t> first;
-  if (version.empty()) {
-    first = pick_by_weight(view.weights, random);
-  } else {
-    for (size_t v = 0; v < view.versions.size() && !first; ++v) {
-      if (view.versions[v].name == version) {
-        first = v;
-      }
-    }
-  }
-  if (!first) {
-    return nullptr;
-  }
-  // The version drawn by weight first; when it has no room, the others in order, so a full
-  // version does not make requests wait while another has capacity. A version path stays on
-  // its version.
-  const size_t versions = version.empty() ? view.versions.size() : 1;
-  for (size_t n = 0; n < versions; ++n) {
-    const size_t v = (*first + n) % view.versions.size();
-    if (n > 0 && view.weights[v] <= 0) {
-      continue;
-    }
-    const auto& replicas = view.versions[v].replicas;
-    for (int attempt = 0; attempt < 3; ++attempt) {
-      candidates.clear();
-      for (const auto& replica : replicas) {
-        candidates.push_back(Candidate{replica->eligible() && replica.get() != excluded,
-                                       replica->in_flight.load(std::memory_order_relaxed),
-                                       replica->cap.load(std::memory_order_relaxed)});
-      }
-      const auto index = balancer.pick(candidates, random);
-      if (!index) {
-        break;
-      }
-      // Another worker may have taken the last slot since the counts were read.
-      if (replicas[*index]->try_acquire()) {
-        return replicas[*index];
-      }
-    }
-  }
-  return nullptr;
-}
-
-void GatewayImpl::enqueue(const std::shared_ptr<ProxyCall>& call) {
-  EndpointRuntime& endpoint = *call->endpoint;
-  // Cold: no replica that could serve the call is eligible (scale from zero, every replica
-  // ejected or starting, or the only one just failed it): wait as long as a cold start takes.
-  bool any_eligible = false;
-  for (const auto& version : call->view->versions) {
-    for (const auto& replica : version.replicas) {
-      any_eligible = any_eligible || (replica->eligible() && call->accepts(*replica));
-    }
-  }
-  call->cold = !any_eligible;
-  const TimePoint now = Clock::now();
-  TimePoint deadline = now + (call->cold ? options_.cold_start_timeout : options_.queue_timeout);
-  call->state.store(CallState::kQueued);
-  bool full = false;
-  {
-    MutexLock lock(endpoint.mutex);
-    // Deadlines in one queue never decrease (AdmissionQueue's contract); a request behind a
-    // cold-start waiter waits as long as it.
-    deadline = std::max(deadline, endpoint.queue.last_deadline().value_or(deadline));
-    if (endpoint.queue.push(std::shared_ptr<ProxyCall>(call), deadline)) {
-      full = true;
-    } else {
-      endpoint.queued.fetch_add(1);
-      endpoint.queue_gauge.add(1);
-    }
-  }
-  if (full) {
-    call->state.store(CallState::kExpired);
-    endpoint.rejected.fetch_add(1, std::memory_order_relaxed);
-    http::Response response = error_response(
-        call->shape, 429, "endpoint '" + endpoint.name + "' is at capacity and its queue is full");
-    response.headers.emplace_back("Retry-After", "1");
-    respond(*call, std::move(response));
-    return;
-  }
-  if (call->cold && capacity_ != nullptr) {
-    const int64_t now_ms = unix_time_ms();
-    int64_t last = endpoint.last_capacity_request_ms.load();
-    if (now_ms - last >= 1000 &&
-        endpoint.last_capacity_request_ms.compare_exchange_strong(last, now_ms)) {
-      capacity_->request_capacity(endpoint.name);
-    }
-  }
-  if (!call->watching) {
-    call->watching = true;
-    call->responder.on_client_gone([this, call] { on_client_gone(call); });
-  }
-  call->loop.post_after(std::chrono::duration_cast<std::chrono::microseconds>(deadline - now),
-                        [this, endpoint = call->endpoint] { expire_waiting(endpoint); });
-  // A slot freed between the failed acquire and the push saw an empty queue and dispatched
-  // nothing; look once more now that the queue counter shows this request.
-  WorkerState& state = worker();
-  dispatch_waiting(endpoint, *state.balancer, *state.random);
-}
-
-// Hands free slots to the oldest waiters: take a slot first, then a waiter, so a slot is never
-// promised to a waiter that then finds none (and a waiter never sees a slot vanish). The slot is
-// sought for what the oldest waiter needs (its version; not the replica that failed it); a
-// waiter that cannot use the slot keeps its place and the next one that can takes it.
-void GatewayImpl::dispatch_waiting(EndpointRuntime& endpoint, Balancer& balancer, Random& random) {
-  int misses = 0;
-  while (endpoint.queued.load() > 0) {
-    std::shared_ptr<const EndpointView> view;
-    const ReplicaRuntime* excluded = nullptr;
-    std::string version;
-    {
-      MutexLock lock(endpoint.mutex);
-      view = endpoint.view.lock();
-      if (const auto* front = endpoint.queue.front(); front != nullptr) {
-        excluded = (*front)->excluded;
-        version = (*front)->version;
-      }
-    }
-    if (!view || endpoint.removed.load()) {
-      return;
-    }
-    auto replica = acquire(*view, balancer, random, excluded, version);
-    if (!replica && (excluded != nullptr || !version.empty())) {
-      replica = acquire(*view, balancer, random, nullptr, {});  // for a waiter further back
-    }
-    if (!replica) {
-      return;
-    }
-    std::shared_ptr<ProxyCall> call;
-    {
-      MutexLock lock(endpoint.mutex);
-      const auto takes = [&replica](const std::shared_ptr<ProxyCall>& waiting) {
-        // Calls no longer queued (their client left) are dropped on the way.
-        return waiting->state.load() != CallState::kQueued || waiting->accepts(*replica);
-      };
-      while (auto next = endpoint.queue.pop_first(takes)) {
-        endpoint.queued.fetch_sub(1);
-        endpoint.queue_gauge.add(-1);
-        CallState expected = CallState::kQueued;
-        if ((*next)->state.compare_exchange_strong(expected, CallState::kDispatched)) {
-          call = std::move(*next);
-          break;
-        }
-      }
-    }
-    if (!call) {
-      // A push may have raced with this pop (its own dispatch found this slot taken): look
-      // again. When no waiter may use the replicas with room, a later release, table swap or
-      // probe dispatches them; stop after a few misses.
-      replica->release();
-      if (++misses > 2) {
-        return;
-      }
-      continue;
-    }
-    call->loop.post([this, call, replica = std::move(replica)]() mutable {
-      forward(call, std::move(replica));
-    });
-  }
-}
-
-void GatewayImpl::expire_waiting(const std::shared_ptr<EndpointRuntime>& endpoint) {
-  std::vector<std::shared_ptr<ProxyCall>> expired;
-  {
-    MutexLock lock(endpoint->mutex);
-    expired = endpoint->queue.expire(Clock::now());
-    endpoint->queued.fetch_sub(static_cast<int64_t>(expired.size()));
-    endpoint->queue_gauge.add(-static_cast<double>(expired.size()));
-  }
-  for (auto& call : expired) {
-    CallState expected = CallState::kQueued;
-    if (!call->state.compare_exchange_strong(expected, CallState::kExpired)) {
-      continue;  // its client left; already answered
-    }
-    endpoint->rejected.fetch_add(1, std::memory_order_relaxed);
-    call->loop.post([this, call] {
-      const auto waited = options_.queue_timeout.count();
-      http::Response response =
-          call->cold
-              ? error_response(call->shape, 503,
-                               "endpoint '" + call->endpoint->name +
-                                   "' has no ready replica; none became ready within " +
-                                   std::to_string(options_.cold_start_timeout.count()) + " ms")
-              : error_response(call->shape, 429,
-                               "endpoint '" + call->endpoint->name +
-                                   "' is at capacity; no replica was free within " +
-                                   std::to_string(waited) + " ms");
-      response.headers.emplace_back("Retry-After", "1");
-      respond(*call, std::move(response));
-    });
-  }
-}
-
-void GatewayImpl::forward(const std::shared_ptr<ProxyCall>& call,
-                          std::shared_ptr<ReplicaRuntime> replica) {
-  if (call->client_gone) {
-    replica->release();
-    dispatch_waiting(*call->endpoint, *worker().balancer, *worker().random);
-    respond(*call, error_response(call->shape, 499, "client closed the connection"));
-    return;
-  }
-  call->state.store(CallState::kDispatched);
-  call->replica = std::move(replica);
-  ++call->attempts;
-  call->endpoint->in_flight.fetch_add(1);
-  call->endpoint->in_flight_gauge.add(1);
-  call->upstream_start = Clock::now();
-  ReplicaRuntime& target = *call->replica;
-  WorkerState& state = worker();
-  call->handle =
-      state.pool->send(target.host, target.port, std::move(call->request),
-                       options_.upstream_timeout, [call](http::ClientResponse&& response) {
-                         call->gateway->on_upstream(call, std::move(response));
-                       });
-  if (!call->watching && call->owner == nullptr) {
-    call->owner = &state;
-    call->active_index = state.active.size();
-    state.active.push_back(call.get());
-    if (!state.sweeping) {
-      state.sweeping = true;
-      watch_slow_calls(state);
-    }
-  }
-}
-
-// Watching a client for a disconnect costs an epoll_ctl, more than a fast request is worth
-// saving: calls still at their replica after one sweep period (25 to 50 ms) are watched.
-void GatewayImpl::watch_slow_calls(WorkerState& state) {
-  http::Loop::current().post_after(std::chrono::milliseconds(25), [this, &state] {
-    const TimePoint old = Clock::now() - std::chrono::milliseconds(25);
-    for (size_t i = 0; i < state.active.size(); ++i) {
-      ProxyCall* call = state.active[i];
-      if (!call->watching && !call->answered && call->start <= old) {
-        call->watching = true;
-        call->responder.on_client_gone(
-            [this, self = call->shared_from_this()] { on_client_gone(self); });
-      }
-    }
-    if (state.active.empty()) {
-      state.sweeping = false;
-      return;
-    }
-    watch_slow_calls(state);
-  });
-}
-
-void GatewayImpl::release(ProxyCall& call) {
-  ReplicaRuntime& replica = *call.replica;
-  replica.release();
-  call.endpoint->in_flight.fetch_sub(1);
-  call.endpoint->in_flight_gauge.add(-1);
-  if (call.endpoint->queued.load() > 0) {
-    WorkerState& state = worker();
-    dispatch_waiting(*call.endpoint, *state.balancer, *state.random);
-  }
-}
-
-void GatewayImpl::on_upstream(const std::shared_ptr<ProxyCall>& call,
-                              http::ClientResponse&& response) {
-  const TimePoint now = Clock::now();
-  call->upstream_time += now - call->upstream_start;
-  ReplicaRuntime& replica = *call->replica;
-  replica.latency.observe(seconds_between(call->upstream_start, now));
-  release(*call);
-  if (call->streaming) {
-    on_upstream_stream(call, std::move(response));
-    return;
-  }
-
-  if (response.failure == http::UpstreamFailure::kNone) {
-    record_answer(call, response.status);
-    // Every field given: a default Content-Type would be built only to be replaced.
-    respond(*call, http::Response{response.status, std::move(response.content_type),
-                                  std::move(response.body), std::move(response.headers)});
-    return;
-  }
-  if (response.failure == http::UpstreamFailure::kCancelled) {
-    respond(*call, error_response(call->shape, 499, "client closed the connection"));
-    return;
-  }
-  // Out of descriptors here says nothing about the replica: counted, it never ejects it.
-  record_failure(call->replica,
-                 response.local_failure ? AttemptResult::kLocalFailure : AttemptResult::kFailure);
-  spdlog::debug("request {}: replica {} of '{}' failed ({}): {}", call->request_id, replica.id,
-                replica.endpoint, http::failure_name(response.failure), response.error);
-  if (should_retry(FailedAttempt{response.failure, response.unsent.has_value(), call->client_gone,
-                                 call->attempts})) {
-    // Nothing reached the client: send it again, to another replica or, when none is
-    // eligible, after waiting in the queue for one (a replacement, a probe back, a drain's
-    // successor). Only the queue's deadline then ends it (503 or 429).
-    call->endpoint->retries.inc();
-    call->excluded = call->replica.get();
-    call->request = std::move(*response.unsent);
-    admit(call);
-    return;
-  }
-  if (response.failure == http::UpstreamFailure::kTimeout) {
-    respond(*call, error_response(call->shape, 504,
-                                  "replica '" + replica.id + "' of endpoint '" + replica.endpoint +
-                                      "' did not respond within " +
-                                      std::to_string(options_.upstream_timeout.count()) + " ms"));
-    return;
-  }
-  respond(*call, error_response(call->shape, 502,
-                                "replica '" + replica.id + "' of endpoint '" + replica.endpoint +
-                                    "' failed: " + response.error));
-}
-
-void GatewayImpl::on_stream_head(ProxyCall& call, int status, std::string content_type,
-                                 http::Headers headers) {
-  call.streaming = true;
-  if (!call.watching) {
-    // A stream is long: its client is watched now, so leaving stops the generation at once.
-    call.watching = true;
-    call.responder.on_client_gone([this, self = call.shared_from_this()] { on_client_gone(self); });
-  }
-  headers.emplace_back("X-Request-Id", call.request_id);
-  call.responder.start_stream(status, std::move(content_type), std::move(headers));
-}
-
-void GatewayImpl::record_answer(const std::shared_ptr<ProxyCall>& call, int status) {
-  call->replica->codes.inc(status);
-  // A replica that answers it is overloaded or broken counts as failing, like a dead one.
-  if (status == 502 || status == 503 || status == 504) {
-    record_failure(call->replica);
-  } else {
-    record_success(*call->replica);
-  }
-}
-
-void GatewayImpl::on_upstream_stream(const std::shared_ptr<ProxyCall>& call,
-                                     http::ClientResponse&& response) {
-  ReplicaRuntime& replica = *call->replica;
-  if (response.failure == http::UpstreamFailure::kNone) {
-    record_answer(call, response.status);
-    end_stream(*call, response.status, true);
-    return;
-  }
-  if (response.failure == http::UpstreamFailure::kCancelled) {
-    end_stream(*call, 499, false);  // the client left mid-stream
-    return;
-  }
-  // Cut mid-stream (kStreamInterrupted): bytes went to the client, so no retry; the client's
-  // stream is cut too, so it cannot take the partial stream for a whole one.
-  record_failure(call->replica);
-  spdlog::debug("request {}: replica {} of '{}' failed mid-stream ({}): {}", call->request_id,
-                replica.id, replica.endpoint, http::failure_name(response.failure), response.error);
-  end_stream(*call, 502, false);
-}
-
-void GatewayImpl::end_stream(ProxyCall& call, int code, bool complete) {
-  if (!account(call, code)) {
-    return;
-  }
-  if (complete) {
-    call.responder.finish();
-  } else {
-    // A Responder destroyed mid-stream closes the connection.
-    http::Responder cut(std::move(call.responder));
-  }
-}
-
-void GatewayImpl::on_client_gone(const std::shared_ptr<ProxyCall>& call) {
-  call->client_gone = true;
-  CallState expected = CallState::kQueued;
-  if (call->state.compare_exchange_strong(expected, CallState::kCancelled)) {
-    // Still queued, unless a dispatcher popped it a moment ago (it then skips it, as its state
-    // is no longer kQueued, and has already uncounted it).
-    EndpointRuntime& endpoint = *call->endpoint;
-    {
-      MutexLock lock(endpoint.mutex);
-      if (endpoint.queue.remove(call)) {
-        endpoint.queued.fetch_sub(1);
-        endpoint.queue_gauge.add(-1);
-      }
-    }
-    respond(*call, error_response(call->shape, 499, "client closed the connection"));
-    return;
-  }
-  worker().pool->cancel(call->handle);
-}
-
-void GatewayImpl::respond(ProxyCall& call, http::Response&& response) {
-  if (!account(call, response.status)) {
-    return;
-  }
-  response.headers.emplace_back("X-Request-Id", call.request_id);
-  call.responder.send(std::move(response));
-}
-
-bool GatewayImpl::account(ProxyCall& call, int code) {
-  if (call.answered) {
-    return false;
-  }
-  call.answered = true;
-  if (call.owner != nullptr) {
-    auto& active = call.owner->active;
-    active[call.active_index] = active.back();
-    active[call.active_index]->active_index = call.active_index;
-    active.pop_back();
-    call.owner = nullptr;
-  }
-  const TimePoint now = Clock::now();
-  const double total = seconds_between(call.start, now);
-  const double added = total - std::chrono::duration<double>(call.upstream_time).count();
-  EndpointRuntime& endpoint = *call.endpoint;
-  endpoint.codes.inc(code);
-  endpoint.latency.observe(total);
-  endpoint.added_latency.observe(std::max(0.0, added));
-  endpoint.completions.fetch_add(1, std::memory_order_relaxed);
-  if (call.upstream_time.count() > 0) {
-    endpoint.upstream_answers.fetch_add(1, std::memory_order_relaxed);
-    endpoint.upstream_us.fetch_add(
-        std::chrono::duration_cast<std::chrono::microseconds>(call.upstream_time).count(),
-        std::memory_order_relaxed);
-  }
-  if (access_log_) {
-    nlohmann::json line{{"ts", unix_time_ms()},
-                        {"request_id", call.request_id},
-                        {"method", http::method_name(call.method)},
-                        {"path", call.path},
-                        {"endpoint", endpoint.name},
-                        {"version", call.replica ? call.replica->version : ""},
-                        {"replica", call.replica ? call.replica->id : ""},
-                        {"code", code},
-                        {"latency_ms", total * 1e3},
-                        {"added_ms", added * 1e3},
-                        {"attempts", call.attempts}};
-    access_log_->append(line.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace));
-  }
-  return true;
-}
-
-// ---- Outlier detection -----------------------------------------------------------------------
-
-void GatewayImpl::record_success(ReplicaRuntime& replica) {
-  (void)outlier_.put_result(replica.outlier, AttemptResult::kSuccess);
-}
-
-void GatewayImpl::record_failure(const std::shared_ptr<ReplicaRuntime>& replica,
-                                 AttemptResult result) {
-  const std::optional<Ejection> ejection = outlier_.put_result(replica->outlier, result);
-  if (!ejection) {
-    return;
-  }
-  replica->ejections.inc();
-  spdlog::warn("replica '{}' of '{}' at {} ejected for {} ms after {} consecutive failures",
-               replica->id, replica->endpoint, replica->address, ejection->delay.count(),
-               ejection->consecutive_failures);
-  probe_later(replica, ejection->delay);
-}
-
-// While ejected, a replica is probed (GET /v2/health/ready) instead of being sent requests;
-// any answer below 500 brings it back.
-void GatewayImpl::probe_later(std::shared_ptr<ReplicaRuntime> replica,
-                              std::chrono::milliseconds delay) {
-  http::Loop::current().post_after(
-      std::chrono::duration_cast<std::chrono::microseconds>(delay),
-      [this, replica = std::move(replica), delay] {
-        if (replica->removed.load()) {
-          outlier_.forget(replica->outlier);
-          return;
-        }
-        http::ClientRequest probe;
-        probe.method = http::Method::kGet;
-        probe.target = "/v2/health/ready";
-        worker().pool->send(
-            replica->host, replica->port, std::move(probe), options_.client.connect_timeout,
-            [this, replica, delay](http::ClientResponse&& response) {
-              const bool healthy =
-                  response.failure == http::UpstreamFailure::kNone && response.status < 500;
-              const std::optional<Ejection> again =
-                  outlier_.put_probe_result(replica->outlier, healthy, delay);
-              if (!again) {
-                spdlog::info("replica '{}' of '{}' answered its probe; back in", replica->id,
-                             replica->endpoint);
-                // Requests waiting for lack of an eligible replica may take it now.
-                WorkerState& state = worker();
-                const EndpointView* view = current_snapshot(state)->find(replica->endpoint);
-                if (view != nullptr && view->runtime->queued.load() > 0) {
-                  dispatch_waiting(*view->runtime, *state.balancer, *state.random);
-                }
-                return;
-              }
-              probe_later(replica, again->delay);
-            });
-      });
-}
-
-// ---- Local routes ------------------------------------------------------------------------------
-
-// An OpenAI model object for a generative endpoint, as vLLM writes it (max_model_len added).
-nlohmann::json model_object(const std::string& name, const EndpointView& view) {
-  return {{"id", name},
-          {"object", "model"},
-          {"created", 0},
-          {"owned_by", "flotilla"},
-          {"max_model_len",
-           view.max_model_len > 0 ? nlohmann::json(view.max_model_len) : nlohmann::json(nullptr)}};
-}
-
-void GatewayImpl::answer_local(const Route& route, const http::Request& request,
-                               const Snapshot& snapshot, ErrorShape shape,
-                               const std::string& request_id, const std::vector<std::string>& scope,
-                               http::Responder&& responder) {
-  http::Response response;
-  const std::string_view authorization = http::find_header(request.headers, "authorization");
-  // Whether the request's token may see endpoint `name` (a model listing shows only those).
-  const auto may_see = [&](const std::string& name) {
-    return !snapshot.auth_enabled || snapshot.is_open("models") ||
-           snapshot.auth->check(authorization, name) == AuthResult::kAllowed;
-  };
-  switch (route.kind) {
-    case RouteKind::kHealth: {
-      const bool ready = !server_->draining();
-      const bool live_route = request.target.starts_with("/v2/health/live");
-      response.status = live_route || ready ? 200 : 503;
-      response.body =
-          live_route ? R"({"live":true})" : (ready ? R"({"ready":true})" : R"({"ready":false})");
-      break;
-    }
-    case RouteKind::kServerMetadata:
-      // OIP server metadata: the replicas answer the same for their own /v2.
-      response.body = std::string(R"({"name":"flotilla","version":")") + FLOTILLA_VERSION +
-                      R"(","extensions":[]})";
-      break;
-    case RouteKind::kMetrics:
-      response.content_type = "text/plain; version=0.0.4; charset=utf-8";
-      response.body = scope_metrics(registry_.render(), scope);
-      break;
-    case RouteKind::kListModels: {
-      nlohmann::json data = nlohmann::json::array();
-      for (const std::string& name : snapshot.names) {
-        const EndpointView& view = *snapshot.find(name);
-        if (view.generative && may_see(name)) {
-          data.push_back(model_object(name, view));
-        }
-      }
-      response.body = nlohmann::json{{"object", "list"}, {"data", data}}.dump();
-      break;
-    }
-    case RouteKind::kModel: {
-      const EndpointView* view = snapshot.find(route.endpoint);
-      if (view == nullptr || !view->generative || !may_see(route.endpoint)) {
-        response = error_response(shape, 404, "the model '" + route.endpoint + "' does not exist",
-                                  "model");
-        break;
-      }
-      response.body = model_object(route.endpoint, *view).dump();
-      break;
-    }
-    case RouteKind::kStats: {
-      nlohmann::json endpoints = nlohmann::json::array();
-      for (const std::string& name : snapshot.names) {
-        if (!scope.empty() && std::find(scope.begin(), scope.end(), name) == scope.end()) {
-          continue;
-        }
-        const EndpointView& view = *snapshot.find(name);
-        nlohmann::json replicas = nlohmann::json::array();
-        for (const auto& version : view.versions) {
-          for (const auto& replica : version.replicas) {
-            replicas.push_back({{"id", replica->id},
-                                {"version", replica->version},
-                                {"address", replica->address},
-                                {"in_flight", replica->in_flight.load()},
-                                {"cap", replica->cap.load()},
-                                {"eligible", replica->eligible()},
-                                {"ejected", replica->outlier.ejected()}});
-          }
-        }
-        nlohmann::json samples = nlohmann::json::array();
-        for (const LoadSample& sample : this->samples(name, 60)) {
-          samples.push_back({{"unix_ms", sample.unix_ms},
-                             {"concurrency", sample.concurrency},
-                             {"queued", sample.queued},
-                             {"arrivals", sample.arrivals},
-                             {"completions", sample.completions},
-                             {"latency_ms", sample.latency_ms},
-                             {"rejected", sample.rejected}});
-        }
-        endpoints.push_back({{"name", name},
-                             {"in_flight", view.runtime->in_flight.load()},
-                             {"queued", view.runtime->queued.load()},
-                             {"replicas", replicas},
-                             {"samples", samples}});
-      }
-      response.body = nlohmann::json{{"endpoints", endpoints}}.dump();
-      break;
-    }
-    default:
-      response = error_response(shape, 404, "no route");
-  }
-  unrouted_.inc(response.status);
-  response.headers.emplace_back("X-Request-Id", request_id);
-  responder.send(std::move(response));
+  proxy_.admit(call);
 }
 
 // ---- Control thread: samples and config reloads ---------------------------------------------
 
 std::vector<LoadSample> GatewayImpl::samples(const std::string& endpoint, size_t seconds) const {
-  std::shared_ptr<const Snapshot> snapshot;
-  {
-    MutexLock lock(snapshot_mutex_);
-    snapshot = snapshot_;
-  }
+  const std::shared_ptr<const Snapshot> snapshot = snapshots_.latest();
   const EndpointView* view = snapshot ? snapshot->find(endpoint) : nullptr;
   if (view == nullptr) {
     return {};
@@ -1447,14 +341,7 @@ std::vector<LoadSample> GatewayImpl::samples(const std::string& endpoint, size_t
 }
 
 void GatewayImpl::sample_all() {
-  std::vector<std::shared_ptr<EndpointRuntime>> endpoints;
-  {
-    MutexLock lock(swap_mutex_);
-    for (auto& [name, runtime] : endpoints_) {
-      endpoints.push_back(runtime);
-    }
-  }
-  for (auto& runtime : endpoints) {
+  for (auto& runtime : snapshots_.endpoints()) {
     const EndpointRuntime& endpoint = *runtime;
     runtime->sampler.tick(LoadReading{endpoint.in_flight.load(), endpoint.queued.load(),
                                       endpoint.arrivals.load(), endpoint.completions.load(),
@@ -1494,17 +381,12 @@ void GatewayImpl::check_config() {
     spdlog::error("config not applied: {}", config.status().message());
     return;
   }
-  {
-    MutexLock lock(swap_mutex_);
-    table_ = std::move(config->table);
-    auth_ = std::move(config->auth);
-    publish_locked();
-  }
+  snapshots_.apply_config(std::move(config->table), std::move(config->auth));
   spdlog::info("config '{}' applied", path);
 }
 
 void GatewayImpl::control_loop() {
-  auto next_config_check = Clock::now();
+  auto next_config_check = SteadyClock::now();
   while (true) {
     std::chrono::milliseconds interval{0};
     {
@@ -1519,9 +401,9 @@ void GatewayImpl::control_loop() {
       interval = config_interval_;
     }
     sample_all();
-    if (interval.count() > 0 && Clock::now() >= next_config_check) {
+    if (interval.count() > 0 && SteadyClock::now() >= next_config_check) {
       check_config();
-      next_config_check = Clock::now() + interval;
+      next_config_check = SteadyClock::now() + interval;
     }
   }
 }
@@ -1531,8 +413,13 @@ void GatewayImpl::control_loop() {
 Result<std::unique_ptr<Gateway>> Gateway::create(const GatewayOptions& options, EndpointTable table,
                                                  AuthConfig auth, CapacityRequester* capacity,
                                                  MetricsRegistry& registry) {
-  auto gateway = std::make_unique<GatewayImpl>(options, capacity, registry);
-  FLOTILLA_RETURN_IF_ERROR(gateway->init(std::move(table), std::move(auth)));
+  std::unique_ptr<AccessLog> access_log;
+  if (!options.access_log.empty()) {
+    FLOTILLA_ASSIGN_OR_RETURN(access_log, AccessLog::open(options.access_log));
+  }
+  auto gateway = std::make_unique<GatewayImpl>(options, real_clock(), std::move(access_log),
+                                               capacity, registry, std::move(auth));
+  FLOTILLA_RETURN_IF_ERROR(gateway->init(std::move(table)));
   return std::unique_ptr<Gateway>(std::move(gateway));
 }
 
