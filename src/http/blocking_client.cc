@@ -329,7 +329,16 @@ Status BlockingConnection::send(ClientRequest request, const HeadCallback& on_he
                                 const BodyCallback& on_body,
                                 std::optional<Clock::TimePoint> deadline) {
   impl_->deadline = deadline;
-  return impl_->exchange(std::move(request), on_head, on_body);
+  // Asio throws where it cannot get descriptors (the reactor's epoll and eventfd are made at the
+  // first socket or resolver, not with the io_context): a probe must not take the process down
+  // when descriptors run out; the exchange fails like a connect that could not be made.
+  try {
+    return impl_->exchange(std::move(request), on_head, on_body);
+  } catch (const boost::system::system_error& e) {
+    return impl_->fail_local("cannot connect", e.code().message());
+  } catch (const std::exception& e) {
+    return impl_->fail_local("cannot connect", e.what());
+  }
 }
 
 Status BlockingConnection::get(const std::string& target, std::optional<ByteRange> range,
