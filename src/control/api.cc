@@ -6,6 +6,8 @@
 #include <algorithm>
 #include <charconv>
 
+#include "protocol/protocol.h"
+
 namespace flotilla::control {
 namespace {
 
@@ -19,8 +21,13 @@ http::Response json_response(int status, const nlohmann::json& body) {
   return response;
 }
 
+// MLflow's error shape, written by protocol; the API's answers carry U+FFFD itself for
+// invalid bytes in a message, as they always have.
 http::Response error_response(int status, std::string_view code, const std::string& message) {
-  return json_response(status, {{"error_code", code}, {"message", message}});
+  http::Response response;
+  response.status = status;
+  response.body = protocol::encode_mlflow_error(code, protocol::valid_utf8(message));
+  return response;
 }
 
 std::string_view code_for_status(int status) {
@@ -75,8 +82,7 @@ std::string query_value(std::string_view query, std::string_view name) {
 }  // namespace
 
 std::string api_error_body(int status, std::string_view message) {
-  return nlohmann::json{{"error_code", code_for_status(status)}, {"message", message}}.dump(
-      -1, ' ', false, nlohmann::json::error_handler_t::replace);
+  return protocol::encode_mlflow_error(code_for_status(status), protocol::valid_utf8(message));
 }
 
 Result<std::unique_ptr<ApiServer>> ApiServer::create(http::ServerOptions options,

@@ -296,11 +296,76 @@ class ClientPool {
   virtual size_t idle_connections() const = 0;
 };
 
-// Sends one request to host:port on a fresh connection and waits for the whole response, at
-// most `timeout` from the start; blocks the calling thread. For tools and control loops (the
-// CLI, readiness probes), never for the request path. Failures come back in
-// ClientResponse::failure as with ClientPool (kConnect, kTimeout, ...); response headers are
-// all kept.
+// ---- Blocking client: one connection, for tools, control loops and the store ------------------
+
+// Where a BlockingConnection connects. With tls, the peer's certificate is verified against the
+// system's CAs (SSL_CERT_FILE / SSL_CERT_DIR honoured) and `host`.
+struct Origin {
+  std::string host;
+  uint16_t port = 80;
+  bool tls = false;
+  std::string text() const;  // "http://host:port", for messages
+};
+
+// Byte range [first, last], both included (as in the Range header).
+struct ByteRange {
+  uint64_t first = 0;
+  uint64_t last = 0;
+};
+
+// A response's status line and headers, as a BlockingConnection's head callback sees them.
+struct ResponseHead {
+  int status = 0;
+  std::string content_type;
+  Headers headers;  // every other header, as received (hop-by-hop ones included)
+  std::optional<uint64_t> content_length;
+};
+
+// One blocking HTTP/1.1 keep-alive connection to one origin, plain TCP or TLS, for code off the
+// request path: the store's downloads, probes, the CLI (through fetch()). Every step (connect,
+// TLS handshake, the write, each read) must progress within `io_timeout`, so a long body that
+// keeps arriving is never cut while a stalled peer is; a send() may also carry a deadline for the
+// whole exchange. Connects lazily, at the first send(); after a failure, a refused response or a
+// server's close, the next send() connects again. Not thread-safe: one thread at a time.
+class BlockingConnection {
+ public:
+  using HeadCallback = std::function<Status(const ResponseHead& head)>;
+  using BodyCallback = std::function<Status(const char* data, size_t size)>;
+
+  BlockingConnection(Origin origin, std::chrono::milliseconds io_timeout);
+  ~BlockingConnection();
+  BlockingConnection(const BlockingConnection&) = delete;
+  BlockingConnection& operator=(const BlockingConnection&) = delete;
+
+  // Sends `request` (its method, target, headers and body; Host, User-Agent and Content-Length
+  // are added, a header of the request's own overrides them; `stream` is ignored) and blocks
+  // until the response is read: `on_head` sees the head and may refuse the response (its error
+  // is returned, the body left unread), then `on_body` receives the body in pieces, in order, and
+  // may stop it the same way. `deadline`, when set, bounds the whole exchange. Transport
+  // failures (resolve, connect, TLS, reset, timeout, truncated or malformed response) are
+  // kUnavailable naming the URL; failure() then tells which kind.
+  Status send(ClientRequest request, const HeadCallback& on_head, const BodyCallback& on_body,
+              std::optional<Clock::TimePoint> deadline = std::nullopt);
+  // GET `target`, optionally one byte range of it (the Range header).
+  Status get(const std::string& target, std::optional<ByteRange> range, const HeadCallback& on_head,
+             const BodyCallback& on_body);
+
+  // Why the last send() failed in transport (kConnect, kTimeout, kClosedBeforeResponse,
+  // kClosedDuringResponse, kBadResponse); kNone after a success or a callback's refusal.
+  UpstreamFailure failure() const;
+  // The last failure was this process's own (see ClientResponse::local_failure).
+  bool local_failure() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+// Sends one request to host:port on a fresh BlockingConnection (Connection: close) and waits for
+// the whole response, at most `timeout` from the start; blocks the calling thread. For tools and
+// control loops (the CLI, readiness probes), never for the request path. Failures come back in
+// ClientResponse::failure as with ClientPool (kConnect, kTimeout, ...); response headers are all
+// kept; a body over 64 MiB is kBadResponse.
 ClientResponse fetch(const std::string& host, uint16_t port, ClientRequest request,
                      std::chrono::milliseconds timeout);
 

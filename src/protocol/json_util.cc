@@ -234,12 +234,6 @@ void append_tensor_data(const Tensor& tensor, std::string& out) {
   append_dimension(tensor, 0, 0, out);
 }
 
-}  // namespace detail
-
-namespace {
-
-// Length of the well-formed UTF-8 sequence at the start of `text` (RFC 3629: no overlong
-// forms, no surrogates, nothing past U+10FFFF), or 0 when it is not one.
 size_t utf8_sequence_length(std::string_view text) {
   const auto byte = [&text](size_t i) {
     return static_cast<unsigned char>(text[i]);
@@ -274,7 +268,7 @@ size_t utf8_sequence_length(std::string_view text) {
   return length;
 }
 
-}  // namespace
+}  // namespace detail
 
 void append_json_string(std::string_view value, std::string& out) {
   static constexpr char kHex[] = "0123456789abcdef";
@@ -283,7 +277,7 @@ void append_json_string(std::string_view value, std::string& out) {
     const unsigned char c = static_cast<unsigned char>(value[i]);
     if (c >= 0x80) {
       // Messages can quote client bytes (a path, a CSV cell): keep the JSON valid UTF-8.
-      const size_t length = utf8_sequence_length(value.substr(i));
+      const size_t length = detail::utf8_sequence_length(value.substr(i));
       if (length == 0) {
         out += "\\ufffd";
         ++i;

@@ -34,4 +34,8 @@ void append_tensor_data_flat(const Tensor& tensor, std::string& out);
 void append_number(double value, std::string& out);
 void append_int(int64_t value, std::string& out);
 
+// Length of the well-formed UTF-8 sequence at the start of `text` (RFC 3629: no overlong
+// forms, no surrogates, nothing past U+10FFFF), or 0 when it is not one. `text` is not empty.
+size_t utf8_sequence_length(std::string_view text);
+
 }  // namespace flotilla::protocol::detail

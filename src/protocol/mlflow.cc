@@ -450,35 +450,4 @@ void encode_mlflow_predictions(const Tensor& output, std::string& out) {
   out += '}';
 }
 
-std::string encode_mlflow_error(StatusCode code, std::string_view message) {
-  std::string_view error_code = "INTERNAL_ERROR";
-  switch (code) {
-    case StatusCode::kInvalidArgument:
-    case StatusCode::kFailedPrecondition:
-      error_code = "BAD_REQUEST";
-      break;
-    case StatusCode::kUnimplemented:
-      error_code = "NOT_IMPLEMENTED";  // MLflow's ErrorCode for 501
-      break;
-    case StatusCode::kNotFound:
-      error_code = "RESOURCE_DOES_NOT_EXIST";
-      break;
-    case StatusCode::kResourceExhausted:
-      error_code = "RESOURCE_EXHAUSTED";
-      break;
-    case StatusCode::kUnavailable:
-    case StatusCode::kDeadlineExceeded:
-      error_code = "TEMPORARILY_UNAVAILABLE";
-      break;
-    default:
-      break;
-  }
-  std::string out = "{\"error_code\":\"";
-  out += error_code;
-  out += "\",\"message\":";
-  append_json_string(message, out);
-  out += '}';
-  return out;
-}
-
 }  // namespace flotilla::protocol

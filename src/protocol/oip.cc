@@ -244,11 +244,4 @@ std::string encode_oip_model_metadata(const ModelMetadata& metadata) {
   return out;
 }
 
-std::string encode_oip_error(std::string_view message) {
-  std::string out = "{\"error\":";
-  append_json_string(message, out);
-  out += '}';
-  return out;
-}
-
 }  // namespace flotilla::protocol

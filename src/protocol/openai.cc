@@ -453,25 +453,6 @@ Status decode_field(std::string_view key, element value, CompletionRequest& requ
   return Status::ok();
 }
 
-std::string_view error_type(int status) {
-  switch (status) {
-    case 400:
-      return "invalid_request_error";
-    case 401:
-      return "authentication_error";
-    case 403:
-      return "permission_error";
-    case 404:
-      return "not_found_error";
-    case 429:
-      return "rate_limit_error";
-    case 503:
-      return "unavailable_error";
-    default:
-      return status >= 500 ? "server_error" : "invalid_request_error";
-  }
-}
-
 void append_head(const CompletionOutput& output, std::string_view object, std::string& out) {
   out += "{\"id\":";
   append_json_string(output.id, out);
@@ -692,17 +673,6 @@ std::string encode_openai_model(std::string_view name, int64_t created, int max_
 std::string encode_openai_models(std::string_view name, int64_t created, int max_model_len) {
   return "{\"object\":\"list\",\"data\":[" + encode_openai_model(name, created, max_model_len) +
          "]}";
-}
-
-std::string encode_openai_error(int status, std::string_view message) {
-  std::string out = "{\"error\":{\"message\":";
-  append_json_string(message, out);
-  out += ",\"type\":\"";
-  out += error_type(status);
-  out += "\",\"param\":null,\"code\":";
-  append_int(status, out);
-  out += "}}";
-  return out;
 }
 
 }  // namespace flotilla::protocol

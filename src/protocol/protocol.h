@@ -26,7 +26,6 @@ Result<InferRequest> decode_oip_infer_request(std::string& body);
 void encode_oip_infer_response(const InferResponse& response, std::string& out);
 
 std::string encode_oip_model_metadata(const ModelMetadata& metadata);
-std::string encode_oip_error(std::string_view message);
 
 // ---- MLflow scoring (/invocations) -----------------------------------------------------------
 
@@ -45,9 +44,6 @@ Result<InferRequest> decode_mlflow_csv(std::string_view body);
 
 // Appends `{"predictions": [...]}` for one output tensor (1-D → list, 2-D → list of rows).
 void encode_mlflow_predictions(const Tensor& output, std::string& out);
-// {"error_code": "BAD_REQUEST", "message": "..."} and the like: MLflow's ErrorCode names for
-// the status (kUnimplemented: NOT_IMPLEMENTED, which MLflow answers with 501).
-std::string encode_mlflow_error(StatusCode code, std::string_view message);
 
 // ---- OpenAI completions and chat completions (PROTOCOLS.md §3) ------------------------------
 
@@ -137,9 +133,69 @@ inline constexpr std::string_view kSseDone = "data: [DONE]\n\n";
 std::string encode_openai_models(std::string_view name, int64_t created, int max_model_len);
 // The one model object of that list: GET /v1/models/{id}.
 std::string encode_openai_model(std::string_view name, int64_t created, int max_model_len);
-// {"error":{"message":...,"type":...,"param":null,"code":status}}; type follows the status
-// (invalid_request_error, not_found_error, ...).
-std::string encode_openai_error(int status, std::string_view message);
+
+// ---- Error bodies: one writer per protocol (src/protocol/errors.cc) -----------------------------
+// For the replica, the gateway and the control plane's API. `message` may hold any bytes (a path
+// as sent): invalid UTF-8 is written as \ufffd, so a body is always valid JSON.
+
+// OIP's {"error": message}, also the shape of routes that have none of their own.
+std::string encode_oip_error(std::string_view message);
+
+// MLflow's {"error_code": error_code, "message": message}.
+std::string encode_mlflow_error(std::string_view error_code, std::string_view message);
+// The replica's scoring-server answer for a Status: BAD_REQUEST, RESOURCE_DOES_NOT_EXIST,
+// RESOURCE_EXHAUSTED, TEMPORARILY_UNAVAILABLE, NOT_IMPLEMENTED (which MLflow answers with 501),
+// else INTERNAL_ERROR.
+std::string encode_mlflow_error(StatusCode code, std::string_view message);
+// MLflow's ErrorCode name (databricks.proto) for an HTTP status, as its scoring server and
+// Databricks Model Serving answer them: what the gateway answers for /serving-endpoints/*.
+std::string_view mlflow_error_code(int http_status);
+
+// What the `code` of an OpenAI error holds.
+enum class OpenAiErrorCode {
+  kStatus,  // the HTTP status as a number, as vLLM writes it (the replica)
+  kOpenAi,  // OpenAI's own string code where it has one for the case, else null (the gateway)
+};
+// {"error":{"message":...,"type":...,"param":...,"code":...}}: `type` follows the status as the
+// openai-python client reads it (invalid_request_error, not_found_error, ...); `param` names the
+// request field at fault, null when empty.
+std::string encode_openai_error(int status, std::string_view message, std::string_view param = {},
+                                OpenAiErrorCode code = OpenAiErrorCode::kStatus);
+
+// `text` with each byte that starts no valid UTF-8 sequence replaced by U+FFFD (its three
+// bytes), for callers that want the character itself rather than the writers' \ufffd escape.
+std::string valid_utf8(std::string_view text);
+
+// ---- Route grammar
+// -------------------------------------------------------------------------------
+
+// The families of parameterised paths the inference APIs share. Fixed paths (/v2/health/live,
+// /metrics, /invocations, ...) are kOther: each server names its own.
+enum class PathKind {
+  kOther,
+  kOipModel,         // /v2/models/{name}[/versions/{version}]{rest}
+  kServingEndpoint,  // /serving-endpoints/{name}{rest}
+  kOpenAi,           // /v1{rest}; for /v1/models/{id}, name is the id (which may hold '/')
+};
+
+// A request target split along the grammar. The views point into the parsed target.
+struct ParsedPath {
+  PathKind kind = PathKind::kOther;
+  // The family's prefix with an empty name or version: /v2/models/, /v2/models//infer,
+  // /v2/models/m/versions//infer, /serving-endpoints//invocations, /v1/models/. No server
+  // serves these (404).
+  bool malformed = false;
+  std::string_view path;     // the target before '?'
+  std::string_view query;    // from '?' on; "" when none
+  std::string_view name;     // the model or endpoint; "" for kOther and kOpenAi but /v1/models/{id}
+  std::string_view version;  // "" unless /versions/{version}
+  std::string_view rest;     // after name (and version), or after /v1: "" or from a '/' on
+};
+
+// Splits `target` (path and query, as sent). Never fails: what fits no family is kOther. Which
+// paths of a family a server serves, with which methods, is its own policy
+// (gateway/routing.cc, replica/replica.cc).
+ParsedPath parse_path(std::string_view target);
 
 // ---- helpers shared by encoders ----------------------------------------------------------------
 

@@ -97,45 +97,48 @@ struct RouteMatch {
   std::string_view version;  // for /v2/models/{name}/versions/{version}/...; empty otherwise
 };
 
-// /v2/models/{name}[/versions/{version}][/ready|/infer]
-RouteMatch match_model_route(std::string_view rest) {
-  RouteMatch match;
-  size_t slash = rest.find('/');
-  match.model = rest.substr(0, slash);
-  if (match.model.empty()) {
-    return {};
-  }
-  rest = slash == std::string_view::npos ? std::string_view() : rest.substr(slash);
-  if (rest.starts_with("/versions/")) {
-    rest.remove_prefix(10);
-    slash = rest.find('/');
-    match.version = rest.substr(0, slash);
-    if (match.version.empty()) {
-      return {};
-    }
-    rest = slash == std::string_view::npos ? std::string_view() : rest.substr(slash);
-  }
-  if (rest.empty()) {
-    match.route = Route::kModelMetadata;
-  } else if (rest == "/ready") {
-    match.route = Route::kModelReady;
-  } else if (rest == "/infer") {
-    match.route = Route::kInfer;
-  } else {
-    return {};
-  }
-  return match;
-}
-
+// The route grammar is protocol's (shared with the gateway); which paths this server answers
+// is decided here.
 RouteMatch match_route(std::string_view path) {
+  const protocol::ParsedPath parsed = protocol::parse_path(path);
+  if (parsed.malformed) {
+    return {};
+  }
+  switch (parsed.kind) {
+    case protocol::PathKind::kOipModel: {  // /v2/models/{name}[/versions/{version}][/ready|/infer]
+      RouteMatch match{Route::kUnknown, parsed.name, parsed.version};
+      if (parsed.rest.empty()) {
+        match.route = Route::kModelMetadata;
+      } else if (parsed.rest == "/ready") {
+        match.route = Route::kModelReady;
+      } else if (parsed.rest == "/infer") {
+        match.route = Route::kInfer;
+      } else {
+        return {};
+      }
+      return match;
+    }
+    case protocol::PathKind::kOpenAi:
+      if (parsed.rest == "/completions")
+        return {Route::kCompletions, {}, {}};
+      if (parsed.rest == "/chat/completions")
+        return {Route::kChatCompletions, {}, {}};
+      if (parsed.rest == "/models")
+        return {Route::kModels, {}, {}};
+      if (!parsed.name.empty())  // /v1/models/{id}, slashes and all
+        return {Route::kModel, parsed.name, {}};
+      return {};
+    case protocol::PathKind::kServingEndpoint:
+      return {};  // the gateway's form; a replica serves /invocations
+    case protocol::PathKind::kOther:
+      break;
+  }
   if (path == "/v2/health/live")
     return {Route::kLive, {}, {}};
   if (path == "/v2/health/ready")
     return {Route::kReady, {}, {}};
   if (path == "/v2" || path == "/v2/")
     return {Route::kServerMetadata, {}, {}};
-  if (path.starts_with("/v2/models/"))
-    return match_model_route(path.substr(11));
   if (path == "/invocations")
     return {Route::kInvocations, {}, {}};
   if (path == "/ping")
@@ -146,15 +149,6 @@ RouteMatch match_route(std::string_view path) {
     return {Route::kVersion, {}, {}};
   if (path == "/metrics")
     return {Route::kMetrics, {}, {}};
-  if (path == "/v1/completions")
-    return {Route::kCompletions, {}, {}};
-  if (path == "/v1/chat/completions")
-    return {Route::kChatCompletions, {}, {}};
-  if (path == "/v1/models")
-    return {Route::kModels, {}, {}};
-  // OpenAI's ids may hold slashes ("org/model"): the id is the rest of the path.
-  if (path.starts_with("/v1/models/") && path.size() > 11)
-    return {Route::kModel, path.substr(11), {}};
   return {};
 }
 

@@ -27,7 +27,6 @@
 #include <unistd.h>
 
 #include "store/download.h"
-#include "store/http_get.h"
 #include "store/store.h"
 
 namespace flotilla::store {
@@ -319,11 +318,11 @@ class Cache final : public ArtifactCache {
       }
     }
     std::string body;
-    HttpConnection connection(url, options.io_timeout);
+    http::BlockingConnection connection(origin_of(url), options.io_timeout);
     constexpr size_t kMaxManifest = 16 << 20;
     FLOTILLA_RETURN_IF_ERROR(connection.get(
         url.target, std::nullopt,
-        [&](const ResponseHead& head) -> Status {
+        [&](const http::ResponseHead& head) -> Status {
           if (head.status != 200) {
             const std::string message =
                 url.text() + ": HTTP " + std::to_string(head.status) + " for the manifest";

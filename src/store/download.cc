@@ -18,7 +18,6 @@
 #include <unistd.h>
 
 #include "common/common_sha256.h"
-#include "store/http_get.h"
 
 namespace flotilla::store {
 namespace {
@@ -72,6 +71,11 @@ class Meter {
   Clock::time_point last_report_{};
   Clock::time_point last_log_ = Clock::now();
 };
+
+// A response's Content-Range header; "" when absent.
+std::string content_range(const http::ResponseHead& head) {
+  return std::string(http::find_header(head.headers, "Content-Range"));
+}
 
 // "bytes FIRST-LAST/TOTAL" → {first, last, total}.
 std::optional<std::array<uint64_t, 3>> parse_content_range(const std::string& text) {
@@ -242,13 +246,14 @@ class PrefixHasher {
 };
 
 // Fetches [first, last] into the file; kFailedPrecondition for what a retry cannot fix.
-Status fetch_range(HttpConnection& connection, const Url& url, int fd, const std::string& path,
-                   uint64_t first, uint64_t last, uint64_t total, const std::atomic<bool>& stop) {
+Status fetch_range(http::BlockingConnection& connection, const Url& url, int fd,
+                   const std::string& path, uint64_t first, uint64_t last, uint64_t total,
+                   const std::atomic<bool>& stop) {
   uint64_t got = 0;
   const uint64_t wanted = last - first + 1;
   Status status = connection.get(
-      url.target, ByteRange{first, last},
-      [&](const ResponseHead& head) -> Status {
+      url.target, http::ByteRange{first, last},
+      [&](const http::ResponseHead& head) -> Status {
         if (head.status == 200) {
           return Status(StatusCode::kFailedPrecondition,
                         url.text() + ": the server stopped honouring Range requests");
@@ -257,12 +262,12 @@ Status fetch_range(HttpConnection& connection, const Url& url, int fd, const std
           return unavailable(url.text() + ": HTTP " + std::to_string(head.status) + " for bytes " +
                              std::to_string(first) + "-" + std::to_string(last));
         }
-        const auto range = parse_content_range(head.content_range);
+        const auto range = parse_content_range(content_range(head));
         if (!range || (*range)[0] != first || (*range)[1] != last || (*range)[2] != total) {
           return Status(StatusCode::kFailedPrecondition,
                         url.text() + ": asked for bytes " + std::to_string(first) + "-" +
                             std::to_string(last) + "/" + std::to_string(total) +
-                            ", the server sent Content-Range '" + head.content_range + "'");
+                            ", the server sent Content-Range '" + content_range(head) + "'");
         }
         return Status::ok();
       },
@@ -429,7 +434,7 @@ Result<Downloaded> Download::Impl::fetch_all() {
   // A one-byte range tells whether the server honours Range, and the size, in one round trip.
   // A server that ignores it answers 200 with the whole body: that response is the
   // single-stream download.
-  HttpConnection first_connection(url, options.io_timeout);
+  http::BlockingConnection first_connection(origin_of(url), options.io_timeout);
   std::optional<uint64_t> total;
   bool ranged = false;
   uint64_t streamed = 0;
@@ -439,13 +444,13 @@ Result<Downloaded> Download::Impl::fetch_all() {
     streamed = 0;
     stream_sha.emplace();
     probe = first_connection.get(
-        url.target, ByteRange{0, 0},
-        [&](const ResponseHead& head) -> Status {
+        url.target, http::ByteRange{0, 0},
+        [&](const http::ResponseHead& head) -> Status {
           if (head.status == 206) {
-            const auto range = parse_content_range(head.content_range);
+            const auto range = parse_content_range(content_range(head));
             if (!range || (*range)[0] != 0) {
               return Status(StatusCode::kFailedPrecondition,
-                            url.text() + ": bad Content-Range '" + head.content_range + "'");
+                            url.text() + ": bad Content-Range '" + content_range(head) + "'");
             }
             ranged = true;
             total = (*range)[2];
@@ -542,7 +547,7 @@ Result<Downloaded> Download::Impl::fetch_all() {
   std::mutex error_mu;
   Status error = Status::ok();
   auto worker = [&] {
-    HttpConnection connection(url, options.io_timeout);
+    http::BlockingConnection connection(origin_of(url), options.io_timeout);
     for (;;) {
       if (slots) {
         slots->acquire();

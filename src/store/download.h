@@ -8,9 +8,15 @@
 #include <string>
 
 #include "common/common.h"
+#include "http/http.h"
 #include "store/store.h"
 
 namespace flotilla::store {
+
+// The origin a URL's requests go to.
+inline http::Origin origin_of(const Url& url) {
+  return {url.host, url.port, url.tls};
+}
 
 struct Downloaded {
   uint64_t size = 0;

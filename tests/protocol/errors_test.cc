@@ -1,0 +1,50 @@
+// The error writers of each protocol (protocol/errors.cc), shared by the replica, the gateway
+// and the control plane's API.
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "protocol/protocol.h"
+
+namespace flotilla::protocol {
+namespace {
+
+using nlohmann::json;
+
+TEST(ErrorWriters, MlflowWritesTheCodeItIsGiven) {
+  EXPECT_EQ(encode_mlflow_error("ENDPOINT_NOT_FOUND", "no \"x\""),
+            R"({"error_code":"ENDPOINT_NOT_FOUND","message":"no \"x\""})");
+  // The Status form picks the replica's code and writes the same shape.
+  EXPECT_EQ(encode_mlflow_error(StatusCode::kResourceExhausted, "full"),
+            encode_mlflow_error("RESOURCE_EXHAUSTED", "full"));
+  EXPECT_EQ(mlflow_error_code(429), "REQUEST_LIMIT_EXCEEDED");
+  EXPECT_EQ(mlflow_error_code(418), "BAD_REQUEST");
+  EXPECT_EQ(mlflow_error_code(599), "INTERNAL_ERROR");
+}
+
+TEST(ErrorWriters, OpenAiCodeIsTheStatusOrOpenAisOwn) {
+  // The replica's (vLLM's) form: the status as the code, param null.
+  EXPECT_EQ(encode_openai_error(404, "gone"),
+            R"({"error":{"message":"gone","type":"not_found_error","param":null,"code":404}})");
+  // The gateway's (OpenAI's) form: a string code where OpenAI has one, else null.
+  EXPECT_EQ(encode_openai_error(404, "no such model", "model", OpenAiErrorCode::kOpenAi),
+            R"({"error":{"message":"no such model","type":"not_found_error","param":"model",)"
+            R"("code":"model_not_found"}})");
+  const json other = json::parse(encode_openai_error(502, "down", "", OpenAiErrorCode::kOpenAi));
+  EXPECT_EQ(other["error"]["code"], json(nullptr));
+  EXPECT_EQ(other["error"]["param"], json(nullptr));
+  EXPECT_EQ(other["error"]["type"], "server_error");
+}
+
+TEST(ErrorWriters, ValidUtf8ReplacesEachBadByteWithTheCharacter) {
+  EXPECT_EQ(valid_utf8("ok \xc3\xa9"), "ok \xc3\xa9");
+  EXPECT_EQ(valid_utf8("a\x80"
+                       "b\xe2\x82"),
+            "a\xef\xbf\xbd"
+            "b\xef\xbf\xbd\xef\xbf\xbd");
+  // Once valid, a writer passes the character through instead of escaping it.
+  EXPECT_EQ(encode_oip_error(valid_utf8("\xff")), "{\"error\":\"\xef\xbf\xbd\"}");
+  EXPECT_EQ(encode_oip_error("\xff"), R"({"error":"\ufffd"})");
+}
+
+}  // namespace
+}  // namespace flotilla::protocol
