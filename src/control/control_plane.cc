@@ -21,7 +21,7 @@
 #include <unistd.h>
 
 #include "control/replica_json.h"
-#include "runtime/runtime.h"
+#include "runtime/runtime_detect.h"
 
 namespace flotilla::control {
 namespace {

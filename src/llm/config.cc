@@ -1,11 +1,12 @@
 // config.json of Llama-family decoders: the field sets of LlamaForCausalLM, MistralForCausalLM
 // and Qwen2ForCausalLM as transformers writes them.
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 
 #include <nlohmann/json.hpp>
 
-#include "llm/llm.h"
-#include "llm/safetensors.h"
+#include "llm/llm_config.h"
 
 namespace flotilla::llm {
 namespace {
@@ -167,8 +168,13 @@ Result<ModelConfig> parse_model_config(std::string_view json_text) {
 }
 
 bool is_llm_directory(const std::string& dir) {
-  Result<std::string> text = read_text_file((std::filesystem::path(dir) / "config.json").string());
-  return text.is_ok() && parse_model_config(*text).is_ok();
+  // Read here rather than with safetensors' reader: this file builds without the engine.
+  std::ifstream file(std::filesystem::path(dir) / "config.json");
+  if (!file) {
+    return false;
+  }
+  const std::string text((std::istreambuf_iterator<char>(file)), std::istreambuf_iterator<char>());
+  return parse_model_config(text).is_ok();
 }
 
 }  // namespace flotilla::llm

@@ -83,13 +83,10 @@ class EngineImpl final : public Engine {
                                 ")");
       }
     }
-    int64_t length = static_cast<int64_t>(request.prompt.size()) + request.sampling.max_tokens;
-    if (length > c.max_position) {
-      return invalid_argument(
-          "the prompt (" + std::to_string(request.prompt.size()) + " tokens) plus max_tokens (" +
-          std::to_string(request.sampling.max_tokens) + ") is longer than the model's context of " +
-          std::to_string(c.max_position) + " tokens");
-    }
+    const int64_t length =
+        static_cast<int64_t>(request.prompt.size()) + request.sampling.max_tokens;
+    FLOTILLA_RETURN_IF_ERROR(check_context(static_cast<int64_t>(request.prompt.size()),
+                                           request.sampling.max_tokens, c.max_position));
     if (scheduler_.blocks_for(static_cast<int>(length)) > cache_.total_blocks()) {
       return invalid_argument("the prompt plus max_tokens needs more KV cache (" +
                               std::to_string(length) + " tokens) than this engine has (" +
@@ -405,20 +402,19 @@ class EngineImpl final : public Engine {
 
 }  // namespace
 
-std::string_view finish_reason_name(FinishReason reason) {
-  switch (reason) {
-    case FinishReason::kNone:
-      return "";
-    case FinishReason::kLength:
-      return "length";
-    case FinishReason::kStop:
-      return "stop";
-    case FinishReason::kCancelled:
-      return "cancelled";
-    case FinishReason::kError:
-      return "error";
+Status check_context(int64_t prompt_tokens, int64_t max_tokens, int64_t context_length) {
+  if (prompt_tokens >= context_length) {
+    // No room for a single token: say so whatever max_tokens was (a default one is the room).
+    return invalid_argument("the prompt has " + std::to_string(prompt_tokens) +
+                            " tokens; the model's context is " + std::to_string(context_length));
   }
-  return "";
+  if (prompt_tokens + max_tokens > context_length) {
+    return invalid_argument("the prompt (" + std::to_string(prompt_tokens) +
+                            " tokens) plus max_tokens (" + std::to_string(max_tokens) +
+                            ") is longer than the model's context of " +
+                            std::to_string(context_length) + " tokens");
+  }
+  return Status::ok();
 }
 
 Result<std::unique_ptr<Engine>> create_engine(std::shared_ptr<const Model> model,

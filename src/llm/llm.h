@@ -14,50 +14,11 @@
 #include <vector>
 
 #include "common/common.h"
+#include "common/common_generation.h"
+#include "llm/llm_config.h"
 #include "llm/tokenizer.h"
 
 namespace flotilla::llm {
-
-// ---------------------------------------------------------------------------------------------
-// Model configuration (config.json)
-
-enum class RopeScalingType { kNone, kLinear, kLlama3 };
-
-struct RopeScaling {
-  RopeScalingType type = RopeScalingType::kNone;
-  double factor = 1.0;
-  double low_freq_factor = 1.0;
-  double high_freq_factor = 4.0;
-  int original_max_position = 8192;
-};
-
-// The fields of LlamaForCausalLM, MistralForCausalLM and Qwen2ForCausalLM that the forward pass
-// reads.
-struct ModelConfig {
-  std::string architecture;  // e.g. "LlamaForCausalLM"
-  int hidden_size = 0;
-  int num_layers = 0;
-  int num_heads = 0;
-  int num_kv_heads = 0;
-  int head_dim = 0;
-  int intermediate_size = 0;
-  int vocab_size = 0;
-  int max_position = 0;  // the context length: prompt plus generated tokens
-  double rope_theta = 10000.0;
-  RopeScaling rope_scaling;
-  double rms_norm_eps = 1e-5;
-  bool tie_word_embeddings = false;
-  bool qkv_bias = false;  // Qwen2, or attention_bias
-  std::vector<int32_t> eos_token_ids;
-  std::optional<int32_t> bos_token_id;
-};
-
-// Parses config.json. kInvalidArgument naming the field for a missing or wrong one, and for an
-// architecture other than the three above.
-Result<ModelConfig> parse_model_config(std::string_view json_text);
-
-// Whether `dir` holds a config.json naming a supported architecture: what `runtime: auto` asks.
-bool is_llm_directory(const std::string& dir);
 
 // ---------------------------------------------------------------------------------------------
 // Weights and model
@@ -95,54 +56,25 @@ int64_t model_weight_bytes(const Model& model);
 // ---------------------------------------------------------------------------------------------
 // Generation
 
-struct SamplingParams {
-  double temperature = 1.0;  // 0: greedy
-  int top_k = 0;             // 0: off
-  double top_p = 1.0;        // 1: off
-  double min_p = 0.0;        // 0: off; tokens less likely than min_p times the likeliest go
-  // vLLM/HF: the logits of tokens in the prompt or the output are divided by it when positive,
-  // multiplied when not. 1: off.
-  double repetition_penalty = 1.0;
-  // OpenAI: subtracted from the logits of tokens already generated, once (presence) or per
-  // occurrence (frequency). 0: off.
-  double presence_penalty = 0.0;
-  double frequency_penalty = 0.0;
-  // OpenAI: added to the logits of these token ids before anything else, each in [-100, 100].
-  std::vector<std::pair<int32_t, float>> logit_bias;
-  std::optional<uint64_t> seed;
-  int max_tokens = 16;
-  bool ignore_eos = false;
-  std::vector<int32_t> stop_token_ids;
-  std::vector<std::string> stop;  // stop strings; need a tokenizer
-  int logprobs = 0;               // top logprobs per token (0: none)
-};
+// The sampling parameters and the events of a generation are common's value types
+// (common/common_generation.h), so that they reach the runtime's users in the shape the engine
+// makes them.
+using flotilla::EventCallback;
+using flotilla::finish_reason_name;
+using flotilla::FinishReason;
+using flotilla::GenerationEvent;
+using flotilla::SamplingParams;
+using flotilla::TokenLogprob;
 
 // Checks ranges; kInvalidArgument naming the parameter.
 Status validate(const SamplingParams& params);
 
-enum class FinishReason { kNone, kLength, kStop, kCancelled, kError };
-std::string_view finish_reason_name(FinishReason reason);
-
-struct TokenLogprob {
-  int32_t token = 0;
-  float logprob = 0;
-  std::vector<std::pair<int32_t, float>> top;  // the `logprobs` most likely tokens
-};
-
-// What a request produced since the previous event. Delivered in order, on the engine's output
-// thread; the last event of a request has finish != kNone.
-struct GenerationEvent {
-  std::vector<int32_t> tokens;
-  std::string text;  // detokenized, never a broken UTF-8 sequence; empty without a tokenizer
-  std::vector<TokenLogprob> logprobs;
-  FinishReason finish = FinishReason::kNone;
-  std::string error;  // for kError
-  int prompt_tokens = 0;
-  int completion_tokens = 0;  // so far
-  double time_to_first_token_s = 0;
-};
-
-using EventCallback = std::function<void(GenerationEvent&& event)>;
+// Whether a prompt of `prompt_tokens` tokens and up to `max_tokens` generated ones fit a model's
+// context of `context_length` tokens: the one check of a request against the context, which
+// Engine::submit makes (the runtime above it only derives a default max_tokens from the room).
+// kInvalidArgument saying what does not fit: a prompt that leaves no room at all, or the prompt
+// plus max_tokens.
+Status check_context(int64_t prompt_tokens, int64_t max_tokens, int64_t context_length);
 
 struct GenerationRequest {
   std::vector<int32_t> prompt;

@@ -12,13 +12,11 @@
 #include <vector>
 
 #include "common/common.h"
+#include "common/common_generation.h"
 
 namespace flotilla::llm {
 
-struct ChatMessage {
-  std::string role;  // "system", "user" or "assistant"
-  std::string content;
-};
+using flotilla::ChatMessage;  // common/common_generation.h
 
 // The chat template families apply_chat_template() renders without a Jinja engine, detected
 // from the chat_template string of tokenizer_config.json (docs/llm_tokenizer.md).

@@ -26,6 +26,7 @@
 #include "http/http.h"
 #include "orchestrator/orchestrator.h"
 #include "orchestrator/process_util.h"
+#include "replica/replica_standby.h"
 
 namespace flotilla::orchestrator {
 namespace {
@@ -724,7 +725,7 @@ class LocalOrchestrator final : public Orchestrator {
     if (pool != pools_.end() && !pool->second.empty()) {
       Standby standby = pool->second.front();
       pool->second.erase(pool->second.begin());
-      const std::string line = nlohmann::json{{"args", args}}.dump() + "\n";
+      const std::string line = replica::encode_standby_command(args);
       const bool sent = ::send(standby.control_fd, line.data(), line.size(), MSG_NOSIGNAL) ==
                         static_cast<ssize_t>(line.size());
       close_control(standby);

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "common/common.h"
+#include "common/common_generation.h"
 
 namespace flotilla::protocol {
 
@@ -47,11 +48,6 @@ void encode_mlflow_predictions(const Tensor& output, std::string& out);
 
 // ---- OpenAI completions and chat completions (PROTOCOLS.md §3) ------------------------------
 
-struct ChatTurn {
-  std::string role;  // system, user, assistant
-  std::string content;
-};
-
 // One /v1/completions or /v1/chat/completions request, decoded and range-checked. Fields this
 // server cannot honour (n > 1, best_of, echo, tools, response formats other than
 // text, guided decoding, several prompts: docs/llm.md has the list) are refused with a message
@@ -61,7 +57,7 @@ struct CompletionRequest {
   std::string model;                       // empty when omitted
   std::optional<std::string> prompt_text;  // completions: a string prompt
   std::vector<int32_t> prompt_tokens;      // completions: a token-id prompt
-  std::vector<ChatTurn> messages;          // chat
+  std::vector<ChatMessage> messages;       // chat; what the runtime's chat template reads
   std::optional<int> max_tokens;           // unset: the default of the route
   std::optional<double> temperature;       // unset: 1.0
   double top_p = 1.0;

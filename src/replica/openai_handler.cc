@@ -36,11 +36,9 @@ runtime::GenerateRequest to_generate_request(protocol::CompletionRequest&& decod
   runtime::GenerateRequest request;
   request.prompt_text = std::move(decoded.prompt_text);
   request.prompt_tokens = std::move(decoded.prompt_tokens);
-  for (protocol::ChatTurn& turn : decoded.messages) {
-    request.chat.push_back({std::move(turn.role), std::move(turn.content)});
-  }
+  request.chat = std::move(decoded.messages);
   request.max_tokens = decoded.max_tokens;
-  llm::SamplingParams& s = request.sampling;
+  SamplingParams& s = request.sampling;
   s.temperature = decoded.temperature.value_or(1.0);
   s.top_p = decoded.top_p;
   s.top_k = decoded.top_k;
@@ -76,8 +74,8 @@ protocol::TokenChoice token_choice(const runtime::Generator& generator, int32_t 
   return {std::move(token), std::move(forms.bytes), logprob};
 }
 
-protocol::LogprobEntry logprob_entry(const runtime::Generator& generator,
-                                     const llm::TokenLogprob& lp, int top_logprobs) {
+protocol::LogprobEntry logprob_entry(const runtime::Generator& generator, const TokenLogprob& lp,
+                                     int top_logprobs) {
   protocol::LogprobEntry entry;
   const int top = std::min(top_logprobs, static_cast<int>(lp.top.size()));
   for (int i = 0; i < top; ++i) {
@@ -127,7 +125,7 @@ OpenAiHandler::OpenAiHandler(runtime::Generator& generator, std::string model_na
       return static_cast<double>(generator.stats().*field);
     };
   };
-  using Stats = llm::EngineStats;
+  using Stats = runtime::GeneratorStats;
   registry.callback("flotilla_llm_running_sequences", "Sequences in the running batch.", "gauge",
                     stat(&Stats::running));
   registry.callback("flotilla_llm_waiting_sequences",
@@ -136,7 +134,7 @@ OpenAiHandler::OpenAiHandler(runtime::Generator& generator, std::string model_na
   registry.callback("flotilla_llm_kv_blocks_used", "KV cache blocks held by sequences.", "gauge",
                     stat(&Stats::kv_blocks_used));
   registry.callback("flotilla_llm_kv_blocks_free", "KV cache blocks free.", "gauge", [&generator] {
-    llm::EngineStats stats = generator.stats();
+    runtime::GeneratorStats stats = generator.stats();
     return static_cast<double>(stats.kv_blocks_total - stats.kv_blocks_used);
   });
   registry.callback("flotilla_llm_prompt_tokens_total", "Prompt tokens processed.", "counter",
@@ -190,7 +188,7 @@ void OpenAiHandler::completions(http::Request&& request, std::shared_ptr<http::R
   out.return_token_ids = decoded->return_token_ids;
   out.want_logprobs = decoded->want_logprobs;
 
-  auto on_event = [this, generation](llm::GenerationEvent&& event) {
+  auto on_event = [this, generation](GenerationEvent&& event) {
     Generation& g = *generation;
     protocol::CompletionOutput& out = g.output;
     if (!event.tokens.empty()) {
@@ -205,7 +203,7 @@ void OpenAiHandler::completions(http::Request&& request, std::shared_ptr<http::R
     }
     out.prompt_tokens = event.prompt_tokens;
     out.completion_tokens = event.completion_tokens;
-    if (event.finish == llm::FinishReason::kCancelled) {
+    if (event.finish == FinishReason::kCancelled) {
       // The client went away (or the server stops): there is no one to answer.
       if (g.started) {
         g.responder->finish();
@@ -216,7 +214,7 @@ void OpenAiHandler::completions(http::Request&& request, std::shared_ptr<http::R
       g.done(kClientClosed);
       return;
     }
-    if (event.finish == llm::FinishReason::kError) {
+    if (event.finish == FinishReason::kError) {
       std::string error = protocol::encode_openai_error(500, event.error);
       if (g.started) {
         g.responder->write("data: " + error + "\n\n" + std::string(protocol::kSseDone));
@@ -234,11 +232,11 @@ void OpenAiHandler::completions(http::Request&& request, std::shared_ptr<http::R
     }
     out.text += event.text;
     out.token_ids.insert(out.token_ids.end(), event.tokens.begin(), event.tokens.end());
-    for (const llm::TokenLogprob& lp : event.logprobs) {
+    for (const TokenLogprob& lp : event.logprobs) {
       out.logprobs.push_back(logprob_entry(generator_, lp, g.top_logprobs));
     }
-    bool final = event.finish != llm::FinishReason::kNone;
-    out.finish_reason = llm::finish_reason_name(event.finish);  // "" while it goes on
+    bool final = event.finish != FinishReason::kNone;
+    out.finish_reason = finish_reason_name(event.finish);  // "" while it goes on
     if (!g.stream) {
       if (final) {
         g.responder->send(json_response(200, protocol::encode_completion_response(out)));

@@ -3,6 +3,7 @@
 // error.
 #include <filesystem>
 
+#include "llm/llm.h"
 #include "runtime/runtime_internal.h"
 
 namespace flotilla::runtime {
@@ -37,6 +38,17 @@ Result<std::optional<llm::WeightFormat>> parse_quantize(const std::string& name)
   return invalid_argument("quantize '" + name + "' is not supported (none, int8, fp8)");
 }
 
+llm::EngineOptions engine_options(const LlmEngineOptions& o) {
+  llm::EngineOptions engine;
+  engine.kv_cache_tokens = o.kv_cache_tokens;
+  engine.kv_block_tokens = o.kv_block_tokens;
+  engine.max_sequences = o.max_sequences;
+  engine.max_waiting = o.max_waiting;
+  engine.max_tokens_per_step = o.max_tokens_per_step;
+  engine.overlap_postprocessing = o.overlap_postprocessing;
+  return engine;
+}
+
 class LlmRuntime final : public Runtime, public Generator {
  public:
   LlmRuntime(std::string name, std::shared_ptr<const llm::Tokenizer> tokenizer,
@@ -61,7 +73,7 @@ class LlmRuntime final : public Runtime, public Generator {
 
   int context_length() const override { return engine_->config().max_position; }
 
-  Result<uint64_t> generate(GenerateRequest&& request, llm::EventCallback on_event) override {
+  Result<uint64_t> generate(GenerateRequest&& request, EventCallback on_event) override {
     std::vector<int32_t> prompt;
     bool chat = !request.chat.empty();
     if (chat || request.prompt_text) {
@@ -80,15 +92,13 @@ class LlmRuntime final : public Runtime, public Generator {
     } else {
       prompt = std::move(request.prompt_tokens);
     }
-    llm::SamplingParams& sampling = request.sampling;
-    int room = context_length() - static_cast<int>(prompt.size());
-    if (room < 1) {
-      return invalid_argument("the prompt has " + std::to_string(prompt.size()) +
-                              " tokens; the model's context is " +
-                              std::to_string(context_length()));
-    }
-    sampling.max_tokens =
-        request.max_tokens.value_or(chat ? room : std::min(room, kDefaultCompletionTokens));
+    SamplingParams& sampling = request.sampling;
+    // The default: the rest of the context for a chat, a few tokens for a completion. Whether
+    // the prompt fits at all is the engine's one context check (llm::check_context): a prompt
+    // with no room left gets a default of 1, which that check refuses.
+    const int room = context_length() - static_cast<int>(prompt.size());
+    sampling.max_tokens = request.max_tokens.value_or(
+        std::max(1, chat ? room : std::min(room, kDefaultCompletionTokens)));
     if (tokenizer_ != nullptr && !sampling.ignore_eos) {
       // The chat family's end-of-turn tokens (<|eot_id|>, <|im_end|>) end a reply too.
       for (int32_t id : tokenizer_->eos_ids()) {
@@ -108,7 +118,12 @@ class LlmRuntime final : public Runtime, public Generator {
     return {tokenizer_->token_bytes(id), std::move(piece)};
   }
 
-  llm::EngineStats stats() const override { return engine_->stats(); }
+  GeneratorStats stats() const override {
+    const llm::EngineStats engine = engine_->stats();
+    return {engine.running,         engine.waiting,       engine.kv_blocks_used,
+            engine.kv_blocks_total, engine.prompt_tokens, engine.generated_tokens,
+            engine.preemptions};
+  }
   double queue_wait_seconds() const override { return engine_->stats().queue_wait_seconds; }
 
  private:
@@ -142,7 +157,7 @@ Result<std::unique_ptr<Runtime>> load_llm_runtime(const std::string& path,
     tokenizer = std::move(loaded).value();
   }
   FLOTILLA_ASSIGN_OR_RETURN(std::unique_ptr<llm::Engine> engine,
-                            llm::create_engine(model, tokenizer, o.engine));
+                            llm::create_engine(model, tokenizer, engine_options(o.engine)));
   return std::unique_ptr<Runtime>(
       std::make_unique<LlmRuntime>(options.name, std::move(tokenizer), std::move(engine)));
 }

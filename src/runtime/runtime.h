@@ -1,5 +1,7 @@
 // The runtime module's contract: the engines that run a model behind one interface, and the
-// loader that picks one for an artifact (DESIGN.md §1 "Runtimes", §5).
+// loader that picks one for an artifact (DESIGN.md §1 "Runtimes", §5). It names no engine's
+// types: a generation's sampling parameters and events are common's (common_generation.h),
+// its settings and gauges the runtime's own, so a user of this header builds without src/llm.
 #pragma once
 
 #include <cstdint>
@@ -11,13 +13,20 @@
 #include <vector>
 
 #include "common/common.h"
-#include "llm/llm.h"
+#include "common/common_generation.h"
+#include "runtime/runtime_detect.h"
 
 namespace flotilla::runtime {
 
-enum class RuntimeKind { kAuto, kXgboost, kSynthetic, kLlm };
-
-Result<RuntimeKind> parse_runtime_kind(std::string_view name);
+// The llm runtime's engine (llm::EngineOptions, which has the same fields and defaults).
+struct LlmEngineOptions {
+  int kv_cache_tokens = 0;             // 0: enough for max_sequences full contexts, at most 64K
+  int kv_block_tokens = 16;            // tokens per KV cache block
+  int max_sequences = 64;              // sequences in the running batch at once
+  int max_waiting = 1024;              // queued sequences past which generate() refuses more
+  int max_tokens_per_step = 512;       // prefill chunks and decode tokens of one forward step
+  bool overlap_postprocessing = true;  // output work of step N runs during step N+1
+};
 
 // Settings of the llm runtime (docs/llm.md).
 struct LlmRuntimeOptions {
@@ -26,7 +35,7 @@ struct LlmRuntimeOptions {
   bool quantize_attention = false;
   bool skip_tokenizer = false;  // serve token-id prompts only; no tokenizer files needed
   int threads = 0;              // compute threads; 0: every core
-  llm::EngineOptions engine;
+  LlmEngineOptions engine;
 };
 
 // Blocks until bytes [offset, offset + length) of the model file `path` may be read (a length
@@ -49,9 +58,20 @@ struct RuntimeOptions {
 struct GenerateRequest {
   std::optional<std::string> prompt_text;
   std::vector<int32_t> prompt_tokens;
-  std::vector<llm::ChatMessage> chat;
+  std::vector<ChatMessage> chat;
   std::optional<int> max_tokens;  // unset: 16 for a prompt, the rest of the context for a chat
-  llm::SamplingParams sampling;   // max_tokens there is ignored
+  SamplingParams sampling;        // max_tokens there is ignored
+};
+
+// A language model's gauges (its engine's: the batch, the queue, the KV cache).
+struct GeneratorStats {
+  int running = 0;
+  int waiting = 0;
+  int kv_blocks_used = 0;
+  int kv_blocks_total = 0;
+  int64_t prompt_tokens = 0;     // processed, cumulative
+  int64_t generated_tokens = 0;  // cumulative
+  int64_t preemptions = 0;
 };
 
 // What a language model serves instead of tensors.
@@ -62,7 +82,7 @@ class Generator {
   // Prepares the prompt (chat template, tokenization) and starts generating; events arrive on
   // the engine's output thread, the last with finish set. kInvalidArgument for a bad request
   // (the caller answers 400), with nothing started.
-  virtual Result<uint64_t> generate(GenerateRequest&& request, llm::EventCallback on_event) = 0;
+  virtual Result<uint64_t> generate(GenerateRequest&& request, EventCallback on_event) = 0;
   virtual void cancel(uint64_t id) = 0;
   // What logprobs show of a token.
   struct TokenForms {
@@ -73,7 +93,7 @@ class Generator {
     std::string piece;
   };
   virtual TokenForms token_forms(int32_t id) const = 0;
-  virtual llm::EngineStats stats() const = 0;
+  virtual GeneratorStats stats() const = 0;
 };
 
 // Rows of features, row-major float32: what a tabular model reads. Rows of several requests
@@ -111,16 +131,6 @@ class Runtime {
   virtual double queue_wait_seconds() const { return 0; }
 };
 
-// The runtime `auto` picks for an artifact: an MLflow directory with an xgboost flavor or an
-// XGBoost model file (.json, .ubj, .xgb, .bst, .model): xgboost; a directory whose config.json
-// names a Llama-family architecture: llm. Never kSynthetic.
-Result<RuntimeKind> detect_runtime(const std::string& model_path);
-
-// The context length (prompt plus generated tokens) of the language model in directory
-// `model_path`, from its config.json: what its replicas report as `max_model_len`. Reads the
-// file; errors as parse_model_config's, kNotFound when there is no config.json.
-Result<int64_t> llm_context_length(const std::string& model_path);
-
 // Loads the model at `model_path`. Errors name the file and the problem (kNotFound for a
 // missing file, kInvalidArgument for an unreadable or invalid one).
 Result<std::unique_ptr<Runtime>> load_runtime(RuntimeKind kind, const std::string& model_path,
@@ -131,8 +141,5 @@ Result<std::unique_ptr<Runtime>> load_runtime(RuntimeKind kind, const std::strin
 // runtime auto can pick. Best effort: an error is worth a log line, nothing more. Blocks for
 // tens of milliseconds.
 Status warm_up(RuntimeKind kind);
-
-// "models/fraud.json" → "fraud"; "models/fraud/" → "fraud".
-std::string default_model_name(const std::string& model_path);
 
 }  // namespace flotilla::runtime

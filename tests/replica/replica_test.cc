@@ -60,14 +60,14 @@ class FakeLanguageModel final : public runtime::Runtime, public runtime::Generat
   }
   runtime::Generator* generator() override { return this; }
   int context_length() const override { return 64; }
-  Result<uint64_t> generate(runtime::GenerateRequest&&, llm::EventCallback) override {
+  Result<uint64_t> generate(runtime::GenerateRequest&&, EventCallback) override {
     return invalid_argument("the fake generates nothing");
   }
   void cancel(uint64_t) override {}
   TokenForms token_forms(int32_t id) const override {
     return {std::nullopt, "token_id:" + std::to_string(id)};
   }
-  llm::EngineStats stats() const override { return {}; }
+  runtime::GeneratorStats stats() const override { return {}; }
 
  private:
   ModelMetadata metadata_;
