@@ -271,7 +271,7 @@ std::function<int()> add_gateway_command(CLI::App& app) {
   mint_cmd->add_option("--endpoint", mint->endpoints,
                        "Endpoint the token may call (repeat; none: all)");
 
-  return [cmd, mint_cmd, flags, mint]() -> int {
+  return [mint_cmd, flags, mint]() -> int {
     if (mint_cmd->parsed()) {
       return run_mint_token(*mint);
     }

@@ -237,8 +237,8 @@ void GatewayImpl::handle(http::Request&& request, http::Responder&& responder) {
       if (!snapshot->is_open(open_route_name(route.kind))) {
         const auth::AuthResult result = snapshot->auth->check_scope(authorization, &scope);
         if (result != auth::AuthResult::kAllowed) {
-          refuse(401,
-                 result == auth::AuthResult::kMissing ? "missing bearer token" : "invalid bearer token");
+          refuse(401, result == auth::AuthResult::kMissing ? "missing bearer token"
+                                                           : "invalid bearer token");
           return;
         }
       }
@@ -269,11 +269,11 @@ void GatewayImpl::handle(http::Request&& request, http::Responder&& responder) {
   if (snapshot->auth_enabled) {
     const auth::AuthResult result = snapshot->auth->check(authorization, route.endpoint);
     if (result != auth::AuthResult::kAllowed) {
-      refuse(
-          result == auth::AuthResult::kForbidden ? 403 : 401,
-          result == auth::AuthResult::kForbidden
-              ? "the token may not call endpoint '" + route.endpoint + "'"
-              : (result == auth::AuthResult::kMissing ? "missing bearer token" : "invalid bearer token"));
+      refuse(result == auth::AuthResult::kForbidden ? 403 : 401,
+             result == auth::AuthResult::kForbidden
+                 ? "the token may not call endpoint '" + route.endpoint + "'"
+                 : (result == auth::AuthResult::kMissing ? "missing bearer token"
+                                                         : "invalid bearer token"));
       return;
     }
   }

@@ -265,6 +265,5 @@ TEST(EndpointScalerTest, VerticalWaitsForAQueueReading) {
   EXPECT_NE(changes[0].find("target 16.00 -> 12.00: overload"), std::string::npos) << changes[0];
 }
 
-
 }  // namespace
 }  // namespace flotilla::control
