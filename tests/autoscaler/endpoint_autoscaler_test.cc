@@ -1,6 +1,7 @@
 #include <gtest/gtest.h>
 
 #include "autoscaler/autoscaler.h"
+#include "fakes/autoscaler/load_samples.h"
 
 namespace flotilla::autoscaler {
 namespace {
@@ -26,25 +27,8 @@ VerticalOptions vertical(double target = 16) {
   return options;
 }
 
-// `seconds` steady 1-second samples ending at from_ms + seconds s.
-std::vector<LoadSample> steady(int64_t from_ms, int seconds, double concurrency,
-                               double latency_ms = 10) {
-  std::vector<LoadSample> samples;
-  for (int i = 1; i <= seconds; ++i) {
-    LoadSample sample;
-    sample.unix_ms = from_ms + i * 1'000;
-    sample.concurrency = concurrency;
-    sample.arrivals = static_cast<uint64_t>(concurrency * 100);
-    sample.completions = sample.arrivals;
-    sample.latency_ms = latency_ms;
-    samples.push_back(sample);
-  }
-  return samples;
-}
-
-ReplicaUsage light() {
-  return {.cpu_utilization = 0.1, .queued = 0};
-}
+using sample_builders::light_usage;
+using sample_builders::steady;
 
 TEST(EndpointAutoscalerTest, DecidesOnlyWhenAPeriodIsDue) {
   EndpointAutoscaler scaler(
@@ -52,9 +36,9 @@ TEST(EndpointAutoscalerTest, DecidesOnlyWhenAPeriodIsDue) {
   EXPECT_EQ(scaler.next_horizontal(), Millis(6'000));
   EXPECT_EQ(scaler.next_vertical(), Millis(31'000));
   scaler.add_samples(steady(1'000, 4, 40), 1);
-  EXPECT_TRUE(scaler.tick(Millis(5'999), 1, 0, 0, light).empty());
+  EXPECT_TRUE(scaler.tick(Millis(5'999), 1, 0, 0, light_usage).empty());
   EXPECT_EQ(scaler.replicas(), 1);
-  EXPECT_FALSE(scaler.tick(Millis(6'000), 1, 0, 0, light).empty());
+  EXPECT_FALSE(scaler.tick(Millis(6'000), 1, 0, 0, light_usage).empty());
   EXPECT_EQ(scaler.replicas(), 3);  // ceil(40 / 16)
   EXPECT_EQ(scaler.next_horizontal(), Millis(11'000));
 }
@@ -64,11 +48,11 @@ TEST(EndpointAutoscalerTest, ScalesDownOnlyAfterTheDownWindow) {
       horizontal(), vertical(), [](double) { return fixed_range(1, 100); }, 4, Millis(0));
   scaler.add_samples(steady(0, 55, 1), 4);
   for (int64_t t = 5'000; t <= 55'000; t += 5'000) {
-    scaler.tick(Millis(t), 4, 0, 0, light);
+    scaler.tick(Millis(t), 4, 0, 0, light_usage);
     EXPECT_EQ(scaler.replicas(), 4) << t;  // the down window (60 s) is not covered yet
   }
   scaler.add_samples(steady(55'000, 6, 1), 4);
-  scaler.tick(Millis(61'000), 4, 0, 0, light);
+  scaler.tick(Millis(61'000), 4, 0, 0, light_usage);
   EXPECT_EQ(scaler.replicas(), 3);  // at most -25% per cycle
 }
 
@@ -76,12 +60,12 @@ TEST(EndpointAutoscalerTest, ScalesToZeroWhenTheRangeAllowsAndNotWhileStarting) 
   EndpointAutoscaler scaler(
       horizontal(), vertical(), [](double) { return fixed_range(0, 10); }, 1, Millis(0));
   scaler.add_samples(steady(0, 61, 0), 1);
-  scaler.tick(Millis(61'000), 1, 0, 0, light);
+  scaler.tick(Millis(61'000), 1, 0, 0, light_usage);
   EXPECT_EQ(scaler.replicas(), 0);
   EXPECT_TRUE(scaler.request_capacity());
   EXPECT_FALSE(scaler.request_capacity());
   scaler.add_samples(steady(61'000, 5, 0), 0);
-  scaler.tick(Millis(66'000), 0, 1, 0, light);  // idle seconds, the replica still starting
+  scaler.tick(Millis(66'000), 0, 1, 0, light_usage);  // idle seconds, the replica still starting
   EXPECT_EQ(scaler.replicas(), 1);
 }
 
@@ -94,7 +78,7 @@ TEST(EndpointAutoscalerTest, VerticalMovesTheTargetAndTheRangeFollows) {
   int reads = 0;
   const auto usage = [&] {
     ++reads;
-    return light();
+    return light_usage();
   };
   scaler.add_samples(steady(0, 29, 20, 10), 2);  // baseline: 10 ms
   scaler.tick(Millis(29'000), 2, 0, 0, usage);
@@ -117,12 +101,12 @@ TEST(EndpointAutoscalerTest, PeakPerReplicaIsOfTheReplicasReadyInThatSecond) {
   EndpointAutoscaler scaler(
       horizontal(), vertical(16), [](double) { return fixed_range(1, 100); }, 2, Millis(0));
   scaler.add_samples(steady(0, 30, 6, 10), 2);
-  scaler.tick(Millis(30'000), 2, 0, 0, light);  // baseline 10 ms
+  scaler.tick(Millis(30'000), 2, 0, 0, light_usage);  // baseline 10 ms
   scaler.add_samples(steady(30'000, 10, 20, 25), 2);
   scaler.add_samples(steady(40'000, 20, 8, 25), 4);
   // Loaded (the busiest second filled replicas to 10 >= 8) and slow: lowered. Over the 4
   // ready at the end it would read 5 in flight each: not loaded, nothing learned.
-  const auto changes = scaler.tick(Millis(60'000), 4, 0, 0, light);
+  const auto changes = scaler.tick(Millis(60'000), 4, 0, 0, light_usage);
   ASSERT_FALSE(changes.empty());
   EXPECT_EQ(scaler.target(), 12);
 }

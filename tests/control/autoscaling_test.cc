@@ -2,6 +2,8 @@
 
 #include <gtest/gtest.h>
 
+#include "fakes/autoscaler/load_samples.h"
+
 namespace flotilla::control {
 namespace {
 
@@ -30,26 +32,8 @@ AutoscalingOptions fast_options() {
   return options;
 }
 
-// One gateway sample per second from `from_ms` for `seconds`, each with `concurrency` in
-// flight at a steady state (arrivals = completions) and `latency_ms`.
-std::vector<LoadSample> steady(int64_t from_ms, int seconds, double concurrency,
-                               double latency_ms = 10) {
-  std::vector<LoadSample> samples;
-  for (int i = 1; i <= seconds; ++i) {
-    LoadSample sample;
-    sample.unix_ms = from_ms + i * 1'000;
-    sample.concurrency = concurrency;
-    sample.arrivals = static_cast<uint64_t>(concurrency * 100);
-    sample.completions = sample.arrivals;
-    sample.latency_ms = latency_ms;
-    samples.push_back(sample);
-  }
-  return samples;
-}
-
-ReplicaUsage light_usage() {
-  return {.cpu_utilization = 0.1, .queued = 0};
-}
+using sample_builders::light_usage;
+using sample_builders::steady;
 
 TEST(ReplicaRangeTest, SumsServedModelsOverTheTarget) {
   const auto range = replica_range(endpoint({served(40, 200, 50), served(8, 56, 50)}), 16);
