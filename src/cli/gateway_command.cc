@@ -132,8 +132,7 @@ int run_gateway(const GatewayFlags& flags) {
 
   MetricsRegistry& registry = default_registry();
   register_process_metrics(registry);
-  auto created =
-      gateway::Gateway::create(options, std::move(table), std::move(auth), nullptr, registry);
+  auto created = gateway::Gateway::create(options, std::move(table), std::move(auth), registry);
   if (!created.is_ok()) {
     std::cerr << "flotilla gateway: " << created.status().message() << "\n";
     return created.status().code() == StatusCode::kInvalidArgument ? kExitBadInput

@@ -3,7 +3,6 @@
 //
 // Shutdown order on SIGTERM or SIGINT: the control plane stops (no new decisions), the gateway
 // drains (in-flight requests finish on their replicas), then the replicas drain and stop.
-#include <atomic>
 #include <filesystem>
 #include <iostream>
 #include <memory>
@@ -41,21 +40,6 @@ struct UpFlags {
   int64_t cold_start_timeout_ms = 60'000;
   int64_t max_replicas = 0;  // 0: control::default_max_replicas()
   int64_t liveness_timeout_ms = 5'000;
-};
-
-// The gateway is made before the control plane that answers its capacity requests (scale from
-// zero); this hands them over once the control plane exists.
-class CapacityForwarder final : public gateway::CapacityRequester {
- public:
-  void request_capacity(const std::string& endpoint) override {
-    if (gateway::CapacityRequester* target = target_.load()) {
-      target->request_capacity(endpoint);
-    }
-  }
-  void set_target(gateway::CapacityRequester* target) { target_.store(target); }
-
- private:
-  std::atomic<gateway::CapacityRequester*> target_{nullptr};
 };
 
 int fail(const std::string& message, int code = kExitBadInput) {
@@ -147,9 +131,8 @@ int run_up(const UpFlags& flags) {
   gateway_options.cold_start_timeout = std::chrono::milliseconds(flags.cold_start_timeout_ms);
   gateway::AuthConfig closed;
   closed.enabled = true;  // no request passes before the control plane publishes the tokens
-  CapacityForwarder capacity;
-  auto gateway = gateway::Gateway::create(gateway_options, gateway::EndpointTable{}, closed,
-                                          &capacity, registry);
+  auto gateway =
+      gateway::Gateway::create(gateway_options, gateway::EndpointTable{}, closed, registry);
   if (!gateway.is_ok()) {
     return fail(gateway.status().message(), kExitCannotListen);
   }
@@ -179,7 +162,6 @@ int run_up(const UpFlags& flags) {
                                                 : kExitBadInput);
   }
 
-  capacity.set_target(&(*control)->capacity_requester());
   std::thread gateway_thread([&] { (*gateway)->run(); });
   std::thread api_thread([&] { (*control)->run(); });
   std::cout << "flotilla up: gateway " << control_options.gateway_url << ", api http://"
@@ -196,7 +178,6 @@ int run_up(const UpFlags& flags) {
   const auto timeout = std::chrono::milliseconds(flags.drain_timeout_ms);
   (*control)->shutdown(timeout);
   (*gateway)->drain(timeout);
-  capacity.set_target(nullptr);
   gateway_thread.join();
   api_thread.join();
   (*orchestrator)->shutdown(timeout);

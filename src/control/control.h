@@ -58,21 +58,21 @@ Result<std::string> reset_admin_token(const std::string& data_dir);
 class ControlPlane {
  public:
   // Opens (or creates) the state in options.data_dir, re-adopts the replicas a previous run
-  // left, pushes the endpoint table and the tokens to `gateway`, starts the reconciler and
-  // binds the API. On the first start, mints an admin token, writes it to
-  // <data_dir>/admin.token (mode 0600) and returns it from new_admin_token(). `orchestrator`,
-  // `gateway` and `registry` must outlive the control plane. Errors: kUnavailable when the
-  // data directory, the database or the API address cannot be used.
+  // left, pushes the endpoint table and the tokens to `gateway`, subscribes to its capacity
+  // requests (scale from zero; until shutdown()), starts the reconciler and binds the API. On
+  // the first start, mints an admin token, writes it to <data_dir>/admin.token (mode 0600) and
+  // returns it from new_admin_token(). `orchestrator`, `gateway`, `registry` and `clock` must
+  // outlive the control plane. `clock` times the autoscaler's periods and stamps records; its
+  // wall clock must be the one the gateway's samples are stamped with. Errors: kUnavailable
+  // when the data directory, the database or the API address cannot be used.
   static Result<std::unique_ptr<ControlPlane>> create(const ControlOptions& options,
                                                       orchestrator::Orchestrator& orchestrator,
-                                                      gateway::Gateway& gateway,
-                                                      MetricsRegistry& registry);
+                                                      gateway::GatewaySink& gateway,
+                                                      MetricsRegistry& registry,
+                                                      const Clock& clock = real_clock());
   virtual ~ControlPlane() = default;
 
   virtual uint16_t api_port() const = 0;
-  // Scale from zero: the gateway calls it for an endpoint whose requests wait for a first
-  // ready replica. Thread-safe, never blocks; valid for the control plane's life.
-  virtual gateway::CapacityRequester& capacity_requester() = 0;
   // The admin token minted by this start (only on the first start of a data directory), or "".
   virtual const std::string& new_admin_token() const = 0;
   // Serves the API until shutdown(); blocks.

@@ -191,21 +191,24 @@ std::string resolve_runtime(const ServedModelSpec& served) {
 
 Result<std::unique_ptr<ControlPlane>> ControlPlane::create(const ControlOptions& options,
                                                            orchestrator::Orchestrator& orchestrator,
-                                                           gateway::Gateway& gateway,
-                                                           MetricsRegistry& registry) {
+                                                           gateway::GatewaySink& gateway,
+                                                           MetricsRegistry& registry,
+                                                           const Clock& clock) {
   FLOTILLA_RETURN_IF_ERROR(make_data_dir(options.data_dir));
   FLOTILLA_ASSIGN_OR_RETURN(std::unique_ptr<Store> store,
                             Store::open(options.data_dir + "/state.db"));
   auto plane = std::unique_ptr<ControlPlaneImpl>(
-      new ControlPlaneImpl(options, std::move(store), orchestrator, gateway, registry));
+      new ControlPlaneImpl(options, std::move(store), orchestrator, gateway, registry, clock));
   FLOTILLA_RETURN_IF_ERROR(plane->start());
   return std::unique_ptr<ControlPlane>(std::move(plane));
 }
 
 ControlPlaneImpl::ControlPlaneImpl(const ControlOptions& options, std::unique_ptr<Store> store,
                                    orchestrator::Orchestrator& orchestrator,
-                                   gateway::Gateway& gateway, MetricsRegistry& registry)
+                                   gateway::GatewaySink& gateway, MetricsRegistry& registry,
+                                   const Clock& clock)
     : options_(options),
+      clock_(clock),
       store_(std::move(store)),
       orchestrator_(orchestrator),
       gateway_(gateway),
@@ -300,13 +303,14 @@ Status ControlPlaneImpl::start() FLOTILLA_NO_THREAD_SAFETY_ANALYSIS {
   publish_auth();
 
   reconcile_once();
+  gateway_.set_capacity_requester(this);
   reconciler_ = std::thread([this] { reconcile_loop(); });
   return Status::ok();
 }
 
 Status ControlPlaneImpl::mint_first_admin_token() {
   FLOTILLA_ASSIGN_OR_RETURN(auth::NewToken token, auth::generate_token("admin", {}));
-  TokenRow row{token.record, true, "created by the first start of flotilla up", unix_time_ms()};
+  TokenRow row{token.record, true, "created by the first start of flotilla up", clock_.unix_ms()};
   // The file first, then the row: a failed write leaves no token that nobody holds.
   const std::string path = options_.data_dir + "/" + std::string(kAdminTokenFile);
   FLOTILLA_RETURN_IF_ERROR(write_secret_file(path, token.token + "\n", /*replace=*/true));
@@ -336,6 +340,8 @@ void ControlPlaneImpl::shutdown(std::chrono::milliseconds timeout) {
     }
     stopping_ = true;
   }
+  // Outside mu_, which request_capacity() takes: this waits for a request in progress.
+  gateway_.set_capacity_requester(nullptr);
   wake_.notify_all();
   applied_.notify_all();
   if (reconciler_.joinable()) {
@@ -349,7 +355,7 @@ void ControlPlaneImpl::shutdown(std::chrono::milliseconds timeout) {
 void ControlPlaneImpl::record_event(const std::string& endpoint, const std::string& kind,
                                     const std::string& actor, const std::string& message) {
   Result<int64_t> id =
-      store_->append_event(EventRow{0, unix_time_ms(), endpoint, kind, actor, message});
+      store_->append_event(EventRow{0, clock_.unix_ms(), endpoint, kind, actor, message});
   if (!id.is_ok()) {
     spdlog::error("cannot record event '{}': {}", message, id.status().message());
   }
@@ -488,7 +494,7 @@ void ControlPlaneImpl::autoscale(const std::vector<orchestrator::Replica>& repli
   }
   std::erase_if(scalers_, [&](const auto& entry) { return !specs.contains(entry.first); });
   std::erase_if(learned_, [&](const auto& entry) { return !specs.contains(entry.first); });
-  const autoscaler::Millis now(unix_time_ms());
+  const autoscaler::Millis now(clock_.unix_ms());
   std::map<std::string, std::pair<Scale, std::vector<std::string>>> decisions;
   for (const auto& [name, spec] : specs) {
     std::vector<orchestrator::Replica> ready;
@@ -603,7 +609,7 @@ void ControlPlaneImpl::reconcile_once() {
       const bool first = !stored.state.serving.has_value();
       stored.state.serving = stored.state.target;
       stored.record.serving_json = to_json(stored.state.target).dump();
-      stored.record.updated_unix_ms = unix_time_ms();
+      stored.record.updated_unix_ms = clock_.unix_ms();
       if (Status status = store_->update_endpoint(stored.record); !status.is_ok()) {
         spdlog::error("cannot store the serving config of '{}': {}", name, status.message());
       }
@@ -694,7 +700,7 @@ Result<nlohmann::json> ControlPlaneImpl::create_endpoint(std::string_view body,
     Stored stored;
     stored.state.target = spec;
     stored.record =
-        EndpointRecord{spec.name, to_json(spec).dump(), "", unix_time_ms(), unix_time_ms()};
+        EndpointRecord{spec.name, to_json(spec).dump(), "", clock_.unix_ms(), clock_.unix_ms()};
     FLOTILLA_RETURN_IF_ERROR(store_->create_endpoint(stored.record));
     endpoints_.emplace(spec.name, std::move(stored));
     record_event(spec.name, "created", actor, "created: starting " + describe_versions(spec));
@@ -721,7 +727,7 @@ Result<nlohmann::json> ControlPlaneImpl::update_endpoint(const std::string& name
       const EndpointSpec before = stored.state.serving.value_or(stored.state.target);
       EndpointRecord record = stored.record;
       record.spec_json = to_json(spec).dump();
-      record.updated_unix_ms = unix_time_ms();
+      record.updated_unix_ms = clock_.unix_ms();
       FLOTILLA_RETURN_IF_ERROR(store_->update_endpoint(record));
       stored.record = std::move(record);
       stored.state.target = spec;
@@ -842,7 +848,7 @@ Result<nlohmann::json> ControlPlaneImpl::create_token(const std::string& id,
                                                       bool admin, const std::string& comment,
                                                       const std::string& actor) {
   FLOTILLA_ASSIGN_OR_RETURN(auth::NewToken token, auth::generate_token(id, endpoints));
-  TokenRow row{token.record, admin, comment, unix_time_ms()};
+  TokenRow row{token.record, admin, comment, clock_.unix_ms()};
   {
     MutexLock lock(mu_);
     FLOTILLA_RETURN_IF_ERROR(store_->create_token(row));

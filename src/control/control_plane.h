@@ -38,15 +38,16 @@ class ControlPlaneImpl final : public ControlPlane,
                                public ApiService {
  public:
   ControlPlaneImpl(const ControlOptions& options, std::unique_ptr<Store> store,
-                   orchestrator::Orchestrator& orchestrator, gateway::Gateway& gateway,
-                   MetricsRegistry& registry);
+                   orchestrator::Orchestrator& orchestrator, gateway::GatewaySink& gateway,
+                   MetricsRegistry& registry, const Clock& clock);
   ~ControlPlaneImpl() override;
 
   // Loads the stored state, adopts leftover replicas, binds the API, starts the reconciler.
   Status start();
 
   uint16_t api_port() const override;
-  gateway::CapacityRequester& capacity_requester() override { return *this; }
+  // Scale from zero: the gateway calls it (once subscribed by start()) for an endpoint whose
+  // requests wait for a first ready replica. Thread-safe, never blocks.
   void request_capacity(const std::string& endpoint) override;
   const std::string& new_admin_token() const override { return new_admin_token_; }
   void run() override;
@@ -101,9 +102,10 @@ class ControlPlaneImpl final : public ControlPlane,
   ReplicaUsage replica_usage(const std::vector<orchestrator::Replica>& replicas);
 
   const ControlOptions options_;
+  const Clock& clock_;
   std::unique_ptr<Store> store_;
   orchestrator::Orchestrator& orchestrator_;
-  gateway::Gateway& gateway_;
+  gateway::GatewaySink& gateway_;
   MetricsRegistry& registry_;
   Counter& rollouts_;
   Histogram& cold_start_warm_;

@@ -183,12 +183,37 @@ bool should_retry(const FailedAttempt& attempt);
 // ---- The gateway server ------------------------------------------------------------------------
 
 // Asked for capacity when a request arrives for an endpoint with no ready replica (scale from
-// zero). Called from a worker thread at most once per second per endpoint; must not block.
-// The autoscaler (issue #5) implements it.
+// zero). Called from a worker thread at most once per second per endpoint; must not block nor
+// call back into the gateway. The control plane implements it.
 class CapacityRequester {
  public:
   virtual ~CapacityRequester() = default;
   virtual void request_capacity(const std::string& endpoint) = 0;
+};
+
+// ---- The gateway as the control plane drives it (issue #19) ------------------------------------
+
+// The narrow seam between the control plane and the gateway: table and auth updates in, load
+// samples and capacity requests out. The control plane is built over a gateway that already
+// exists and subscribes to its capacity requests; the gateway is built knowing nothing of it.
+// Thread-safe: every method from any thread.
+class GatewaySink {
+ public:
+  virtual ~GatewaySink() = default;
+
+  // Swaps the endpoint table atomically. An invalid table is refused (the old one stays).
+  // Requests in flight finish where they are; removed replicas get no new requests, and
+  // queued requests of endpoints that gained room are dispatched.
+  virtual Status update_table(EndpointTable table) = 0;
+  virtual void update_auth(AuthConfig auth) = 0;
+
+  // The last `seconds` one-second samples of an endpoint, oldest first (at most 600 kept).
+  virtual std::vector<LoadSample> samples(const std::string& endpoint, size_t seconds) const = 0;
+
+  // Where capacity requests go from now on; null (the start) for nowhere. When it returns, no
+  // call to the previous requester is running, so the caller may then destroy it. Must not be
+  // called while holding a lock that the requester takes.
+  virtual void set_capacity_requester(CapacityRequester* requester) = 0;
 };
 
 struct GatewayOptions {
@@ -214,7 +239,7 @@ struct GatewayOptions {
 };
 
 // An HTTP gateway in front of the endpoints' replicas (DESIGN.md §1). Thread-safety: create()
-// and run() on one thread; update_table(), update_auth(), drain(), samples() from any thread.
+// and run() on one thread; drain() and the GatewaySink methods from any thread.
 //
 // Locking on the request path (issue #19): a request that finds a replica with room (the fast
 // path) takes no lock: replica and endpoint counters are atomics, and the table is one atomic
@@ -226,15 +251,14 @@ struct GatewayOptions {
 // and serialize all workers' waiters of a hot endpoint on one event loop, exactly when the
 // endpoint is saturated; the mutex is held for a few queue operations and is uncontended
 // unless the endpoint is both saturated and busy on several workers at once.
-class Gateway {
+class Gateway : public GatewaySink {
  public:
   // Binds the listening socket. `table` must be valid (validate_endpoint_table). `auth`
-  // disabled lets every request through. `capacity` may be null; if not, it must outlive
-  // the gateway. `registry` must outlive the gateway.
+  // disabled lets every request through. `registry` must outlive the gateway. Capacity
+  // requests go nowhere until set_capacity_requester().
   static Result<std::unique_ptr<Gateway>> create(const GatewayOptions& options, EndpointTable table,
-                                                 AuthConfig auth, CapacityRequester* capacity,
-                                                 MetricsRegistry& registry);
-  virtual ~Gateway() = default;
+                                                 AuthConfig auth, MetricsRegistry& registry);
+  ~Gateway() override = default;
 
   virtual uint16_t port() const = 0;
   // Serves until a drain completes; blocks. True when every in-flight request finished.
@@ -242,17 +266,9 @@ class Gateway {
   virtual void drain(std::chrono::milliseconds timeout) = 0;
   virtual void drain_on_signals(std::chrono::milliseconds timeout) = 0;
 
-  // Swaps the endpoint table atomically. An invalid table is refused (the old one stays).
-  // Requests in flight finish where they are; removed replicas get no new requests, and
-  // queued requests of endpoints that gained room are dispatched.
-  virtual Status update_table(EndpointTable table) = 0;
-  virtual void update_auth(AuthConfig auth) = 0;
   // Reloads `path` (YAML with `endpoints:` and optionally `auth:`) whenever it changes,
   // checking every `interval`. A file that does not parse is logged and ignored.
   virtual void watch_config(const std::string& path, std::chrono::milliseconds interval) = 0;
-
-  // The last `seconds` one-second samples of an endpoint, oldest first (at most 600 kept).
-  virtual std::vector<LoadSample> samples(const std::string& endpoint, size_t seconds) const = 0;
 };
 
 }  // namespace flotilla::gateway

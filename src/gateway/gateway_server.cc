@@ -77,8 +77,7 @@ bool forwardable(std::string_view name) {
 class GatewayImpl final : public Gateway {
  public:
   GatewayImpl(const GatewayOptions& options, const Clock& clock,
-              std::unique_ptr<AccessLog> access_log, CapacityRequester* capacity,
-              MetricsRegistry& registry, AuthConfig auth)
+              std::unique_ptr<AccessLog> access_log, MetricsRegistry& registry, AuthConfig auth)
       : options_(options),
         registry_(registry),
         access_log_(std::move(access_log)),
@@ -89,9 +88,7 @@ class GatewayImpl final : public Gateway {
         unrouted_(registry, "flotilla_gateway_unrouted_requests_total",
                   "Requests answered without reaching an endpoint (auth, unknown routes), by "
                   "status code.",
-                  {}) {
-    admission_.set_capacity_requester(capacity);
-  }
+                  {}) {}
 
   ~GatewayImpl() override {
     {
@@ -148,6 +145,9 @@ class GatewayImpl final : public Gateway {
     config_stamp_.clear();
   }
   std::vector<LoadSample> samples(const std::string& endpoint, size_t seconds) const override;
+  void set_capacity_requester(CapacityRequester* requester) override {
+    admission_.set_capacity_requester(requester);
+  }
 
  private:
   // The request path: routing, auth, local routes; a proxied request becomes a ProxyCall.
@@ -411,14 +411,13 @@ void GatewayImpl::control_loop() {
 }  // namespace
 
 Result<std::unique_ptr<Gateway>> Gateway::create(const GatewayOptions& options, EndpointTable table,
-                                                 AuthConfig auth, CapacityRequester* capacity,
-                                                 MetricsRegistry& registry) {
+                                                 AuthConfig auth, MetricsRegistry& registry) {
   std::unique_ptr<AccessLog> access_log;
   if (!options.access_log.empty()) {
     FLOTILLA_ASSIGN_OR_RETURN(access_log, AccessLog::open(options.access_log));
   }
   auto gateway = std::make_unique<GatewayImpl>(options, real_clock(), std::move(access_log),
-                                               capacity, registry, std::move(auth));
+                                               registry, std::move(auth));
   FLOTILLA_RETURN_IF_ERROR(gateway->init(std::move(table)));
   return std::unique_ptr<Gateway>(std::move(gateway));
 }
