@@ -29,6 +29,8 @@ bhttp::verb to_verb(Method method) {
       return bhttp::verb::put;
     case Method::kDelete:
       return bhttp::verb::delete_;
+    case Method::kPatch:
+      return bhttp::verb::patch;
     case Method::kOther:
       break;
   }
@@ -65,6 +67,15 @@ struct BlockingConnection::Impl {
   bool deadline_hit = false;  // the last step's expiry was the deadline, not io_timeout
   UpstreamFailure failure = UpstreamFailure::kNone;
   bool local_failure = false;
+
+  // cancel() may come from another thread: it posts to `io`, whose creation it must see.
+  Mutex cancel_mutex;
+  bool cancelled FLOTILLA_GUARDED_BY(cancel_mutex) = false;
+
+  bool is_cancelled() {
+    MutexLock lock(cancel_mutex);
+    return cancelled;
+  }
 
   bool connected() const { return plain.has_value() || secure.has_value(); }
   beast::tcp_stream& lowest() { return secure ? beast::get_lowest_layer(*secure) : *plain; }
@@ -134,18 +145,47 @@ struct BlockingConnection::Impl {
     return unavailable(url + ": " + what + ": local: " + std::string(reason));
   }
 
+  // The TLS context of origin.tls_options; a CA, certificate or key that does not load is
+  // kInvalidArgument naming it, and no context is kept.
+  Status make_tls_context() {
+    const TlsOptions& options = origin.tls_options;
+    tls.emplace(asio::ssl::context::tls_client);
+    beast::error_code ec;
+    if (options.ca_pem.empty()) {
+      tls->set_default_verify_paths(ec);  // honours SSL_CERT_FILE / SSL_CERT_DIR
+    } else {
+      tls->add_certificate_authority(asio::buffer(options.ca_pem), ec);
+    }
+    if (ec) {
+      tls.reset();
+      return invalid_argument(url + ": the CA certificates do not load: " + ec.message());
+    }
+    if (!options.cert_pem.empty()) {
+      tls->use_certificate_chain(asio::buffer(options.cert_pem), ec);
+      if (!ec) {
+        tls->use_private_key(asio::buffer(options.key_pem), asio::ssl::context::pem, ec);
+      }
+      if (ec) {
+        tls.reset();
+        return invalid_argument(url +
+                                ": the client certificate or key does not load: " + ec.message());
+      }
+    }
+    tls->set_verify_mode(options.verify ? asio::ssl::verify_peer : asio::ssl::verify_none);
+    return Status::ok();
+  }
+
   Status connect() {
     disconnect();
     // Asio throws where it cannot get descriptors or memory (the io_context's epoll and eventfd,
     // a TLS context): a probe must not take the process down when descriptors run out.
     try {
       if (!io) {
+        MutexLock lock(cancel_mutex);
         io.emplace();
       }
       if (origin.tls && !tls) {
-        tls.emplace(asio::ssl::context::tls_client);
-        tls->set_default_verify_paths();  // honours SSL_CERT_FILE / SSL_CERT_DIR
-        tls->set_verify_mode(asio::ssl::verify_peer);
+        FLOTILLA_RETURN_IF_ERROR(make_tls_context());
       }
     } catch (const boost::system::system_error& e) {
       failure = UpstreamFailure::kConnect;
@@ -177,7 +217,9 @@ struct BlockingConnection::Impl {
         failure = UpstreamFailure::kConnect;
         return unavailable(url + ": cannot set the TLS server name");
       }
-      secure->set_verify_callback(asio::ssl::host_name_verification(origin.host));
+      if (origin.tls_options.verify) {
+        secure->set_verify_callback(asio::ssl::host_name_verification(origin.host));
+      }
       ec = run(
           [&](auto handler) { secure->async_handshake(asio::ssl::stream_base::client, handler); });
       if (ec) {
@@ -229,6 +271,11 @@ Status BlockingConnection::Impl::exchange(ClientRequest&& request, const HeadCal
   failure = UpstreamFailure::kNone;
   local_failure = false;
   url = origin.text() + request.target;
+  if (is_cancelled()) {
+    disconnect();
+    failure = UpstreamFailure::kConnect;
+    return unavailable(url + ": the connection was cancelled");
+  }
   if (!connected()) {
     FLOTILLA_RETURN_IF_ERROR(connect());
   }
@@ -298,8 +345,11 @@ Status BlockingConnection::Impl::exchange(ClientRequest&& request, const HeadCal
   while (!parser.is_done()) {
     parser.get().body().data = chunk.data();
     parser.get().body().size = chunk.size();
-    ec = on_stream(
-        [&](auto& stream, auto handler) { bhttp::async_read(stream, buffer, parser, handler); });
+    // read_some, not read: a piece goes to on_body as soon as it arrives (a watch stream's
+    // events, a server-sent event), not when the chunk buffer is full.
+    ec = on_stream([&](auto& stream, auto handler) {
+      bhttp::async_read_some(stream, buffer, parser, handler);
+    });
     if (ec == bhttp::error::need_buffer) {
       ec = {};
     }
@@ -351,6 +401,21 @@ Status BlockingConnection::get(const std::string& target, std::optional<ByteRang
         "Range", "bytes=" + std::to_string(range->first) + "-" + std::to_string(range->last));
   }
   return send(std::move(request), on_head, on_body);
+}
+
+void BlockingConnection::cancel() {
+  MutexLock lock(impl_->cancel_mutex);
+  impl_->cancelled = true;
+  if (impl_->io) {
+    // Runs on the owner's thread, inside its exchange (or at its next one): the pending
+    // operation completes with operation_aborted and the exchange fails.
+    asio::post(*impl_->io, [impl = impl_.get()] {
+      if (impl->connected()) {
+        beast::error_code ignored;
+        impl->lowest().socket().cancel(ignored);
+      }
+    });
+  }
 }
 
 UpstreamFailure BlockingConnection::failure() const {

@@ -62,7 +62,9 @@ struct ServerOptions {
   bool error_request_ids = false;
 };
 
-enum class Method { kGet, kHead, kPost, kPut, kDelete, kOther };
+// kPatch is for clients (the Kubernetes API's patches): the servers here parse a PATCH request
+// as kOther, which every route refuses with 405.
+enum class Method { kGet, kHead, kPost, kPut, kDelete, kPatch, kOther };
 
 std::string_view method_name(Method method);  // "GET", ...; "" for kOther
 
@@ -298,12 +300,30 @@ class ClientPool {
 
 // ---- Blocking client: one connection, for tools, control loops and the store ------------------
 
-// Where a BlockingConnection connects. With tls, the peer's certificate is verified against the
-// system's CAs (SSL_CERT_FILE / SSL_CERT_DIR honoured) and `host`.
+// How a BlockingConnection's TLS trusts its peer and shows itself (a Kubernetes API server's
+// own CA and a client certificate, from a kubeconfig). PEM text, not paths: kubeconfigs carry
+// it inline as often as in files.
+struct TlsOptions {
+  std::string ca_pem;    // the CAs trusted; empty: the system's (SSL_CERT_FILE / SSL_CERT_DIR)
+  std::string cert_pem;  // a client certificate chain, with key_pem; empty: none
+  std::string key_pem;
+  bool verify = true;  // false: the peer is not verified (tests; insecure-skip-tls-verify)
+};
+
+// Where a BlockingConnection connects. With tls, the peer's certificate is verified against
+// tls_options' CAs and `host`.
 struct Origin {
+  Origin() = default;
+  Origin(std::string host_in, uint16_t port_in, bool tls_in, TlsOptions tls_options_in = {})
+      : host(std::move(host_in)),
+        port(port_in),
+        tls(tls_in),
+        tls_options(std::move(tls_options_in)) {}
+
   std::string host;
   uint16_t port = 80;
   bool tls = false;
+  TlsOptions tls_options;
   std::string text() const;  // "http://host:port", for messages
 };
 
@@ -349,6 +369,11 @@ class BlockingConnection {
   // GET `target`, optionally one byte range of it (the Range header).
   Status get(const std::string& target, std::optional<ByteRange> range, const HeadCallback& on_head,
              const BodyCallback& on_body);
+
+  // Ends the exchange in progress on its owner's thread (it fails with kUnavailable) and every
+  // later one: a watch stream blocked in a read stops at once. The only method another thread
+  // may call; the connection must outlive the call.
+  void cancel();
 
   // Why the last send() failed in transport (kConnect, kTimeout, kClosedBeforeResponse,
   // kClosedDuringResponse, kBadResponse); kNone after a success or a callback's refusal.

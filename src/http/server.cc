@@ -1078,6 +1078,8 @@ std::string_view method_name(Method method) {
       return "PUT";
     case Method::kDelete:
       return "DELETE";
+    case Method::kPatch:
+      return "PATCH";
     case Method::kOther:
       break;
   }

@@ -222,6 +222,35 @@ TEST(BlockingConnectionTest, StreamsAChunkedBodyAsItArrives) {
   EXPECT_EQ(body, expected);
 }
 
+// A watch stream: the first event comes through while the server holds the stream open, and
+// cancel() from another thread ends the blocked read at once, not at the io timeout.
+TEST(BlockingConnectionTest, PassesOnEachPieceAsItArrivesAndCancelEndsABlockedRead) {
+  ScriptedPeer peer({"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
+                     "11\r\n{\"type\":\"ADDED\"}\n\r\n"},
+                    0ms);
+  BlockingConnection connection(Origin{"127.0.0.1", peer.port(), false}, 30s);
+  std::string body;
+  std::thread canceller;
+  const auto start = std::chrono::steady_clock::now();
+  const Status status =
+      connection.get("/watch", std::nullopt, accept_any, [&](const char* data, size_t size) {
+        body.append(data, size);
+        if (!canceller.joinable()) {
+          canceller = std::thread([&connection] { connection.cancel(); });
+        }
+        return Status::ok();
+      });
+  canceller.join();
+  EXPECT_EQ(body, "{\"type\":\"ADDED\"}\n");
+  EXPECT_EQ(status.code(), StatusCode::kUnavailable);
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 20s);  // far below the 30 s io timeout
+  EXPECT_FALSE(
+      connection
+          .get("/again", std::nullopt, accept_any, [](const char*, size_t) { return Status::ok(); })
+          .is_ok())
+      << "a cancelled connection stays cancelled";
+}
+
 TEST(BlockingConnectionTest, ACallbackStopsTheBodyAndTheNextSendReconnects) {
   RunningServer server(serve_content);
   BlockingConnection connection(Origin{"127.0.0.1", server.port(), false}, 5s);
