@@ -569,7 +569,8 @@ def check_workloads(objects):
             if len(matched) != 1:
                 problem(where, f"selects {len(matched)} pod templates, expected 1")
                 continue
-            ports = {p["name"] for c in matched[0]["spec"]["containers"] for p in c.get("ports", [])}
+            containers = matched[0]["spec"]["containers"]
+            ports = {p["name"] for c in containers for p in c.get("ports", [])}
             for port in obj["spec"]["ports"]:
                 if isinstance(port.get("targetPort"), str) and port["targetPort"] not in ports:
                     problem(where, f"targetPort {port['targetPort']} is not a container port")
