@@ -13,10 +13,17 @@ PACKAGES=(
   libpcre2-dev
   # tests, fixtures and benchmarks
   python3 python3-venv python3-xgboost python3-sklearn python3-numpy python3-aiohttp python3-matplotlib python3-regex
+  python3-yaml
   prometheus wrk curl
   # peer proxies, load generators and callgrind for bench/gateway (../shared/bench/peers)
   nginx haproxy hey valgrind
 )
+# kubectl for scripts/check_manifests.sh (ctest `manifests`). Debian's kubernetes-client and other
+# packagings of kubectl (the Google Cloud SDK's `kubectl` package) all ship /usr/bin/kubectl, so
+# dpkg refuses to install a second one: any kubectl already on PATH serves (1.20 or newer).
+if ! command -v kubectl >/dev/null 2>&1; then
+  PACKAGES+=(kubernetes-client)
+fi
 
 missing=()
 for package in "${PACKAGES[@]}"; do
