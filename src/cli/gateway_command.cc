@@ -1,7 +1,9 @@
 // `flotilla gateway`: the gateway as its own process, fronting the replicas of a YAML endpoint
-// table (--config, reloaded when it changes) or a plain list of upstreams (--upstreams).
+// table (--config, reloaded when it changes), a plain list of upstreams (--upstreams), or what a
+// Kubernetes API server says (--kubernetes: ServingEndpoints, EndpointSlices, token Secrets).
 #include <iostream>
 #include <memory>
+#include <optional>
 #include <sstream>
 
 #include <nlohmann/json.hpp>
@@ -9,6 +11,7 @@
 
 #include "auth/auth.h"
 #include "cli/commands.h"
+#include "cluster/cluster.h"
 #include "common/common.h"
 #include "gateway/gateway.h"
 
@@ -19,6 +22,9 @@ struct GatewayFlags {
   std::string listen = "127.0.0.1:8080";
   std::string config;
   std::string upstreams;
+  bool kubernetes = false;
+  std::string kubeconfig;
+  std::string namespace_name;
   std::string default_endpoint;
   int64_t max_in_flight = 0;
   int workers = 0;
@@ -77,8 +83,20 @@ int run_gateway(const GatewayFlags& flags) {
   if (Status status = init_logging(flags.log_level); !status.is_ok()) {
     return fail(status.message());
   }
-  if (flags.config.empty() == flags.upstreams.empty()) {
-    return fail("give exactly one of --config FILE or --upstreams HOST:PORT,...");
+  if (int sources = !flags.config.empty() + !flags.upstreams.empty() + flags.kubernetes;
+      sources != 1) {
+    return fail("give exactly one of --config FILE, --upstreams HOST:PORT,... or --kubernetes");
+  }
+  if (!flags.kubernetes && (!flags.kubeconfig.empty() || !flags.namespace_name.empty())) {
+    return fail("--kubeconfig and --namespace go with --kubernetes");
+  }
+  std::optional<kube::Client> kubernetes;
+  if (flags.kubernetes) {
+    auto config = kube::resolve_config(flags.kubeconfig, flags.namespace_name);
+    if (!config.is_ok()) {
+      return fail("--kubernetes: " + config.status().message());
+    }
+    kubernetes.emplace(std::move(config).value());
   }
   auto listen = split_address(flags.listen);
   if (!listen.is_ok()) {
@@ -98,6 +116,8 @@ int run_gateway(const GatewayFlags& flags) {
     }
     table = std::move(config->table);
     auth = std::move(config->auth);
+  } else if (flags.kubernetes) {
+    auth.enabled = true;  // closed until the token Secrets are read
   } else {
     auto parsed = table_from_upstreams(flags.upstreams, flags.max_in_flight);
     if (!parsed.is_ok()) {
@@ -142,6 +162,14 @@ int run_gateway(const GatewayFlags& flags) {
   if (!flags.config.empty()) {
     gw.watch_config(flags.config, std::chrono::milliseconds(flags.config_poll_ms));
   }
+  // Kept up to date from the API server until the gateway has drained; the table it last saw
+  // stays while a watch reconnects.
+  std::optional<cluster::GatewayDiscovery> discovery;
+  if (kubernetes) {
+    discovery.emplace(*kubernetes, gw, cluster::GatewayDiscovery::Options{});
+    spdlog::info("discovering endpoints from {} in namespace {}",
+                 kubernetes->config().server.text(), kubernetes->config().namespace_name);
+  }
   gw.drain_on_signals(std::chrono::milliseconds(flags.drain_timeout_ms));
   // The first stdout line is for scripts and orchestrators: where to reach the gateway.
   const nlohmann::json listening = {
@@ -149,6 +177,7 @@ int run_gateway(const GatewayFlags& flags) {
   std::cout << listening.dump() << std::endl;
   spdlog::info("gateway listening on {}:{}", listen->first, gw.port());
   const bool clean = gw.run();
+  discovery.reset();
   spdlog::info(clean ? "drained, exiting" : "drain timed out, exiting");
   return clean ? 0 : kExitDrainTimeout;
 }
@@ -196,6 +225,16 @@ std::function<int()> add_gateway_command(CLI::App& app) {
                   "YAML endpoint table (and auth); reloaded when the file changes");
   cmd->add_option("--upstreams", flags->upstreams,
                   "Comma-separated host:port list served as endpoint 'default' on every path");
+  cmd->add_flag("--kubernetes", flags->kubernetes,
+                "Serve the ServingEndpoints of a Kubernetes namespace: their replicas from the "
+                "EndpointSlices of their versions' Services, tokens from Secrets labelled "
+                "flotilla.dev/token=true (docs/kubernetes.md)");
+  cmd->add_option("--kubeconfig", flags->kubeconfig,
+                  "With --kubernetes: the kubeconfig to use (default: in-cluster when in a pod, "
+                  "else $KUBECONFIG, else ~/.kube/config)");
+  cmd->add_option("--namespace", flags->namespace_name,
+                  "With --kubernetes: the namespace (default: the kubeconfig context's, or the "
+                  "pod's)");
   cmd->add_option("--default-endpoint", flags->default_endpoint,
                   "Endpoint that receives paths no route claims (default: none, 404)");
   cmd->add_option("--max-in-flight", flags->max_in_flight,

@@ -62,12 +62,18 @@ std::string query_escape(std::string_view value) {
   return out;
 }
 
-std::string Reply::reason() const {
-  if (body.is_object() && body.value("kind", "") == "Status" && body.contains("reason") &&
-      body["reason"].is_string()) {
-    return body["reason"].get<std::string>();
+const nlohmann::json& field(const nlohmann::json& object, std::string_view key) {
+  static const nlohmann::json kNull;
+  if (!object.is_object()) {
+    return kNull;
   }
-  return "";
+  const auto it = object.find(key);
+  return it == object.end() ? kNull : *it;
+}
+
+std::string Reply::reason() const {
+  const nlohmann::json& reason = field(body, "reason");
+  return field(body, "kind") == "Status" && reason.is_string() ? reason.get<std::string>() : "";
 }
 
 Status reply_status(const Reply& reply) {
@@ -78,9 +84,8 @@ Status reply_status(const Reply& reply) {
   if (const std::string reason = reply.reason(); !reason.empty()) {
     message += " " + reason;
   }
-  if (reply.body.is_object() && reply.body.contains("message") &&
-      reply.body["message"].is_string()) {
-    message += ": " + reply.body["message"].get<std::string>();
+  if (const nlohmann::json& text = field(reply.body, "message"); text.is_string()) {
+    message += ": " + text.get<std::string>();
   }
   switch (reply.status) {
     case 404:
@@ -239,12 +244,11 @@ Status Client::watch(const std::string& path, const std::string& query,
           }
           const nlohmann::json event = nlohmann::json::parse(line, nullptr, false);
           line.clear();
-          if (event.is_discarded() || !event.is_object() || !event.contains("type") ||
-              !event["type"].is_string()) {
-            return unavailable("a watch event of " + path + " is not JSON");
+          const nlohmann::json& type = field(event, "type");
+          if (!type.is_string()) {
+            return unavailable("a watch event of " + path + " is not an event");
           }
-          if (!on_event(
-                  {event["type"].get<std::string>(), event.value("object", nlohmann::json())})) {
+          if (!on_event({type.get<std::string>(), field(event, "object")})) {
             stopped = true;
             return Status(StatusCode::kFailedPrecondition, "stopped");  // ends the stream
           }

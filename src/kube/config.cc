@@ -30,32 +30,6 @@ std::string trim(std::string text) {
   return begin == std::string::npos ? "" : text.substr(begin);
 }
 
-Result<std::string> decode_base64(const std::string& text, const std::string& what) {
-  std::string compact;
-  for (char c : text) {
-    if (c != '\n' && c != '\r' && c != ' ') {
-      compact += c;
-    }
-  }
-  if (compact.size() % 4 != 0) {
-    return invalid_argument(what + ": not base64");
-  }
-  std::string out(compact.size() / 4 * 3, '\0');
-  const int length = EVP_DecodeBlock(reinterpret_cast<unsigned char*>(out.data()),
-                                     reinterpret_cast<const unsigned char*>(compact.data()),
-                                     static_cast<int>(compact.size()));
-  if (length < 0) {
-    return invalid_argument(what + ": not base64");
-  }
-  // EVP_DecodeBlock counts the padding as zero bytes.
-  size_t padding = 0;
-  for (size_t i = compact.size(); i > 0 && compact[i - 1] == '='; --i) {
-    ++padding;
-  }
-  out.resize(static_cast<size_t>(length) - padding);
-  return out;
-}
-
 // "https://host[:port][/path]" into the origin and base path; the default port by scheme.
 Status parse_server(const std::string& url, Config& config) {
   const std::string where = "server '" + url + "'";
@@ -211,6 +185,32 @@ bool in_a_pod() {
 }
 
 }  // namespace
+
+Result<std::string> decode_base64(std::string_view text, const std::string& what) {
+  std::string compact;
+  for (char c : text) {
+    if (c != '\n' && c != '\r' && c != ' ') {
+      compact += c;
+    }
+  }
+  if (compact.size() % 4 != 0) {
+    return invalid_argument(what + ": not base64");
+  }
+  std::string out(compact.size() / 4 * 3, '\0');
+  const int length = EVP_DecodeBlock(reinterpret_cast<unsigned char*>(out.data()),
+                                     reinterpret_cast<const unsigned char*>(compact.data()),
+                                     static_cast<int>(compact.size()));
+  if (length < 0) {
+    return invalid_argument(what + ": not base64");
+  }
+  // EVP_DecodeBlock counts the padding as zero bytes.
+  size_t padding = 0;
+  for (size_t i = compact.size(); i > 0 && compact[i - 1] == '='; --i) {
+    ++padding;
+  }
+  out.resize(static_cast<size_t>(length) - padding);
+  return out;
+}
 
 Result<Config> in_cluster_config(const std::string& account_dir) {
   const char* host = std::getenv("KUBERNETES_SERVICE_HOST");

@@ -85,6 +85,15 @@ std::string object_path(const Resource& resource, std::string_view namespace_nam
 // `value` percent-encoded for a query string (label selectors hold '=', ',' and '!').
 std::string query_escape(std::string_view value);
 
+// Base64 (RFC 4648, padded; line breaks ignored), as kubeconfigs and Secrets' data carry bytes.
+// kInvalidArgument naming `what` when `text` is not base64.
+Result<std::string> decode_base64(std::string_view text, const std::string& what);
+
+// object[key] when `object` is an object holding `key`, else null: reads of fields that may be
+// missing or of another type in what a server sent, without nlohmann's exceptions or its
+// undefined behaviour on a const lookup of a missing key.
+const nlohmann::json& field(const nlohmann::json& object, std::string_view key);
+
 // ---- The client ---------------------------------------------------------------------------------
 
 // One answer of the API server: a 2xx with the object or list, or an error with its Status

@@ -54,20 +54,19 @@ Status Reflector::list() {
   FLOTILLA_ASSIGN_OR_RETURN(Reply reply,
                             client_.get(collection_path(resource_, namespace_), query));
   FLOTILLA_RETURN_IF_ERROR(reply_status(reply));
-  const nlohmann::json& items = reply.body["items"];
-  const nlohmann::json& metadata = reply.body["metadata"];
-  if (!items.is_array() || !metadata.is_object() || !metadata.contains("resourceVersion")) {
+  const nlohmann::json& items = field(reply.body, "items");
+  const nlohmann::json& version = field(field(reply.body, "metadata"), "resourceVersion");
+  if (!items.is_array() || !version.is_string()) {
     return unavailable("the list of " + resource_.plural + " has no items or resourceVersion");
   }
   Objects objects;
   for (const nlohmann::json& item : items) {
-    const std::string name = item["metadata"].value("name", "");
-    if (!name.empty()) {
-      objects.emplace(name, item);
+    if (const nlohmann::json& name = field(field(item, "metadata"), "name"); name.is_string()) {
+      objects.emplace(name.get<std::string>(), item);
     }
   }
   objects_ = std::move(objects);
-  resource_version_ = metadata["resourceVersion"].get<std::string>();
+  resource_version_ = version.get<std::string>();
   lists_.fetch_add(1);
   on_change_(objects_);
   return Status::ok();
@@ -91,24 +90,27 @@ Status Reflector::watch_once() {
           return false;
         }
         if (event.type == "ERROR") {
-          expired = event.object.value("code", 0) == 410;
+          expired = field(event.object, "code") == 410;
+          const nlohmann::json& message = field(event.object, "message");
           problem = unavailable("watch of " + resource_.plural + ": " +
-                                event.object.value("message", std::string("error event")));
+                                (message.is_string() ? message.get<std::string>() : "an error"));
           return false;
         }
-        const nlohmann::json& metadata = event.object["metadata"];
-        if (!metadata.is_object()) {
+        const nlohmann::json& metadata = field(event.object, "metadata");
+        const nlohmann::json& version = field(metadata, "resourceVersion");
+        if (!version.is_string()) {
           problem = unavailable("watch of " + resource_.plural + ": an event without metadata");
           return false;
         }
-        if (const auto version = metadata.find("resourceVersion");
-            version != metadata.end() && version->is_string()) {
-          resource_version_ = version->get<std::string>();
-        }
+        resource_version_ = version.get<std::string>();
         if (event.type == "BOOKMARK") {
           return true;
         }
-        const std::string name = metadata.value("name", "");
+        const nlohmann::json& name_field = field(metadata, "name");
+        if (!name_field.is_string()) {
+          return true;  // nothing to key it by
+        }
+        const std::string name = name_field.get<std::string>();
         if (event.type == "DELETED") {
           objects_.erase(name);
         } else if (event.type == "ADDED" || event.type == "MODIFIED") {

@@ -1,0 +1,86 @@
+// Flotilla's Kubernetes mode (issue #20, DESIGN.md §8), over the kube client: the names and
+// labels the controller and the gateway agree on, and the gateway's discovery, which turns
+// ServingEndpoints, the EndpointSlices of their versions' Services and the token Secrets into
+// the gateway's endpoint table and tokens (`flotilla gateway --kubernetes`).
+#pragma once
+
+#include <memory>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <vector>
+
+#include "common/common.h"
+#include "gateway/gateway.h"
+#include "kube/kube.h"
+
+namespace flotilla::cluster {
+
+// Labels on every object the controller makes for a served model version (Deployment, its
+// pods, Service; EndpointSlices inherit the Service's labels).
+inline constexpr std::string_view kEndpointLabel = "flotilla.dev/endpoint";
+inline constexpr std::string_view kVersionLabel = "flotilla.dev/version";
+// Set to "true" on a Secret that holds one API token: data keys id, salt, sha256 (as
+// auth::TokenRecord) and optionally endpoints (comma-separated; absent: all).
+inline constexpr std::string_view kTokenLabel = "flotilla.dev/token";
+// The label Kubernetes puts on each EndpointSlice: the Service it belongs to.
+inline constexpr std::string_view kServiceNameLabel = "kubernetes.io/service-name";
+
+// "{endpoint}-{version}": the Deployment and the Service of one served model version.
+std::string version_object_name(std::string_view endpoint, std::string_view version);
+
+// The gateway's table from the mirrors (by name) of ServingEndpoints and EndpointSlices.
+// Versions and their weights are the controller's serving state (status.versions: name,
+// traffic, targetConcurrencyPerReplica) once it has written one, else the spec's served models.
+// A version's replicas are the endpoints of the slices of its Service: ready and not
+// terminating → ready; terminating → draining (in-flight requests finish, no new ones); not
+// ready → starting. An endpoint whose objects do not make a valid table entry is left out and
+// named in `problems` (the others are served).
+gateway::EndpointTable table_from_objects(const kube::Reflector::Objects& serving_endpoints,
+                                          const kube::Reflector::Objects& endpoint_slices,
+                                          std::vector<std::string>* problems);
+
+// The gateway's tokens from the mirror of token Secrets (kTokenLabel). Auth is enabled (closed:
+// no Secret, no request through). A Secret that does not hold a valid token is left out and
+// named in `problems`.
+gateway::AuthConfig auth_from_secrets(const kube::Reflector::Objects& secrets,
+                                      std::vector<std::string> open_routes,
+                                      std::vector<std::string>* problems);
+
+// Keeps a gateway's table and tokens in step with the API server: one Reflector each for
+// ServingEndpoints, EndpointSlices (those labelled kEndpointLabel) and token Secrets, on threads
+// of their own; after each change, the table (once both of its mirrors have listed) and the
+// tokens are pushed to `gateway`. A broken watch keeps the last table: the gateway serves on
+// while the reflectors reconnect.
+class GatewayDiscovery {
+ public:
+  struct Options {
+    std::vector<std::string> open_routes = {"health"};
+    kube::Reflector::Options watch;  // label_selector is set per reflector
+  };
+
+  // `client` and `gateway` must outlive it. Starts the threads.
+  GatewayDiscovery(kube::Client& client, gateway::GatewaySink& gateway, Options options);
+  ~GatewayDiscovery();  // stops and joins
+  GatewayDiscovery(const GatewayDiscovery&) = delete;
+  GatewayDiscovery& operator=(const GatewayDiscovery&) = delete;
+
+  void stop();
+
+ private:
+  void publish_table() FLOTILLA_EXCLUDES(mu_);
+  void publish_auth();
+
+  gateway::GatewaySink& gateway_;
+  const Options options_;
+  std::vector<std::unique_ptr<Random>> randoms_;
+  Mutex mu_;
+  kube::Reflector::Objects serving_endpoints_ FLOTILLA_GUARDED_BY(mu_);
+  kube::Reflector::Objects endpoint_slices_ FLOTILLA_GUARDED_BY(mu_);
+  bool endpoints_listed_ FLOTILLA_GUARDED_BY(mu_) = false;
+  bool slices_listed_ FLOTILLA_GUARDED_BY(mu_) = false;
+  std::vector<std::unique_ptr<kube::Reflector>> reflectors_;
+  std::vector<std::thread> threads_;
+};
+
+}  // namespace flotilla::cluster

@@ -1,0 +1,308 @@
+// The gateway's discovery in Kubernetes mode: objects in, the endpoint table and tokens out.
+#include <map>
+#include <sstream>
+
+#include <spdlog/spdlog.h>
+
+#include "auth/auth.h"
+#include "cluster/cluster.h"
+
+namespace flotilla::cluster {
+namespace {
+
+using Objects = kube::Reflector::Objects;
+using kube::field;
+using nlohmann::json;
+
+std::string label(const json& object, std::string_view key) {
+  const json& value = field(field(field(object, "metadata"), "labels"), key);
+  return value.is_string() ? value.get<std::string>() : "";
+}
+
+int64_t integer(const json& object, const char* key, int64_t otherwise) {
+  const json& value = field(object, key);
+  return value.is_number_integer() ? value.get<int64_t>() : otherwise;
+}
+
+std::string text(const json& object, const char* key) {
+  const json& value = field(object, key);
+  return value.is_string() ? value.get<std::string>() : "";
+}
+
+// A condition of an EndpointSlice endpoint: absent means `otherwise` (the API: ready unset is
+// ready, terminating unset is not).
+bool condition(const json& endpoint, const char* key, bool otherwise) {
+  const json& value = field(field(endpoint, "conditions"), key);
+  return value.is_boolean() ? value.get<bool>() : otherwise;
+}
+
+// The versions of one ServingEndpoint: the controller's serving state when it wrote one.
+std::vector<gateway::VersionEntry> versions_of(const json& object) {
+  std::map<std::string, std::string> runtimes;
+  const json& served = field(field(object, "spec"), "served_models");
+  if (served.is_array()) {
+    for (const json& model : served) {
+      if (model.is_object()) {
+        runtimes[text(model, "name")] = text(model, "runtime");
+      }
+    }
+  }
+  std::vector<gateway::VersionEntry> versions;
+  const json& status = field(field(object, "status"), "versions");
+  if (status.is_array() && !status.empty()) {
+    for (const json& version : status) {
+      if (!version.is_object()) {
+        continue;
+      }
+      gateway::VersionEntry& entry = versions.emplace_back();
+      entry.name = text(version, "name");
+      entry.traffic = integer(version, "traffic", 0);
+      entry.runtime = runtimes[entry.name];
+    }
+    return versions;
+  }
+  if (served.is_array()) {
+    for (const json& model : served) {
+      if (!model.is_object()) {
+        continue;
+      }
+      gateway::VersionEntry& entry = versions.emplace_back();
+      entry.name = text(model, "name");
+      // A single served model may leave its traffic out (all of it), as in the spec.
+      entry.traffic = integer(model, "traffic", served.size() == 1 ? 100 : 0);
+      entry.runtime = text(model, "runtime");
+    }
+  }
+  return versions;
+}
+
+// The per-replica cap the controller learned for a version; 0 (none) until it has.
+int64_t target_of(const json& object, const std::string& version) {
+  const json& status = field(field(object, "status"), "versions");
+  if (status.is_array()) {
+    for (const json& entry : status) {
+      if (entry.is_object() && text(entry, "name") == version) {
+        return std::max<int64_t>(0, integer(entry, "targetConcurrencyPerReplica", 0));
+      }
+    }
+  }
+  return 0;
+}
+
+// The replicas of one EndpointSlice.
+void add_replicas(const json& slice, int64_t cap, std::vector<gateway::ReplicaEntry>& replicas) {
+  const json& ports = field(slice, "ports");
+  int64_t port = 0;
+  if (ports.is_array()) {
+    for (const json& entry : ports) {
+      if (entry.is_object() && (port == 0 || text(entry, "name") == "http")) {
+        port = integer(entry, "port", 0);
+      }
+    }
+  }
+  const json& endpoints = field(slice, "endpoints");
+  if (port <= 0 || port > 65535 || !endpoints.is_array()) {
+    return;
+  }
+  for (const json& endpoint : endpoints) {
+    const json& addresses = field(endpoint, "addresses");
+    if (!addresses.is_array() || addresses.empty() || !addresses[0].is_string()) {
+      continue;
+    }
+    gateway::ReplicaEntry& replica = replicas.emplace_back();
+    replica.host = addresses[0].get<std::string>();
+    replica.port = static_cast<uint16_t>(port);
+    // The pod's name when the slice names it: the id logs and stats show.
+    const json& target = field(endpoint, "targetRef");
+    replica.id = !text(target, "name").empty() ? text(target, "name")
+                                               : replica.host + ":" + std::to_string(port);
+    replica.max_in_flight = cap;
+    if (condition(endpoint, "terminating", false)) {
+      replica.state = gateway::ReplicaState::kDraining;
+    } else if (condition(endpoint, "ready", true)) {
+      replica.state = gateway::ReplicaState::kReady;
+    } else {
+      replica.state = gateway::ReplicaState::kStarting;
+    }
+  }
+}
+
+}  // namespace
+
+std::string version_object_name(std::string_view endpoint, std::string_view version) {
+  std::string name(endpoint);
+  name += '-';
+  name += version;
+  return name;
+}
+
+gateway::EndpointTable table_from_objects(const Objects& serving_endpoints,
+                                          const Objects& endpoint_slices,
+                                          std::vector<std::string>* problems) {
+  std::map<std::string, std::vector<const json*>> slices_by_service;
+  for (const auto& [name, slice] : endpoint_slices) {
+    slices_by_service[label(slice, kServiceNameLabel)].push_back(&slice);
+  }
+  gateway::EndpointTable table;
+  for (const auto& [name, object] : serving_endpoints) {
+    gateway::EndpointEntry entry;
+    entry.name = name;
+    entry.versions = versions_of(object);
+    for (gateway::VersionEntry& version : entry.versions) {
+      const int64_t cap = target_of(object, version.name);
+      for (const json* slice : slices_by_service[version_object_name(name, version.name)]) {
+        add_replicas(*slice, cap, version.replicas);
+      }
+      // Two slices may list one pod while it moves between them: keep it once.
+      std::sort(version.replicas.begin(), version.replicas.end(),
+                [](const auto& a, const auto& b) { return a.id < b.id; });
+      version.replicas.erase(std::unique(version.replicas.begin(), version.replicas.end(),
+                                         [](const auto& a, const auto& b) { return a.id == b.id; }),
+                             version.replicas.end());
+    }
+    gateway::EndpointTable alone;
+    alone.endpoints.push_back(entry);
+    if (Status valid = gateway::validate_endpoint_table(alone); !valid.is_ok()) {
+      if (problems != nullptr) {
+        problems->push_back("ServingEndpoint '" + name + "': " + valid.message());
+      }
+      continue;
+    }
+    table.endpoints.push_back(std::move(entry));
+  }
+  return table;
+}
+
+gateway::AuthConfig auth_from_secrets(const Objects& secrets, std::vector<std::string> open_routes,
+                                      std::vector<std::string>* problems) {
+  gateway::AuthConfig auth;
+  auth.enabled = true;
+  auth.open_routes = std::move(open_routes);
+  for (const auto& [name, secret] : secrets) {
+    const std::string where = "Secret '" + name + "'";
+    auto read = [&](const char* key, bool required) -> Result<std::string> {
+      const json& value = field(field(secret, "data"), key);
+      if (!value.is_string()) {
+        if (required) {
+          return invalid_argument(where + ": data." + key + " is missing");
+        }
+        return std::string();
+      }
+      return kube::decode_base64(value.get<std::string>(), where + ": data." + key);
+    };
+    auto record = [&]() -> Result<auth::TokenRecord> {
+      auth::TokenRecord token;
+      FLOTILLA_ASSIGN_OR_RETURN(token.id, read("id", true));
+      FLOTILLA_RETURN_IF_ERROR(auth::check_token_id(token.id, where + ": id"));
+      FLOTILLA_ASSIGN_OR_RETURN(std::string salt, read("salt", true));
+      FLOTILLA_ASSIGN_OR_RETURN(token.salt,
+                                auth::normalize_salt(std::move(salt), where + ": salt"));
+      FLOTILLA_ASSIGN_OR_RETURN(std::string digest, read("sha256", true));
+      FLOTILLA_ASSIGN_OR_RETURN(token.sha256,
+                                auth::normalize_digest(std::move(digest), where + ": sha256"));
+      FLOTILLA_ASSIGN_OR_RETURN(std::string scope, read("endpoints", false));
+      std::stringstream names(scope);
+      for (std::string endpoint; std::getline(names, endpoint, ',');) {
+        if (!endpoint.empty()) {
+          token.endpoints.push_back(endpoint);
+        }
+      }
+      FLOTILLA_RETURN_IF_ERROR(auth::check_scope_names(token.endpoints, where + ": endpoints"));
+      return token;
+    }();
+    if (!record.is_ok()) {
+      if (problems != nullptr) {
+        problems->push_back(record.status().message());
+      }
+      continue;
+    }
+    const bool duplicate =
+        std::any_of(auth.tokens.begin(), auth.tokens.end(),
+                    [&](const auth::TokenRecord& token) { return token.id == record->id; });
+    if (duplicate) {
+      if (problems != nullptr) {
+        problems->push_back(where + ": token id '" + record->id + "' is already used");
+      }
+      continue;
+    }
+    auth.tokens.push_back(std::move(record).value());
+  }
+  return auth;
+}
+
+GatewayDiscovery::GatewayDiscovery(kube::Client& client, gateway::GatewaySink& gateway,
+                                   Options options)
+    : gateway_(gateway), options_(std::move(options)) {
+  const std::string& ns = client.config().namespace_name;
+  const auto seed = static_cast<uint64_t>(real_clock().now().time_since_epoch().count());
+  auto make = [&](const kube::Resource& resource, std::string selector,
+                  kube::Reflector::OnChange on_change) {
+    kube::Reflector::Options watch = options_.watch;
+    watch.label_selector = std::move(selector);
+    // One generator per reflector: each draws its jitter on its own thread.
+    randoms_.push_back(std::make_unique<SeededRandom>(seed + randoms_.size()));
+    reflectors_.push_back(std::make_unique<kube::Reflector>(
+        client, resource, ns, watch, std::move(on_change), *randoms_.back()));
+  };
+  make(kube::kServingEndpoints, "", [this](const Objects& objects) {
+    {
+      MutexLock lock(mu_);
+      serving_endpoints_ = objects;
+      endpoints_listed_ = true;
+    }
+    publish_table();
+  });
+  make(kube::kEndpointSlices, std::string(kEndpointLabel), [this](const Objects& objects) {
+    {
+      MutexLock lock(mu_);
+      endpoint_slices_ = objects;
+      slices_listed_ = true;
+    }
+    publish_table();
+  });
+  make(kube::kSecrets, std::string(kTokenLabel) + "=true", [this](const Objects& objects) {
+    std::vector<std::string> problems;
+    gateway_.update_auth(auth_from_secrets(objects, options_.open_routes, &problems));
+    for (const std::string& problem : problems) {
+      spdlog::warn("token ignored: {}", problem);
+    }
+  });
+  for (auto& reflector : reflectors_) {
+    threads_.emplace_back([&reflector] { reflector->run(); });
+  }
+}
+
+GatewayDiscovery::~GatewayDiscovery() {
+  stop();
+}
+
+void GatewayDiscovery::stop() {
+  for (auto& reflector : reflectors_) {
+    reflector->stop();
+  }
+  for (std::thread& thread : threads_) {
+    if (thread.joinable()) {
+      thread.join();
+    }
+  }
+}
+
+void GatewayDiscovery::publish_table() {
+  // Under the lock to the end: two reflectors' updates reach the gateway in the order of the
+  // mirrors they were built from, never an older table after a newer one.
+  MutexLock lock(mu_);
+  if (!endpoints_listed_ || !slices_listed_) {
+    return;  // half a picture would drop every replica of the endpoints it knows
+  }
+  std::vector<std::string> problems;
+  gateway::EndpointTable table =
+      table_from_objects(serving_endpoints_, endpoint_slices_, &problems);
+  for (const std::string& problem : problems) {
+    spdlog::warn("endpoint left out of the table: {}", problem);
+  }
+  if (Status updated = gateway_.update_table(std::move(table)); !updated.is_ok()) {
+    spdlog::error("endpoint table refused: {}", updated.message());
+  }
+}
+
+}  // namespace flotilla::cluster
