@@ -60,11 +60,17 @@ Differences from a real API server, on purpose:
     $setElementOrder. Server-side apply (application/apply-patch+yaml) answers 415.
   - no admission, no schema validation or pruning of custom resources, no defaulting beyond the
     Deployment fields above, no managedFields, no Table output (kubectl prints its default
-    columns), no protobuf/CBOR, no aggregated discovery (kubectl falls back to the plain
-    discovery documents), /openapi/v2 and /openapi/v3 answer 404 (kubectl apply/create need
-    --validate=false), resourceVersion / resourceVersionMatch on get and list are ignored (they
-    always serve the latest state), and continue tokens page through the latest state rather
-    than a snapshot. dryRun=All is honoured for create/update/patch/delete.
+    columns), no aggregated discovery (kubectl falls back to the plain discovery documents).
+  - JSON only: a protobuf, CBOR or YAML request body answers 415 (kubectl's imperative
+    generators such as `kubectl create deployment NAME` send protobuf and fail; `kubectl
+    apply/create/replace -f`, `scale`, `patch`, `delete`, `get`, `get -w` work).
+  - /openapi/v3 serves only a stub per group/version: each resource's PATCH operation with its
+    x-kubernetes-group-version-kind and the fieldValidation parameter and no schemas, which is
+    what lets kubectl's default validation through (it sends fieldValidation=Strict, which this
+    fake ignores: unknown fields are kept, not rejected). /openapi/v2 answers 404.
+  - resourceVersion / resourceVersionMatch on get and list are ignored (they always serve the
+    latest state), and continue tokens page through the latest state rather than a snapshot.
+    dryRun=All is honoured for create/update/patch/delete.
   - authentication: with a token, every request but /healthz /livez /readyz /version and the
     /fake/ test hooks must carry `Authorization: Bearer TOKEN` (else 401 Unauthorized); with a
     client CA and TLS, a verified client certificate also authenticates. No authorization (RBAC
@@ -1260,6 +1266,12 @@ class _Handler(http.server.BaseHTTPRequestHandler):
 
     def setup(self):
         super().setup()
+        # Headers and body go out in separate writes: without NODELAY, Nagle and the peer's
+        # delayed ACK hold each response ~40 ms (Go's server, like the real one, sets it too).
+        try:
+            self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        except OSError:
+            pass
         with self.fake._conns_lock:
             self.fake._conns.add(self.connection)
 
@@ -1286,6 +1298,13 @@ class _Handler(http.server.BaseHTTPRequestHandler):
 
     def _json_body(self):
         raw = self._read_body()
+        content_type = (self.headers.get("Content-Type") or "").split(";")[0].strip()
+        if content_type in ("application/vnd.kubernetes.protobuf", "application/cbor",
+                            "application/yaml"):
+            raise ApiError(415, "UnsupportedMediaType",
+                           f"the body of the request was in an unknown format - accepted media "
+                           f"types include: application/json (this fake speaks JSON only; got "
+                           f"{content_type})")
         if not raw:
             raise bad_request("the body of the request was empty")
         try:
@@ -1611,6 +1630,40 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         except (OSError, ValueError):
             return True
 
+    # ---- OpenAPI: just enough v3 for kubectl's validation to see fieldValidation support
+
+    def _openapi(self, parts):
+        store = self.fake.store
+        gvs = sorted({(t.group, t.version) for t in store.types()})
+
+        def gv_path(g, v):
+            return f"apis/{g}/{v}" if g else f"api/{v}"
+
+        if parts == ["v3"]:
+            return self._send(200, {"paths": {
+                gv_path(g, v): {"serverRelativeURL": f"/openapi/v3/{gv_path(g, v)}?hash=fake"}
+                for g, v in gvs}})
+        if len(parts) >= 3 and parts[0] == "v3":
+            wanted = "/".join(parts[1:])
+            for g, v in gvs:
+                if gv_path(g, v) != wanted:
+                    continue
+                paths = {}
+                for t in store.types():
+                    if (t.group, t.version) != (g, v):
+                        continue
+                    ns = "namespaces/{namespace}/" if t.namespaced else ""
+                    paths[f"/{gv_path(g, v)}/{ns}{t.plural}/{{name}}"] = {"patch": {
+                        "x-kubernetes-group-version-kind": {"group": g, "version": v,
+                                                            "kind": t.kind},
+                        "parameters": [{"name": "fieldValidation", "in": "query",
+                                        "schema": {"type": "string"}}],
+                        "responses": {"200": {"description": "OK"}}}}
+                return self._send(200, {"openapi": "3.0.0",
+                                        "info": {"title": "Kubernetes (fake)", "version": "v1.32.0"},
+                                        "paths": paths})
+        raise ApiError(404, "NotFound", "the server could not find the requested resource", {})
+
     # ---- discovery
 
     def _discovery(self, parts):
@@ -1627,8 +1680,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         if parts in (["healthz"], ["livez"], ["readyz"]):
             return self._send(200, b"ok", "text/plain; charset=utf-8") or True
         if parts and parts[0] == "openapi":
-            raise ApiError(404, "NotFound", "this fake serves no OpenAPI documents (use "
-                                            "kubectl --validate=false)", {})
+            return self._openapi(parts[1:]) or True
         if parts == ["api"]:
             return self._send(200, {
                 "kind": "APIVersions", "versions": ["v1"],

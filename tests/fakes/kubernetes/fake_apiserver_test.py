@@ -621,6 +621,21 @@ class WatchTest(FakeTestCase):
         return False
 
 
+class SlowWatcherTest(FakeTestCase):
+    def test_a_watch_that_is_not_read_blocks_no_one(self):
+        c = self.client
+        stalled = self.watch(f"{LEASES}?watch=1&resourceVersion=1")
+        self.assertTrue(self.server.wait_for_watches(1))
+        big = "x" * 60000
+        for n in range(80):  # ~5 MB: more than the socket buffers hold
+            c.ok("POST", LEASES, {"metadata": {"name": f"l{n}", "annotations": {"big": big}}})
+        other = self.watch(f"{LEASES}?watch=1&resourceVersion={self.server.resource_version()}")
+        self.assertTrue(self.server.wait_for_watches(2))
+        c.ok("DELETE", f"{LEASES}/l0")
+        self.assertEqual(other.next()["type"], "DELETED")
+        self.assertEqual(stalled.next()["object"]["metadata"]["name"], "l0")
+
+
 class HistoryWindowTest(FakeTestCase):
     server_args = {"history_limit": 3}
 
@@ -749,6 +764,11 @@ class DiscoveryTest(FakeTestCase):
         self.assertIn("servingendpoints/status",
                       {r["name"] for r in c.ok("GET", "/apis/flotilla.dev/v1")["resources"]})
         self.assertEqual(c.request("GET", "/openapi/v2")[0], 404)
+        root = c.ok("GET", "/openapi/v3")["paths"]
+        self.assertIn("apis/flotilla.dev/v1", root)
+        doc = c.ok("GET", root["apis/apps/v1"]["serverRelativeURL"])
+        patch = doc["paths"]["/apis/apps/v1/namespaces/{namespace}/deployments/{name}"]["patch"]
+        self.assertEqual(patch["x-kubernetes-group-version-kind"]["kind"], "Deployment")
 
         crd = {"apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
                "metadata": {"name": "widgets.example.com"},
@@ -832,11 +852,11 @@ class KubectlTest(FakeTestCase):
                 spec:
                   containers: [{name: replica, image: "flotilla:1"}]
             """)
-        # No OpenAPI documents here: kubectl apply needs --validate=false.
-        out = self.kubectl("apply", "--validate=false", "-f", "-", stdin=manifests)
+        # kubectl's default validation (fieldValidation=Strict, seen in the OpenAPI v3 stub).
+        out = self.kubectl("apply", "-f", "-", stdin=manifests)
         self.assertIn("servingendpoint.flotilla.dev/fraud created", out)
         self.assertIn("deployment.apps/fraud-v1 created", out)
-        out = self.kubectl("apply", "--validate=false", "-f", "-",
+        out = self.kubectl("apply", "-f", "-",
                            stdin=manifests.replace("flotilla:1", "flotilla:2")
                            .replace("m.json", "m2.json"))
         self.assertIn("configured", out)
