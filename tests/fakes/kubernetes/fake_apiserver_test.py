@@ -749,6 +749,19 @@ class SubscribeTest(FakeTestCase):
         self.assertEqual(got, [("ADDED", "Deployment", "web"), ("MODIFIED", "Deployment", "web")])
         self.assertEqual(self.server.get("deployments", NS, "web")["status"]["readyReplicas"], 2)
 
+    def test_replay_and_resource_filter(self):
+        import queue
+        self.client.ok("POST", LEASES, {"metadata": {"name": "old"}})
+        self.client.ok("POST", DEPLOYMENTS, deployment("old"))
+        seen = queue.Queue()
+        self.addCleanup(self.server.subscribe(
+            lambda t, obj, prev: seen.put((t, obj["metadata"]["name"])),
+            resources=["leases"], replay=True))
+        self.client.ok("POST", DEPLOYMENTS, deployment("new"))
+        self.client.ok("POST", LEASES, {"metadata": {"name": "new"}})
+        self.assertEqual([seen.get(timeout=10) for _ in range(2)],
+                         [("ADDED", "old"), ("ADDED", "new")])
+
 
 class DiscoveryTest(FakeTestCase):
     def test_discovery_documents_and_crds(self):
@@ -816,6 +829,11 @@ class ProcessTest(unittest.TestCase):
         hook.ok("POST", "/fake/fail?count=1&code=500")
         self.assertEqual(c.request("GET", LEASES)[0], 500)
         self.assertEqual(hook.ok("GET", "/fake/watches"), {"open": 0})
+        w = WatchStream(port, f"{LEASES}?watch=1", token="t")
+        self.addCleanup(w.close)
+        self.assertEqual(w.next()["type"], "ADDED")
+        hook.ok("POST", "/fake/break-watches")
+        self.assertIsNone(w.next())
         proc.send_signal(signal.SIGTERM)
         self.assertEqual(proc.wait(timeout=10), 0)
 
