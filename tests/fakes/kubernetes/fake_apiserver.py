@@ -42,8 +42,8 @@ with the event's resourceVersion) and one that starts matching as ADDED; a watch
 resourceVersion older than the kept history gets HTTP 200 and one ERROR event with a Status 410
 reason Expired "too old resource version: R (OLDEST)"; BOOKMARK objects carry only kind,
 apiVersion and metadata.resourceVersion; DELETE answers a Status Success with details
-{name, group, kind: plural, uid} (pods and CRDs answer the deleted object, as their graceful /
-finalized deletion does on the real server).
+{name, group, kind: plural, uid}, except pods, services, serviceaccounts (ReturnDeletedObject in
+their real storage) and CRDs (deleted through a finalizer), which answer the deleted object.
 
 Differences from a real API server, on purpose:
   - no etcd, no persistence; the watch history is a bounded window of events (history_limit,

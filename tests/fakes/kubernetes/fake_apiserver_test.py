@@ -199,6 +199,24 @@ class CrudTest(FakeTestCase):
         status, obj = c.request("DELETE", f"{LEASES}/leader")
         self.assert_status(status, obj, 404, "NotFound")
 
+    def test_delete_answers_and_collections_and_dry_run(self):
+        c = self.client
+        c.ok("POST", PODS, {"metadata": {"name": "p", "labels": {"app": "x"}}, "spec": {}})
+        deleted = c.ok("DELETE", f"{PODS}/p")
+        self.assertEqual((deleted["kind"], deleted["metadata"]["name"]), ("Pod", "p"))
+        for n in range(3):
+            c.ok("POST", PODS, {"metadata": {"name": f"q{n}", "labels": {"app": "q" if n else "r"}}})
+        gone = c.ok("DELETE", f"{PODS}?labelSelector=app%3Dq")
+        self.assertEqual((gone["kind"], [i["metadata"]["name"] for i in gone["items"]]),
+                         ("PodList", ["q1", "q2"]))
+        self.assertEqual([i["metadata"]["name"] for i in c.ok("GET", PODS)["items"]], ["q0"])
+        rv = self.server.resource_version()
+        c.ok("POST", f"{LEASES}?dryRun=All", {"metadata": {"name": "dry"}})
+        c.ok("DELETE", f"{PODS}/q0?dryRun=All")
+        self.assertEqual(self.server.resource_version(), rv)
+        self.assertIsNone(self.server.get("leases", NS, "dry"))
+        self.assertIsNotNone(self.server.get("pods", NS, "q0"))
+
     def test_invalid_names_and_generate_name(self):
         c = self.client
         status, obj = c.request("POST", LEASES, {"metadata": {}, "spec": {}})
