@@ -217,6 +217,57 @@ class Reflector {
   bool stopping_ FLOTILLA_GUARDED_BY(mu_) = false;
 };
 
+// ---- Leader election ----------------------------------------------------------------------------
+
+// Leader election on a coordination.k8s.io Lease, as client-go's leaderelection does it: the
+// leader renews the Lease every retry period; another candidate takes it over only when it has
+// seen the Lease unchanged for a whole lease duration on its own clock (so clock skew between
+// machines does not matter); the resourceVersion on every write makes two candidates that try
+// at once end with one leader (the other gets 409). A leader that cannot renew for the renew
+// deadline stops acting as leader before anyone may take over (renew_deadline < lease_duration).
+class LeaderElector {
+ public:
+  struct Options {
+    std::string lease_name;
+    std::string identity;  // this candidate: its pod name, unique among candidates
+    std::chrono::milliseconds lease_duration{15'000};
+    std::chrono::milliseconds renew_deadline{10'000};
+    std::chrono::milliseconds retry_period{2'000};
+  };
+
+  // `client` and `clock` must outlive it; the Lease lives in the client's namespace.
+  LeaderElector(Client& client, Options options, const Clock& clock);
+
+  // One attempt to take or keep the Lease; returns whether this candidate leads now. Called
+  // every retry period by run(), or directly by tests.
+  bool step();
+  // Steps every retry period until stop(), calling `on_change(true)` when it starts leading and
+  // `on_change(false)` when it stops; blocks. Releases the Lease when it stops (the next
+  // candidate takes over at once).
+  void run(const std::function<void(bool leading)>& on_change);
+  void stop();  // from any thread
+  // Gives the Lease up if this candidate holds it (holderIdentity emptied).
+  void release();
+
+  bool leading() const { return leading_.load(); }
+
+ private:
+  nlohmann::json lease_object(const nlohmann::json& previous, int64_t transitions) const;
+
+  Client& client_;
+  const Options options_;
+  const Clock& clock_;
+  const std::string path_;
+  std::atomic<bool> leading_{false};
+  // What this candidate last saw of the Lease and when (its own clock): the takeover rule.
+  std::string observed_record_;
+  Clock::TimePoint observed_at_{};
+  Clock::TimePoint renewed_at_{};  // the last successful write while leading
+  Mutex mu_;
+  CondVar wake_;
+  bool stopping_ FLOTILLA_GUARDED_BY(mu_) = false;
+};
+
 // The delay before attempt `failures` (1, 2, ...) of a failing watch or list: backoff_min
 // doubled per failure up to backoff_max, then a uniform jitter of up to half of it taken off,
 // so that many gateways that lost the server together do not come back together.

@@ -14,6 +14,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "fakes/common/fake_clock.h"
 #include "kube/kube.h"
 
 extern char** environ;
@@ -251,6 +252,73 @@ TEST_F(KubeClientTest, AWatchFromAnExpiredVersionGetsTheErrorEvent) {
   ASSERT_FALSE(events.empty());
   EXPECT_EQ(events.back().type, "ERROR");
   EXPECT_EQ(events.back().object["code"], 410);
+}
+
+// Sends one of the fake's test hooks (POST /fake/...).
+void fake_hook(const http::Origin& server, const std::string& target) {
+  http::ClientRequest request;
+  request.method = http::Method::kPost;
+  request.target = target;
+  http::BlockingConnection hooks(server, 10s);
+  ASSERT_TRUE(hooks
+                  .send(
+                      request, [](const http::ResponseHead&) { return Status::ok(); },
+                      [](const char*, size_t) { return Status::ok(); })
+                  .is_ok());
+}
+
+// Two candidates on one Lease, their clocks moved by the test: one leads; the other takes over
+// only after seeing the Lease unchanged for a lease duration; a leader that cannot renew for the
+// renew deadline stops leading; a released Lease is taken at once.
+TEST_F(KubeClientTest, LeaderElectionOnALeaseHasOneLeaderAndHandsOver) {
+  Client client_a(config());
+  Client client_b(config());
+  testing::FakeClock clock;
+  auto options = [](std::string identity) {
+    LeaderElector::Options options;
+    options.lease_name = "flotilla-controller-test";
+    options.identity = std::move(identity);
+    return options;  // 15 s lease, 10 s renew deadline
+  };
+  LeaderElector a(client_a, options("controller-a"), clock);
+  LeaderElector b(client_b, options("controller-b"), clock);
+
+  EXPECT_TRUE(a.step());  // creates the Lease
+  EXPECT_FALSE(b.step());
+  for (int i = 0; i < 5; ++i) {  // a renews every 5 s: b never sees the Lease stand still
+    clock.advance(5s);
+    EXPECT_TRUE(a.step());
+    EXPECT_FALSE(b.step());
+  }
+  Result<Reply> lease = client_a.get(object_path(kLeases, "serving", "flotilla-controller-test"));
+  ASSERT_TRUE(lease.is_ok() && lease->ok());
+  EXPECT_EQ(lease->body["spec"]["holderIdentity"], "controller-a");
+  EXPECT_EQ(lease->body["spec"]["leaseDurationSeconds"], 15);
+
+  // a stops renewing: b waits out a whole lease duration from when it last saw a change.
+  clock.advance(14s);
+  EXPECT_FALSE(b.step());
+  clock.advance(2s);
+  EXPECT_TRUE(b.step());
+  EXPECT_FALSE(a.step());  // a sees b's name on the Lease
+  lease = client_a.get(object_path(kLeases, "serving", "flotilla-controller-test"));
+  EXPECT_EQ(lease->body["spec"]["holderIdentity"], "controller-b");
+  EXPECT_EQ(lease->body["spec"]["leaseTransitions"], 1);
+
+  // b cannot reach the server (its next two reads of the Lease fail): it keeps leading until
+  // the renew deadline, then stops.
+  fake_hook(config().server, "/fake/fail?count=2&code=503&match=leases");
+  clock.advance(5s);
+  EXPECT_TRUE(b.step());
+  clock.advance(6s);
+  EXPECT_FALSE(b.step());
+  EXPECT_FALSE(b.leading());
+
+  // Released: a takes it at its next step, without waiting for the lease to run out.
+  ASSERT_TRUE(b.step());
+  b.release();
+  EXPECT_FALSE(b.leading());
+  EXPECT_TRUE(a.step());
 }
 
 }  // namespace
