@@ -1,9 +1,12 @@
 // Flotilla's Kubernetes mode (issue #20, DESIGN.md §8), over the kube client: the names and
 // labels the controller and the gateway agree on, and the gateway's discovery, which turns
 // ServingEndpoints, the EndpointSlices of their versions' Services and the token Secrets into
-// the gateway's endpoint table and tokens (`flotilla gateway --kubernetes`).
+// the gateway's endpoint table and tokens (`flotilla gateway --kubernetes`), and the
+// controller's level-triggered plan: from a ServingEndpoint and the Deployments it owns, the
+// Deployments and Services to keep, the old ones to scale to zero and delete, and its status.
 #pragma once
 
+#include <map>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -11,6 +14,7 @@
 #include <vector>
 
 #include "common/common.h"
+#include "control/control_spec.h"
 #include "gateway/gateway.h"
 #include "kube/kube.h"
 
@@ -82,5 +86,56 @@ class GatewayDiscovery {
   std::vector<std::unique_ptr<kube::Reflector>> reflectors_;
   std::vector<std::thread> threads_;
 };
+
+// ---- The controller's plan ------------------------------------------------------------------
+
+// How the controller builds a served model version's Deployment.
+struct ReplicaTemplate {
+  std::string image = "flotilla:latest";
+  std::string binary = "/usr/local/bin/flotilla";  // inside the image
+  uint16_t port = 8000;
+  // The pod's preStop wait, so that every gateway sees its endpoint terminating (and stops
+  // sending it requests) before the replica gets SIGTERM and drains what it holds.
+  int64_t drain_seconds = 5;
+  // From SIGTERM to SIGKILL: the drain, plus the longest request a replica should finish.
+  int64_t termination_grace_seconds = 65;
+};
+
+// The spec of a ServingEndpoint (the §7 endpoint spec under `spec`, its name from metadata),
+// checked as `flotilla deploy` checks it, and each version's Deployment and Service name checked
+// against Kubernetes' name rule (DNS-1035: lower case letters, digits and '-', starting with a
+// letter, at most 63). Errors: kInvalidArgument naming the field.
+Result<control::EndpointSpec> spec_of(const nlohmann::json& serving_endpoint);
+
+// The Deployment and the Service of one served model version, owned by `serving_endpoint` (its
+// uid), labelled kEndpointLabel and kVersionLabel; the Deployment's annotation
+// flotilla.dev/deployment-key says what its pods run (control::deployment_key), so a changed
+// model or runtime rolls its pods.
+nlohmann::json version_deployment(const nlohmann::json& serving_endpoint,
+                                  const control::ServedModelSpec& served, int64_t replicas,
+                                  const ReplicaTemplate& replica);
+nlohmann::json version_service(const nlohmann::json& serving_endpoint,
+                               const control::ServedModelSpec& served,
+                               const ReplicaTemplate& replica);
+
+// What the controller does for one ServingEndpoint, from what it owns now. A rollout is level
+// triggered: the spec's versions get their Deployments at once; the versions serving before
+// (status.versions) keep their traffic and their Deployments until every new one is ready
+// (its Deployment observed, updated and ready at its replica count); then the traffic moves to
+// the spec's weights, and old Deployments are scaled to zero, then deleted with their Services.
+// A rollback is the same with the old spec.
+struct EndpointPlan {
+  std::vector<nlohmann::json> deployments;  // to create, or update when they differ
+  std::vector<nlohmann::json> services;     // to create when missing
+  std::vector<std::string> scale_to_zero;   // Deployment names
+  std::vector<std::string> remove;          // Deployment (and Service) names
+  nlohmann::json status;                    // the ServingEndpoint's status subresource
+};
+// `deployments`: the Deployments labelled with this endpoint, by name. `replicas`: the
+// autoscaler's count per version; a version it does not name gets the spec's provisioned count.
+EndpointPlan plan_endpoint(const nlohmann::json& serving_endpoint,
+                           const kube::Reflector::Objects& deployments,
+                           const std::map<std::string, int64_t>& replicas,
+                           const ReplicaTemplate& replica, const Clock& clock);
 
 }  // namespace flotilla::cluster

@@ -16,8 +16,8 @@
 
 #include "autoscaler/autoscaler.h"
 #include "control/control.h"
+#include "control/control_spec.h"
 #include "control/reconciler.h"
-#include "control/spec.h"
 
 namespace flotilla::control {
 

@@ -16,8 +16,8 @@
 #include "control/api.h"
 #include "control/autoscaling.h"
 #include "control/control.h"
+#include "control/control_spec.h"
 #include "control/reconciler.h"
-#include "control/spec.h"
 #include "control/store.h"
 
 namespace flotilla::control {

@@ -18,7 +18,7 @@
 #include <string>
 #include <vector>
 
-#include "control/spec.h"
+#include "control/control_spec.h"
 #include "gateway/gateway.h"
 #include "orchestrator/orchestrator.h"
 

@@ -1,5 +1,3 @@
-#include "control/spec.h"
-
 #include <algorithm>
 #include <array>
 #include <charconv>
@@ -15,6 +13,7 @@
 #include <yaml-cpp/yaml.h>
 
 #include "common/common_sha256.h"
+#include "control/control_spec.h"
 #include "store/store.h"
 
 namespace flotilla::control {

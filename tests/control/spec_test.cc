@@ -1,5 +1,3 @@
-#include "control/spec.h"
-
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
@@ -11,6 +9,8 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <stdlib.h>
+
+#include "control/control_spec.h"
 
 namespace flotilla::control {
 namespace {

@@ -1,7 +1,8 @@
 // Endpoint specs (DESIGN.md §7): parsing from YAML or JSON with errors that name the field,
 // the canonical JSON form stored in SQLite and shown by the API, and the numbers derived from a
-// spec (deployment key, per-replica concurrency, provisioned replica count). Private to the
-// control module. Pure: no I/O except check_model_paths(). Thread-safe.
+// spec (deployment key, per-replica concurrency, provisioned replica count). A light part of
+// control (flotilla_control_spec): Kubernetes mode's controller (cluster) reads the same spec
+// from a ServingEndpoint. Pure: no I/O except check_model_paths(). Thread-safe.
 #pragma once
 
 #include <cstdint>
