@@ -21,6 +21,9 @@ constexpr int kExitCannotListen = 3;
 // runs whichever was parsed.
 std::function<int()> add_gateway_command(CLI::App& app);
 
+// Adds `flotilla controller` (Kubernetes mode); the returned callable runs it.
+std::function<int()> add_controller_command(CLI::App& app);
+
 // Adds `flotilla sim`; the returned callable runs it.
 std::function<int()> add_sim_command(CLI::App& app);
 

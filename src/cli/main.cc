@@ -164,6 +164,7 @@ int main(int argc, char** argv) {
   flotilla::ReplicaFlags replica_flags;
   flotilla::add_replica_command(app, replica_flags);
   auto run_gateway = flotilla::cli::add_gateway_command(app);
+  auto run_controller = flotilla::cli::add_controller_command(app);
   auto run_sim = flotilla::cli::add_sim_command(app);
   auto run_up = flotilla::cli::add_up_command(app);
   auto run_client = flotilla::cli::add_client_commands(app);
@@ -184,6 +185,9 @@ int main(int argc, char** argv) {
   }
   if (app.got_subcommand("gateway")) {
     return run_gateway();
+  }
+  if (app.got_subcommand("controller")) {
+    return run_controller();
   }
   if (app.got_subcommand("sim")) {
     return run_sim();

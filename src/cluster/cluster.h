@@ -27,6 +27,10 @@ inline constexpr std::string_view kVersionLabel = "flotilla.dev/version";
 // Set to "true" on a Secret that holds one API token: data keys id, salt, sha256 (as
 // auth::TokenRecord) and optionally endpoints (comma-separated; absent: all).
 inline constexpr std::string_view kTokenLabel = "flotilla.dev/token";
+// On a version's Deployment: what its pods run (control::deployment_key), and a digest of the
+// pod template the controller wrote (the API server adds defaults to the stored one).
+inline constexpr std::string_view kKeyAnnotation = "flotilla.dev/deployment-key";
+inline constexpr std::string_view kTemplateAnnotation = "flotilla.dev/template-digest";
 // The label Kubernetes puts on each EndpointSlice: the Service it belongs to.
 inline constexpr std::string_view kServiceNameLabel = "kubernetes.io/service-name";
 
@@ -137,5 +141,53 @@ EndpointPlan plan_endpoint(const nlohmann::json& serving_endpoint,
                            const kube::Reflector::Objects& deployments,
                            const std::map<std::string, int64_t>& replicas,
                            const ReplicaTemplate& replica, const Clock& clock);
+
+// ---- The controller ---------------------------------------------------------------------------
+
+// `flotilla controller`: while it holds the Lease (one leader among its replicas), mirrors the
+// ServingEndpoints of its namespace and the Deployments and Services labelled kEndpointLabel,
+// and after every change (and every resync period) applies each endpoint's plan: creates or
+// updates Deployments, writes replica counts through the scale subresource, scales old
+// versions to zero and deletes them, and writes the status subresource. Level triggered and
+// restart-safe: everything it knows it reads from the API server again.
+class Controller {
+ public:
+  struct Options {
+    ReplicaTemplate replica;
+    kube::LeaderElector::Options election;  // lease_name and identity required
+    std::chrono::milliseconds resync{30'000};
+    kube::Reflector::Options watch;
+  };
+
+  // `client` must outlive it.
+  Controller(kube::Client& client, Options options);
+  ~Controller();
+  Controller(const Controller&) = delete;
+  Controller& operator=(const Controller&) = delete;
+
+  // Elects and, while leading, reconciles until stop(); blocks.
+  void run();
+  void stop();  // from any thread
+  bool leading() const { return elector_.leading(); }
+
+ private:
+  void lead();  // from leading to losing the Lease
+  void reconcile_all();
+  void apply(const nlohmann::json& serving_endpoint, const EndpointPlan& plan,
+             const kube::Reflector::Objects& deployments, const kube::Reflector::Objects& services);
+
+  kube::Client& client_;
+  const Options options_;
+  kube::LeaderElector elector_;
+  Mutex mu_;
+  CondVar wake_;
+  bool stopping_ FLOTILLA_GUARDED_BY(mu_) = false;
+  bool leading_ FLOTILLA_GUARDED_BY(mu_) = false;
+  bool dirty_ FLOTILLA_GUARDED_BY(mu_) = false;
+  kube::Reflector::Objects serving_endpoints_ FLOTILLA_GUARDED_BY(mu_);
+  kube::Reflector::Objects deployments_ FLOTILLA_GUARDED_BY(mu_);
+  kube::Reflector::Objects services_ FLOTILLA_GUARDED_BY(mu_);
+  int synced_ FLOTILLA_GUARDED_BY(mu_) = 0;  // mirrors that have listed, of three
+};
 
 }  // namespace flotilla::cluster

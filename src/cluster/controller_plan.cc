@@ -5,14 +5,13 @@
 #include <set>
 
 #include "cluster/cluster.h"
+#include "common/common_sha256.h"
 
 namespace flotilla::cluster {
 namespace {
 
 using kube::field;
 using nlohmann::json;
-
-constexpr std::string_view kKeyAnnotation = "flotilla.dev/deployment-key";
 
 std::string text(const json& object, std::string_view key) {
   const json& value = field(object, key);
@@ -157,7 +156,7 @@ json version_deployment(const json& serving_endpoint, const control::ServedModel
     container["resources"] = resources;
   }
   const json labels = labels_of(endpoint, served.name);
-  return {
+  json deployment = {
       {"apiVersion", "apps/v1"},
       {"kind", "Deployment"},
       {"metadata",
@@ -180,6 +179,11 @@ json version_deployment(const json& serving_endpoint, const control::ServedModel
             {"securityContext", {{"runAsNonRoot", true}}},
             {"containers", {container}},
             {"volumes", {{{"name", "cache"}, {"emptyDir", json::object()}}}}}}}}}}};
+  // The API server fills in defaults inside the template, so the controller compares what it
+  // asked for by this digest, not the stored template with its own.
+  deployment["metadata"]["annotations"][std::string(kTemplateAnnotation)] =
+      sha256_hex(deployment["spec"]["template"].dump()).substr(0, 16);
+  return deployment;
 }
 
 json version_service(const json& serving_endpoint, const control::ServedModelSpec& served,
