@@ -2,11 +2,11 @@
 #include <cstdio>
 #include <iostream>
 #include <memory>
-#include <mutex>
 
 #include <unistd.h>
 
 #include "cli/commands.h"
+#include "common/common.h"
 #include "store/store.h"
 
 namespace flotilla::cli {
@@ -66,10 +66,10 @@ int run_pull(const PullFlags& flags) {
   options.range_bytes = flags.range_mib << 20;
   // A progress bar only for a person watching: stdout carries the path for scripts.
   const bool terminal = ::isatty(STDOUT_FILENO) && ::isatty(STDERR_FILENO);
-  std::mutex draw_mu;
+  Mutex draw_mu;  // one progress line at a time
   if (terminal) {
     options.on_progress = [&](const store::Progress& progress) {
-      std::lock_guard lock(draw_mu);
+      MutexLock lock(draw_mu);
       draw_progress(progress);
     };
   }

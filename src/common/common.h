@@ -225,8 +225,8 @@ class CondVar {
  public:
   void wait(Mutex& mutex) FLOTILLA_REQUIRES(mutex) { cv_.wait(mutex); }
   // False when `deadline` passed first.
-  template <typename Clock, typename Duration>
-  bool wait_until(Mutex& mutex, const std::chrono::time_point<Clock, Duration>& deadline)
+  template <typename ClockType, typename Duration>
+  bool wait_until(Mutex& mutex, const std::chrono::time_point<ClockType, Duration>& deadline)
       FLOTILLA_REQUIRES(mutex) {
     return cv_.wait_until(mutex, deadline) == std::cv_status::no_timeout;
   }

@@ -318,7 +318,7 @@ Store::~Store() {
 }
 
 Status Store::create_endpoint(const EndpointRecord& record) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   const std::string what = "creating endpoint '" + record.name + "'";
   // One statement, so one transaction; DO NOTHING turns a duplicate into zero changes.
   FLOTILLA_RETURN_IF_ERROR(exec(db_,
@@ -334,7 +334,7 @@ Status Store::create_endpoint(const EndpointRecord& record) {
 }
 
 Status Store::update_endpoint(const EndpointRecord& record) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   const std::string what = "updating endpoint '" + record.name + "'";
   FLOTILLA_RETURN_IF_ERROR(exec(db_,
                                 "UPDATE endpoints SET spec_json = ?, serving_json = ?, "
@@ -348,7 +348,7 @@ Status Store::update_endpoint(const EndpointRecord& record) {
 }
 
 Status Store::delete_endpoint(const std::string& name) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   const std::string what = "deleting endpoint '" + name + "'";
   Transaction transaction(db_);
   FLOTILLA_RETURN_IF_ERROR(transaction.begin(what));
@@ -362,7 +362,7 @@ Status Store::delete_endpoint(const std::string& name) {
 }
 
 Status Store::put_autoscaler_state(const std::string& endpoint, const std::string& json) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   const std::string what = "saving the autoscaler state of '" + endpoint + "'";
   // Only for an endpoint that exists: a late write must not resurrect a deleted one's state.
   FLOTILLA_RETURN_IF_ERROR(
@@ -377,7 +377,7 @@ Status Store::put_autoscaler_state(const std::string& endpoint, const std::strin
 }
 
 Result<std::map<std::string, std::string>> Store::list_autoscaler_states() {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   const std::string what = "listing autoscaler states";
   FLOTILLA_ASSIGN_OR_RETURN(Stmt stmt,
                             prepare(db_, "SELECT endpoint, json FROM autoscaler_state", what));
@@ -407,7 +407,7 @@ EndpointRecord read_endpoint(sqlite3_stmt* row) {
 }  // namespace
 
 Result<std::optional<EndpointRecord>> Store::get_endpoint(const std::string& name) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   const std::string what = "reading endpoint '" + name + "'";
   const std::string sql = std::string(kEndpointColumns) + " WHERE name = ?";
   FLOTILLA_ASSIGN_OR_RETURN(Stmt stmt, prepare(db_, sql, what));
@@ -421,7 +421,7 @@ Result<std::optional<EndpointRecord>> Store::get_endpoint(const std::string& nam
 }
 
 Result<std::vector<EndpointRecord>> Store::list_endpoints() {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   const std::string what = "listing endpoints";
   const std::string sql = std::string(kEndpointColumns) + " ORDER BY name";
   FLOTILLA_ASSIGN_OR_RETURN(Stmt stmt, prepare(db_, sql, what));
@@ -434,18 +434,18 @@ Result<std::vector<EndpointRecord>> Store::list_endpoints() {
 }
 
 Status Store::put_replica(const ReplicaRecord& record) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   return exec(db_, "INSERT OR REPLACE INTO replicas (id, endpoint, json) VALUES (?, ?, ?)",
               "storing replica '" + record.id + "'", record.id, record.endpoint, record.json);
 }
 
 Status Store::delete_replica(const std::string& id) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   return exec(db_, "DELETE FROM replicas WHERE id = ?", "deleting replica '" + id + "'", id);
 }
 
 Result<std::vector<ReplicaRecord>> Store::list_replicas() {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   const std::string what = "listing replicas";
   FLOTILLA_ASSIGN_OR_RETURN(
       Stmt stmt, prepare(db_, "SELECT id, endpoint, json FROM replicas ORDER BY id", what));
@@ -458,7 +458,7 @@ Result<std::vector<ReplicaRecord>> Store::list_replicas() {
 }
 
 Status Store::create_token(const TokenRow& token) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   const auth::TokenRecord& record = token.record;
   const std::string what = "creating token '" + record.id + "'";
   FLOTILLA_RETURN_IF_ERROR(exec(db_,
@@ -475,7 +475,7 @@ Status Store::create_token(const TokenRow& token) {
 }
 
 Status Store::put_token(const TokenRow& token) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   const auth::TokenRecord& record = token.record;
   return exec(db_,
               "INSERT OR REPLACE INTO tokens (id, salt, sha256, endpoints_json, admin, comment, "
@@ -486,7 +486,7 @@ Status Store::put_token(const TokenRow& token) {
 }
 
 Status Store::delete_token(const std::string& id) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   FLOTILLA_RETURN_IF_ERROR(
       exec(db_, "DELETE FROM tokens WHERE id = ?", "deleting token '" + id + "'", id));
   if (sqlite3_changes(db_) == 0) {
@@ -496,7 +496,7 @@ Status Store::delete_token(const std::string& id) {
 }
 
 Result<std::vector<TokenRow>> Store::list_tokens() {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   const std::string what = "listing tokens";
   FLOTILLA_ASSIGN_OR_RETURN(Stmt stmt,
                             prepare(db_,
@@ -522,7 +522,7 @@ Result<std::vector<TokenRow>> Store::list_tokens() {
 }
 
 Result<int64_t> Store::append_event(const EventRow& event) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   const std::string what = "appending event '" + event.kind + "'";
   Transaction transaction(db_);
   FLOTILLA_RETURN_IF_ERROR(transaction.begin(what));
@@ -542,7 +542,7 @@ Result<int64_t> Store::append_event(const EventRow& event) {
 
 Result<std::vector<EventRow>> Store::list_events(const std::string& endpoint, size_t limit,
                                                  int64_t after_id) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   const std::string what = "listing events";
   // Two texts rather than "(? = '' OR endpoint = ?)" so the filtered one uses the index. The
   // inner query takes the newest `limit`; the outer one puts them oldest first.

@@ -10,7 +10,6 @@
 #include <cstdint>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <string>
 #include <vector>
@@ -103,8 +102,8 @@ class Store {
 
  private:
   explicit Store(sqlite3* db);
-  sqlite3* db_;  // owned; closed by the destructor
-  std::mutex mu_;
+  Mutex mu_;
+  sqlite3* db_ FLOTILLA_GUARDED_BY(mu_);  // owned; closed by the destructor
 };
 
 }  // namespace flotilla::control

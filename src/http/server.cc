@@ -22,7 +22,6 @@
 #include <charconv>
 #include <cstring>
 #include <limits>
-#include <mutex>
 #include <optional>
 #include <random>
 #include <thread>
@@ -697,7 +696,7 @@ class Exchange : public std::enable_shared_from_this<Exchange> {
       return;  // sent
     }
     if (Stream* stream = started_stream()) {
-      std::lock_guard lock(stream->mutex);
+      MutexLock lock(stream->mutex);
       if (stream->finished) {
         return;  // too late: the connection may already serve its next request
       }
@@ -722,8 +721,13 @@ class Exchange : public std::enable_shared_from_this<Exchange> {
     }
     auto stream = std::make_unique<Stream>();
     stream->max_queued_bytes = session_->options().max_stream_buffer_bytes;
-    stream->head.emplace(StreamHead{status, std::move(content_type), std::move(headers)});
-    stream->flush_posted = true;  // the flush posted below; nothing can be queued before it
+    {
+      // Not shared yet: the lock is never contended, and keeps every access to the guarded
+      // fields checked.
+      MutexLock lock(stream->mutex);
+      stream->head.emplace(StreamHead{status, std::move(content_type), std::move(headers)});
+      stream->flush_posted = true;  // the flush posted below; nothing can be queued before it
+    }
     stream_ = std::move(stream);
     // Publishes stream_ to producers on other threads, and to the session through the post.
     streaming_.store(true, std::memory_order_release);
@@ -755,7 +759,7 @@ class Exchange : public std::enable_shared_from_this<Exchange> {
     const size_t framed = chunk.size() + (chunked_ ? size_line_length + 2 : 0);
     bool post = false;
     {
-      std::lock_guard lock(stream->mutex);
+      MutexLock lock(stream->mutex);
       if (stream->gone.load(std::memory_order_relaxed)) {
         return;
       }
@@ -808,7 +812,7 @@ class Exchange : public std::enable_shared_from_this<Exchange> {
   // returns what else happened since the last flush.
   StreamUpdate take_update(std::string& bytes) {
     StreamUpdate update;
-    std::lock_guard lock(stream_->mutex);
+    MutexLock lock(stream_->mutex);
     stream_->flush_posted = false;
     update.head = std::move(stream_->head);
     stream_->head.reset();
@@ -820,7 +824,7 @@ class Exchange : public std::enable_shared_from_this<Exchange> {
   }
   // The connection is gone: later writes drop, queued ones are freed.
   void mark_gone() {
-    std::lock_guard lock(stream_->mutex);
+    MutexLock lock(stream_->mutex);
     stream_->gone.store(true);
     stream_->pending = std::string();
   }
@@ -833,13 +837,13 @@ class Exchange : public std::enable_shared_from_this<Exchange> {
     std::atomic<bool> gone{false};        // writes are dropped from now on
     std::atomic<size_t> queued_bytes{0};  // written, not yet in the kernel
     size_t max_queued_bytes = 0;
-    std::mutex mutex;  // guards what follows
-    std::optional<StreamHead> head;
-    std::string pending;  // framed chunks not yet taken by the session
-    bool flush_posted = false;
-    bool finished = false;  // finish() or drop()
-    bool complete = false;  // finish()
-    bool overflowed = false;
+    Mutex mutex;
+    std::optional<StreamHead> head FLOTILLA_GUARDED_BY(mutex);
+    std::string pending FLOTILLA_GUARDED_BY(mutex);  // framed chunks not yet taken by the session
+    bool flush_posted FLOTILLA_GUARDED_BY(mutex) = false;
+    bool finished FLOTILLA_GUARDED_BY(mutex) = false;  // finish() or drop()
+    bool complete FLOTILLA_GUARDED_BY(mutex) = false;  // finish()
+    bool overflowed FLOTILLA_GUARDED_BY(mutex) = false;
   };
 
   // The stream, once start_stream() has published it; null before (or for a whole response).
@@ -849,7 +853,7 @@ class Exchange : public std::enable_shared_from_this<Exchange> {
 
   void end(bool complete) {
     {
-      std::lock_guard lock(stream_->mutex);
+      MutexLock lock(stream_->mutex);
       if (stream_->finished) {
         if (complete) {
           FLOTILLA_BUG("finish() called twice");

@@ -7,11 +7,9 @@
 // the warm pool full. State is guarded by mu_; the thread drops it for readiness probes (I/O)
 // and to call watchers, so list() and ensure() never wait on a slow replica.
 #include <algorithm>
-#include <condition_variable>
 #include <cstring>
 #include <filesystem>
 #include <map>
-#include <mutex>
 #include <random>
 #include <sstream>
 #include <thread>
@@ -82,9 +80,9 @@ struct Wanted {
 };
 
 std::string random_suffix() {
-  static std::mutex mu;
-  static std::mt19937_64 engine(std::random_device{}());
-  std::lock_guard lock(mu);
+  static Mutex mu;
+  static std::mt19937_64 engine FLOTILLA_GUARDED_BY(mu)(std::random_device{}());
+  MutexLock lock(mu);
   char text[7];
   std::snprintf(text, sizeof(text), "%06llx",
                 static_cast<unsigned long long>(engine() & 0xffffffULL));
@@ -106,7 +104,7 @@ class LocalOrchestrator final : public Orchestrator {
   ~LocalOrchestrator() override {
     shutdown(options_.stop_timeout);
     {
-      std::lock_guard lock(mu_);
+      MutexLock lock(mu_);
       stopping_ = true;
     }
     wake_.notify_all();
@@ -118,7 +116,7 @@ class LocalOrchestrator final : public Orchestrator {
   }
 
   void ensure(const Deployment& deployment, int replicas) override {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     if (shut_down_) {
       return;
     }
@@ -146,7 +144,7 @@ class LocalOrchestrator final : public Orchestrator {
 
   Status drain(const std::string& replica_id) override {
     {
-      std::lock_guard lock(mu_);
+      MutexLock lock(mu_);
       auto it = processes_.find(replica_id);
       if (it == processes_.end() || it->second.replica.state == ReplicaState::kFailed) {
         return not_found("replica '" + replica_id + "' does not exist");
@@ -158,7 +156,7 @@ class LocalOrchestrator final : public Orchestrator {
   }
 
   std::vector<Replica> list() const override {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     std::vector<Replica> replicas;
     replicas.reserve(processes_.size());
     for (const auto& [id, process] : processes_) {
@@ -177,7 +175,7 @@ class LocalOrchestrator final : public Orchestrator {
     };
     std::vector<Target> targets;
     {
-      std::lock_guard lock(mu_);
+      MutexLock lock(mu_);
       for (const std::string& id : replica_ids) {
         auto it = processes_.find(id);
         if (it == processes_.end()) {
@@ -228,13 +226,13 @@ class LocalOrchestrator final : public Orchestrator {
   }
 
   void watch(std::function<void(const ReplicaEvent&)> on_change) override {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     watchers_.push_back(std::move(on_change));
   }
 
   void adopt(std::vector<Replica> replicas) override {
     {
-      std::lock_guard lock(mu_);
+      MutexLock lock(mu_);
       std::vector<ReplicaEvent>& events = pending_events_;
       for (Replica& replica : replicas) {
         if (replica.state == ReplicaState::kFailed || replica.state == ReplicaState::kStopped) {
@@ -267,7 +265,7 @@ class LocalOrchestrator final : public Orchestrator {
 
   void shutdown(milliseconds timeout) override {
     {
-      std::lock_guard lock(mu_);
+      MutexLock lock(mu_);
       if (shut_down_) {
         return;
       }
@@ -288,10 +286,14 @@ class LocalOrchestrator final : public Orchestrator {
     }
     wake_.notify_all();
     // The loop thread carries the drains through; wait for it to finish them.
-    std::unique_lock lock(mu_);
+    MutexLock lock(mu_);
     // A bound on a blocking wait, in real time whatever the clock.
     const auto deadline = std::chrono::steady_clock::now() + timeout + options_.drain_delay;
-    idle_.wait_until(lock, deadline, [this] { return live_process_count() == 0; });
+    while (live_process_count() != 0) {
+      if (!idle_.wait_until(mu_, deadline)) {
+        break;
+      }
+    }
     for (auto& [id, process] : processes_) {
       if (process.replica.state != ReplicaState::kFailed &&
           process.replica.state != ReplicaState::kStopped) {
@@ -308,14 +310,14 @@ class LocalOrchestrator final : public Orchestrator {
  private:
   // Whether a replica waits for its first successful probe: those are probed more often, so
   // readiness is seen within milliseconds rather than a tick.
-  bool any_starting() const {
+  bool any_starting() const FLOTILLA_REQUIRES(mu_) {
     return std::any_of(processes_.begin(), processes_.end(), [](const auto& entry) {
       const ReplicaState state = entry.second.replica.state;
       return state == ReplicaState::kStarting || state == ReplicaState::kLoading;
     });
   }
 
-  size_t live_process_count() const {
+  size_t live_process_count() const FLOTILLA_REQUIRES(mu_) {
     size_t live = 0;
     for (const auto& [id, process] : processes_) {
       live += process.replica.state != ReplicaState::kFailed &&
@@ -328,7 +330,7 @@ class LocalOrchestrator final : public Orchestrator {
   }
 
   // Replica processes that count against the host-wide cap.
-  int replica_process_count() const {
+  int replica_process_count() const FLOTILLA_REQUIRES(mu_) {
     int count = 0;
     for (const auto& [id, process] : processes_) {
       count += process.replica.state != ReplicaState::kFailed &&
@@ -339,8 +341,8 @@ class LocalOrchestrator final : public Orchestrator {
 
   // Processes with our marker that are neither our children nor adopted: started by an
   // earlier orchestrator of this instance a moment before it died, before their record was
-  // written. SIGTERM now; advance_strays() sends SIGKILL after the stop timeout. Requires mu_.
-  void stop_strays() {
+  // written. SIGTERM now; advance_strays() sends SIGKILL after the stop timeout.
+  void stop_strays() FLOTILLA_REQUIRES(mu_) {
     if (options_.instance.empty()) {
       return;
     }
@@ -363,7 +365,7 @@ class LocalOrchestrator final : public Orchestrator {
     }
   }
 
-  void advance_strays() {
+  void advance_strays() FLOTILLA_REQUIRES(mu_) {
     const auto now = clock_.now();
     std::erase_if(strays_, [&](Stray& stray) {
       if (!process_matches(stray.pid, stray.start_ticks)) {
@@ -386,13 +388,13 @@ class LocalOrchestrator final : public Orchestrator {
     return {marker()};
   }
 
-  void publish(const std::vector<ReplicaEvent>& events) {
+  void publish(const std::vector<ReplicaEvent>& events) FLOTILLA_EXCLUDES(mu_) {
     if (events.empty()) {
       return;
     }
     std::vector<std::function<void(const ReplicaEvent&)>> watchers;
     {
-      std::lock_guard lock(mu_);
+      MutexLock lock(mu_);
       watchers = watchers_;
     }
     for (const ReplicaEvent& event : events) {
@@ -405,7 +407,8 @@ class LocalOrchestrator final : public Orchestrator {
     }
   }
 
-  void start_drain(Process& process, const std::string& why, std::vector<ReplicaEvent>& events) {
+  void start_drain(Process& process, const std::string& why, std::vector<ReplicaEvent>& events)
+      FLOTILLA_REQUIRES(mu_) {
     if (process.replica.state == ReplicaState::kDraining ||
         process.replica.state == ReplicaState::kStopped) {
       return;
@@ -416,17 +419,19 @@ class LocalOrchestrator final : public Orchestrator {
     events.push_back({process.replica, "draining", why});
   }
 
-  void loop() {
-    std::unique_lock lock(mu_);
+  // Holds mu_ but for the probes and the watchers' calls; Mutex's own lock() and unlock(),
+  // which the analysis follows, in place of a std::unique_lock.
+  void loop() FLOTILLA_EXCLUDES(mu_) {
+    mu_.lock();
     while (!stopping_) {
       // Events of drain(), adopt() and shutdown() first: watchers see every event from this
       // thread, in order.
       std::vector<ReplicaEvent> events = std::move(pending_events_);
       pending_events_.clear();
       reap(events);
-      lock.unlock();
+      mu_.unlock();
       probe_starting(events);
-      lock.lock();
+      mu_.lock();
       advance_drains();
       advance_strays();
       if (!shut_down_) {
@@ -439,16 +444,17 @@ class LocalOrchestrator final : public Orchestrator {
       }
       expire_failed();
       forget_retired();
-      lock.unlock();
+      mu_.unlock();
       publish(events);
-      lock.lock();
+      mu_.lock();
       idle_.notify_all();
-      wake_.wait_for(lock, any_starting() ? options_.probe_interval : options_.tick);
+      wake_.wait_for(mu_, any_starting() ? options_.probe_interval : options_.tick);
     }
+    mu_.unlock();
   }
 
   // Reaps exited children and notices adopted processes that are gone.
-  void reap(std::vector<ReplicaEvent>& events) {
+  void reap(std::vector<ReplicaEvent>& events) FLOTILLA_REQUIRES(mu_) {
     for (;;) {
       int status = 0;
       const pid_t pid = ::waitpid(-1, &status, WNOHANG);
@@ -468,7 +474,7 @@ class LocalOrchestrator final : public Orchestrator {
   }
 
   void on_exit(pid_t pid, const std::string& how, bool exited_by_itself,
-               std::vector<ReplicaEvent>& events) {
+               std::vector<ReplicaEvent>& events) FLOTILLA_REQUIRES(mu_) {
     for (auto& [runtime, pool] : pools_) {
       auto it = std::find_if(pool.begin(), pool.end(),
                              [&](const Standby& standby) { return standby.pid == pid; });
@@ -521,7 +527,7 @@ class LocalOrchestrator final : public Orchestrator {
     }
   }
 
-  void count_failure(const std::string& key) {
+  void count_failure(const std::string& key) FLOTILLA_REQUIRES(mu_) {
     auto it = wanted_.find(key);
     if (it == wanted_.end()) {
       return;
@@ -534,10 +540,10 @@ class LocalOrchestrator final : public Orchestrator {
   }
 
   // Probes replicas that are not ready yet, without holding mu_ during the requests.
-  void probe_starting(std::vector<ReplicaEvent>& events) {
+  void probe_starting(std::vector<ReplicaEvent>& events) FLOTILLA_EXCLUDES(mu_) {
     std::vector<std::tuple<std::string, std::string, uint16_t>> targets;
     {
-      std::lock_guard lock(mu_);
+      MutexLock lock(mu_);
       for (const auto& [id, process] : processes_) {
         const ReplicaState state = process.replica.state;
         if (state == ReplicaState::kStarting || state == ReplicaState::kLoading) {
@@ -551,7 +557,7 @@ class LocalOrchestrator final : public Orchestrator {
       request.target = "/v2/health/ready";
       const http::ClientResponse response =
           http::fetch(host, port, std::move(request), kProbeTimeout);
-      std::lock_guard lock(mu_);
+      MutexLock lock(mu_);
       auto it = processes_.find(id);
       if (it == processes_.end()) {
         continue;
@@ -590,7 +596,7 @@ class LocalOrchestrator final : public Orchestrator {
     }
   }
 
-  void advance_drains() {
+  void advance_drains() FLOTILLA_REQUIRES(mu_) {
     const auto now = clock_.now();
     for (auto& [id, process] : processes_) {
       if (process.replica.state != ReplicaState::kDraining) {
@@ -608,7 +614,7 @@ class LocalOrchestrator final : public Orchestrator {
     }
   }
 
-  void scale(std::vector<ReplicaEvent>& events) {
+  void scale(std::vector<ReplicaEvent>& events) FLOTILLA_REQUIRES(mu_) {
     const auto now = clock_.now();
     for (auto& [key, wanted] : wanted_) {
       std::vector<Process*> live;
@@ -677,7 +683,7 @@ class LocalOrchestrator final : public Orchestrator {
     }
   }
 
-  void forget_retired() {
+  void forget_retired() FLOTILLA_REQUIRES(mu_) {
     for (auto it = wanted_.begin(); it != wanted_.end();) {
       const bool has_process = std::any_of(processes_.begin(), processes_.end(), [&](auto& entry) {
         const ReplicaState state = entry.second.replica.state;
@@ -691,7 +697,7 @@ class LocalOrchestrator final : public Orchestrator {
     });
   }
 
-  void expire_failed() {
+  void expire_failed() FLOTILLA_REQUIRES(mu_) {
     const auto now = clock_.now();
     std::erase_if(processes_, [&](const auto& entry) {
       return entry.second.replica.state == ReplicaState::kFailed &&
@@ -703,7 +709,7 @@ class LocalOrchestrator final : public Orchestrator {
     return options_.log_dir + "/" + name + ".log";
   }
 
-  Result<Replica> start_replica(const Deployment& deployment) {
+  Result<Replica> start_replica(const Deployment& deployment) FLOTILLA_REQUIRES(mu_) {
     Replica replica;
     // Names are up to 64 characters each; the gateway takes ids up to 128.
     do {
@@ -755,7 +761,7 @@ class LocalOrchestrator final : public Orchestrator {
     return replica;
   }
 
-  void fill_pools() {
+  void fill_pools() FLOTILLA_REQUIRES(mu_) {
     for (const std::string& runtime : options_.warm_pool_runtimes) {
       auto& pool = pools_[runtime];
       while (static_cast<int>(pool.size()) < options_.warm_pool_size) {
@@ -787,7 +793,8 @@ class LocalOrchestrator final : public Orchestrator {
   // The liveness prober's thread: every interval, GET /v2/health/live on every ready replica
   // (in parallel, so a hung one delays no other's probe), without holding mu_ during the
   // requests; then replaces those that stopped answering.
-  void liveness_loop() {
+  // Like loop(), holds mu_ with Mutex's lock() and unlock() but for the probes.
+  void liveness_loop() FLOTILLA_EXCLUDES(mu_) {
     const milliseconds interval = std::clamp<milliseconds>(options_.liveness_timeout / 4,
                                                            milliseconds(50), milliseconds(1'000));
     struct Target {
@@ -796,12 +803,16 @@ class LocalOrchestrator final : public Orchestrator {
       uint16_t port = 0;
       int64_t pid = 0;
     };
-    std::unique_lock lock(mu_);
+    mu_.lock();
     // The rounds' cadence is real time (a wait); whether a replica is hung is the clock's.
     auto next_round = std::chrono::steady_clock::now() + interval;
     while (!stopping_) {
       // A round every interval, start to start: a round of failing probes takes one interval.
-      liveness_wake_.wait_until(lock, next_round, [this] { return stopping_; });
+      while (!stopping_) {
+        if (!liveness_wake_.wait_until(mu_, next_round)) {
+          break;
+        }
+      }
       next_round = std::max(next_round + interval, std::chrono::steady_clock::now());
       if (stopping_ || shut_down_) {
         continue;
@@ -812,7 +823,7 @@ class LocalOrchestrator final : public Orchestrator {
           targets.push_back({id, process.replica.host, process.replica.port, process.replica.pid});
         }
       }
-      lock.unlock();
+      mu_.unlock();
       constexpr size_t kParallel = 32;
       std::vector<char> alive(targets.size(), 0);
       for (size_t begin = 0; begin < targets.size(); begin += kParallel) {
@@ -831,7 +842,7 @@ class LocalOrchestrator final : public Orchestrator {
           probe.join();
         }
       }
-      lock.lock();
+      mu_.lock();
       const auto now = clock_.now();
       bool replaced = false;
       for (size_t i = 0; i < targets.size(); ++i) {
@@ -866,6 +877,7 @@ class LocalOrchestrator final : public Orchestrator {
         wake_.notify_all();
       }
     }
+    mu_.unlock();
   }
 
   void apply_limits(Process& process) {
@@ -906,20 +918,22 @@ class LocalOrchestrator final : public Orchestrator {
   const LocalOptions options_;
   Clock& clock_;  // the caller's (create_local_orchestrator), outlives this
   const std::string cgroup_reason_;
-  mutable std::mutex mu_;
-  std::condition_variable wake_;              // the loop waits on it between ticks
-  std::condition_variable idle_;              // notified after every tick (shutdown waits on it)
-  std::condition_variable liveness_wake_;     // the liveness prober waits on it
-  std::map<std::string, Process> processes_;  // by replica id
-  std::map<std::string, Wanted> wanted_;      // by deployment key
-  std::map<std::string, std::vector<Standby>> pools_;  // by runtime
-  std::vector<std::function<void(const ReplicaEvent&)>> watchers_;
-  std::vector<ReplicaEvent> pending_events_;  // for the loop thread to publish
-  std::vector<Stray> strays_;                 // unrecorded processes of ours being stopped
-  TimePoint next_pool_fill_;
-  milliseconds pool_backoff_{0};
-  bool shut_down_ = false;
-  bool stopping_ = false;
+  mutable Mutex mu_;
+  CondVar wake_;           // the loop waits on it between ticks
+  CondVar idle_;           // notified after every tick (shutdown waits on it)
+  CondVar liveness_wake_;  // the liveness prober waits on it
+  std::map<std::string, Process> processes_ FLOTILLA_GUARDED_BY(mu_);           // by replica id
+  std::map<std::string, Wanted> wanted_ FLOTILLA_GUARDED_BY(mu_);               // by deployment key
+  std::map<std::string, std::vector<Standby>> pools_ FLOTILLA_GUARDED_BY(mu_);  // by runtime
+  std::vector<std::function<void(const ReplicaEvent&)>> watchers_ FLOTILLA_GUARDED_BY(mu_);
+  // For the loop thread to publish.
+  std::vector<ReplicaEvent> pending_events_ FLOTILLA_GUARDED_BY(mu_);
+  // Unrecorded processes of ours being stopped.
+  std::vector<Stray> strays_ FLOTILLA_GUARDED_BY(mu_);
+  TimePoint next_pool_fill_ FLOTILLA_GUARDED_BY(mu_);
+  milliseconds pool_backoff_ FLOTILLA_GUARDED_BY(mu_){0};
+  bool shut_down_ FLOTILLA_GUARDED_BY(mu_) = false;
+  bool stopping_ FLOTILLA_GUARDED_BY(mu_) = false;
   std::thread thread_;
   std::thread liveness_thread_;
 };

@@ -5,11 +5,9 @@
 #include <atomic>
 #include <cerrno>
 #include <cinttypes>
-#include <condition_variable>
 #include <cstring>
 #include <deque>
 #include <fstream>
-#include <mutex>
 #include <thread>
 #include <vector>
 
@@ -29,10 +27,13 @@ class Meter {
  public:
   Meter(std::string url, const PullOptions& options) : url_(std::move(url)), options_(options) {}
 
-  void set_total(uint64_t total) { total_ = total; }
+  void set_total(uint64_t total) {
+    MutexLock lock(mu_);
+    total_ = total;
+  }
   void add(uint64_t bytes, bool final = false) {
     const uint64_t done = done_ += bytes;
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     const auto now = Clock::now();
     if (!final && now - last_report_ < std::chrono::milliseconds(200)) {
       return;
@@ -56,7 +57,10 @@ class Meter {
   }
   // Bytes an earlier attempt left: counted as done, not in the rate.
   void resumed(uint64_t bytes) {
-    resumed_ = bytes;
+    {
+      MutexLock lock(mu_);
+      resumed_ = bytes;
+    }
     done_ += bytes;
   }
 
@@ -64,12 +68,12 @@ class Meter {
   std::string url_;
   const PullOptions& options_;
   std::atomic<uint64_t> done_{0};
-  uint64_t resumed_ = 0;
-  uint64_t total_ = 0;
-  std::mutex mu_;
-  Clock::time_point start_ = Clock::now();
-  Clock::time_point last_report_{};
-  Clock::time_point last_log_ = Clock::now();
+  const Clock::time_point start_ = Clock::now();
+  Mutex mu_;
+  uint64_t resumed_ FLOTILLA_GUARDED_BY(mu_) = 0;
+  uint64_t total_ FLOTILLA_GUARDED_BY(mu_) = 0;
+  Clock::time_point last_report_ FLOTILLA_GUARDED_BY(mu_){};
+  Clock::time_point last_log_ FLOTILLA_GUARDED_BY(mu_) = Clock::now();
 };
 
 // A response's Content-Range header; "" when absent.
@@ -130,7 +134,7 @@ class RangeState {
     return done;
   }
   Status start(uint64_t size, const std::vector<bool>& done) {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     out_.open(path_, std::ios::trunc);
     out_ << "size " << size << "\n";
     for (size_t i = 0; i < done.size(); ++i) {
@@ -142,20 +146,20 @@ class RangeState {
     return out_ ? Status::ok() : unavailable("cannot write '" + path_ + "'");
   }
   void finished(size_t index) {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     out_ << index << "\n";
     out_.flush();
   }
   void remove() {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     out_.close();
     ::unlink(path_.c_str());
   }
 
  private:
-  std::string path_;
-  std::mutex mu_;
-  std::ofstream out_;
+  const std::string path_;
+  Mutex mu_;
+  std::ofstream out_ FLOTILLA_GUARDED_BY(mu_);
 };
 
 // Hashes the file's contiguous prefix of finished ranges while later ranges still arrive, so
@@ -173,7 +177,7 @@ class PrefixHasher {
 
   void finished(size_t index) {
     {
-      std::lock_guard lock(mu_);
+      MutexLock lock(mu_);
       done_[index] = true;
     }
     wake_.notify_one();
@@ -182,7 +186,10 @@ class PrefixHasher {
   Result<std::string> digest() {
     stop();
     FLOTILLA_RETURN_IF_ERROR(status_);
-    FLOTILLA_CHECK(next_ == done_.size());
+    {
+      MutexLock lock(mu_);
+      FLOTILLA_CHECK(next_ == done_.size());
+    }
     return sha_.hex_digest();
   }
 
@@ -190,7 +197,7 @@ class PrefixHasher {
   // Hashes what is ready; after stop(), what is already finished, then returns.
   void stop() {
     {
-      std::lock_guard lock(mu_);
+      MutexLock lock(mu_);
       stopping_ = true;
     }
     wake_.notify_one();
@@ -202,14 +209,18 @@ class PrefixHasher {
   void run() {
     std::vector<char> buffer(1 << 20);
     for (;;) {
+      size_t index = 0;
       {
-        std::unique_lock lock(mu_);
-        wake_.wait(lock, [&] { return stopping_ || next_ >= done_.size() || done_[next_]; });
+        MutexLock lock(mu_);
+        while (!stopping_ && next_ < done_.size() && !done_[next_]) {
+          wake_.wait(mu_);
+        }
         if (next_ >= done_.size() || !done_[next_]) {
           return;
         }
+        index = next_;  // only this thread moves it
       }
-      uint64_t offset = next_ * range_bytes_;
+      uint64_t offset = index * range_bytes_;
       const uint64_t end = std::min(size_, offset + range_bytes_);
       while (offset < end) {
         const ssize_t got =
@@ -227,7 +238,7 @@ class PrefixHasher {
         sha_.update(buffer.data(), static_cast<size_t>(got));
         offset += static_cast<uint64_t>(got);
       }
-      std::lock_guard lock(mu_);
+      MutexLock lock(mu_);
       ++next_;
     }
   }
@@ -235,14 +246,33 @@ class PrefixHasher {
   const int fd_;
   const uint64_t size_;
   const uint64_t range_bytes_;
-  std::mutex mu_;
-  std::condition_variable wake_;
-  std::vector<bool> done_;  // guarded by mu_
-  size_t next_ = 0;         // the first range not hashed yet; guarded by mu_
-  bool stopping_ = false;   // guarded by mu_
-  Sha256 sha_;              // the hashing thread only, until it is joined
+  Mutex mu_;
+  CondVar wake_;
+  std::vector<bool> done_ FLOTILLA_GUARDED_BY(mu_);
+  size_t next_ FLOTILLA_GUARDED_BY(mu_) = 0;  // the first range not hashed yet
+  bool stopping_ FLOTILLA_GUARDED_BY(mu_) = false;
+  Sha256 sha_;  // the hashing thread only, until it is joined
   Status status_ = Status::ok();
   std::thread thread_;
+};
+
+// The first failure of the range workers.
+class FirstError {
+ public:
+  void set(const Status& status) {
+    MutexLock lock(mu_);
+    if (status_.is_ok()) {
+      status_ = status;
+    }
+  }
+  Status get() {
+    MutexLock lock(mu_);
+    return status_;
+  }
+
+ private:
+  Mutex mu_;
+  Status status_ FLOTILLA_GUARDED_BY(mu_) = Status::ok();
 };
 
 // Fetches [first, last] into the file; kFailedPrecondition for what a retry cannot fix.
@@ -306,29 +336,32 @@ struct Download::Impl {
   std::optional<size_t> claim();
   void range_done(size_t index);
   void end(const Status& status);
+  // Whether ranges first..last are all here.
+  bool present(size_t first, size_t last) const FLOTILLA_REQUIRES(mu);
 
   const Url url;
   const std::string partial;
   const PullOptions options;
   std::counting_semaphore<>* const slots;  // may be null
 
-  std::mutex mu;
-  std::condition_variable changed;
-  // Guarded by mu:
-  bool ranges_ready = false;  // the size is known, the file sized, the ranges laid out
-  bool ended = false;
-  Status failure = Status::ok();
-  uint64_t size = 0;
-  uint64_t range_bytes = 1;
-  std::vector<RangeProgress> ranges;
-  std::deque<size_t> urgent;  // ranges someone awaits, in the order to fetch them
-  size_t next_in_order = 0;
+  Mutex mu;
+  CondVar changed;
+  // The size is known, the file sized, the ranges laid out.
+  bool ranges_ready FLOTILLA_GUARDED_BY(mu) = false;
+  bool ended FLOTILLA_GUARDED_BY(mu) = false;
+  Status failure FLOTILLA_GUARDED_BY(mu) = Status::ok();
+  uint64_t size FLOTILLA_GUARDED_BY(mu) = 0;
+  uint64_t range_bytes FLOTILLA_GUARDED_BY(mu) = 1;
+  std::vector<RangeProgress> ranges FLOTILLA_GUARDED_BY(mu);
+  // Ranges someone awaits, in the order to fetch them.
+  std::deque<size_t> urgent FLOTILLA_GUARDED_BY(mu);
+  size_t next_in_order FLOTILLA_GUARDED_BY(mu) = 0;
 
   std::atomic<bool> stop{false};  // a range failed for good, or cancel()
 };
 
 std::optional<size_t> Download::Impl::claim() {
-  std::lock_guard lock(mu);
+  MutexLock lock(mu);
   while (!urgent.empty()) {
     const size_t index = urgent.front();
     urgent.pop_front();
@@ -346,9 +379,18 @@ std::optional<size_t> Download::Impl::claim() {
   return std::nullopt;
 }
 
+bool Download::Impl::present(size_t first, size_t last) const {
+  for (size_t i = first; i <= last; ++i) {
+    if (ranges[i] != kDone) {
+      return false;
+    }
+  }
+  return true;
+}
+
 void Download::Impl::range_done(size_t index) {
   {
-    std::lock_guard lock(mu);
+    MutexLock lock(mu);
     ranges[index] = kDone;
   }
   changed.notify_all();
@@ -356,7 +398,7 @@ void Download::Impl::range_done(size_t index) {
 
 void Download::Impl::end(const Status& status) {
   {
-    std::lock_guard lock(mu);
+    MutexLock lock(mu);
     ended = true;
     failure = status;
   }
@@ -381,8 +423,10 @@ void Download::cancel() {
 
 Status Download::await(uint64_t offset, uint64_t length) {
   Impl& d = *impl_;
-  std::unique_lock lock(d.mu);
-  d.changed.wait(lock, [&] { return d.ranges_ready || d.ended; });
+  MutexLock lock(d.mu);
+  while (!d.ranges_ready && !d.ended) {
+    d.changed.wait(d.mu);
+  }
   if (d.ended || length == 0 || offset >= d.size) {
     return d.failure;  // ok once every byte is here
   }
@@ -395,16 +439,10 @@ Status Download::await(uint64_t offset, uint64_t length) {
       d.urgent.push_front(i);
     }
   }
-  auto present = [&] {
-    for (size_t i = first; i <= last; ++i) {
-      if (d.ranges[i] != Impl::kDone) {
-        return false;
-      }
-    }
-    return true;
-  };
-  d.changed.wait(lock, [&] { return d.ended || present(); });
-  return present() ? Status::ok() : d.failure;
+  while (!d.ended && !d.present(first, last)) {
+    d.changed.wait(d.mu);
+  }
+  return d.present(first, last) ? Status::ok() : d.failure;
 }
 
 Result<Downloaded> download(const Url& url, const std::string& partial,
@@ -413,7 +451,8 @@ Result<Downloaded> download(const Url& url, const std::string& partial,
 }
 
 Result<Downloaded> Download::Impl::fetch_all() {
-  range_bytes = std::max<uint64_t>(options.range_bytes, 1);
+  // range_bytes (the member, for await()) is set with the ranges, under mu.
+  const uint64_t bytes_per_range = std::max<uint64_t>(options.range_bytes, 1);
   const int attempts = std::max(options.attempts_per_range, 1);
   const int fd = ::open(partial.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
   if (fd < 0) {
@@ -514,12 +553,13 @@ Result<Downloaded> Download::Impl::fetch_all() {
 
   const uint64_t file_size = *total;
   meter.set_total(file_size);
-  const size_t range_count = static_cast<size_t>((file_size + range_bytes - 1) / range_bytes);
+  const size_t range_count =
+      static_cast<size_t>((file_size + bytes_per_range - 1) / bytes_per_range);
   std::vector<bool> done = state.load(file_size, range_count);
   uint64_t resumed = 0;
   for (size_t i = 0; i < range_count; ++i) {
     if (done[i]) {
-      resumed += std::min(range_bytes, file_size - i * range_bytes);
+      resumed += std::min(bytes_per_range, file_size - i * bytes_per_range);
     }
   }
   if (resumed > 0) {
@@ -531,11 +571,12 @@ Result<Downloaded> Download::Impl::fetch_all() {
     return discard(unavailable("cannot size '" + partial + "': " + std::strerror(errno)));
   }
 
-  PrefixHasher hasher(fd, file_size, range_bytes, done);
+  PrefixHasher hasher(fd, file_size, bytes_per_range, done);
   size_t missing = 0;
   {
-    std::lock_guard lock(mu);
+    MutexLock lock(mu);
     size = file_size;
+    range_bytes = bytes_per_range;
     ranges.resize(range_count);
     for (size_t i = 0; i < range_count; ++i) {
       ranges[i] = done[i] ? kDone : kMissing;
@@ -544,8 +585,7 @@ Result<Downloaded> Download::Impl::fetch_all() {
     ranges_ready = true;
   }
   changed.notify_all();
-  std::mutex error_mu;
-  Status error = Status::ok();
+  FirstError error;
   auto worker = [&] {
     http::BlockingConnection connection(origin_of(url), options.io_timeout);
     for (;;) {
@@ -565,8 +605,8 @@ Result<Downloaded> Download::Impl::fetch_all() {
         return;
       }
       const size_t index = *claimed;
-      const uint64_t first = index * range_bytes;
-      const uint64_t last = std::min(file_size, first + range_bytes) - 1;
+      const uint64_t first = index * bytes_per_range;
+      const uint64_t last = std::min(file_size, first + bytes_per_range) - 1;
       Status status = unavailable(url.text() + ": download cancelled");
       for (int attempt = 1; attempt <= attempts && !stop; ++attempt) {
         status = fetch_range(connection, url, fd, partial, first, last, file_size, stop);
@@ -578,10 +618,7 @@ Result<Downloaded> Download::Impl::fetch_all() {
         std::this_thread::sleep_for(std::chrono::milliseconds(100 * attempt));
       }
       if (!status.is_ok()) {
-        std::lock_guard lock(error_mu);
-        if (error.is_ok()) {
-          error = status;
-        }
+        error.set(status);
         stop = true;
         return;
       }
@@ -600,9 +637,9 @@ Result<Downloaded> Download::Impl::fetch_all() {
   for (std::thread& thread : threads) {
     thread.join();
   }
-  if (!error.is_ok()) {
+  if (Status failed = error.get(); !failed.is_ok()) {
     // Network trouble: keep what arrived for a resume. Anything else: start over next time.
-    return error.code() == StatusCode::kUnavailable ? error : discard(error);
+    return failed.code() == StatusCode::kUnavailable ? failed : discard(failed);
   }
   FLOTILLA_ASSIGN_OR_RETURN(std::string digest, hasher.digest());
   meter.add(0, /*final=*/true);
