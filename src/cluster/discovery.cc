@@ -178,8 +178,10 @@ gateway::AuthConfig auth_from_secrets(const Objects& secrets, std::vector<std::s
   gateway::AuthConfig auth;
   auth.enabled = true;
   auth.open_routes = std::move(open_routes);
-  for (const auto& [name, secret] : secrets) {
-    const std::string where = "Secret '" + name + "'";
+  for (const auto& entry : secrets) {
+    // Not a structured binding: the lambdas below capture it (clang 14 refuses a binding).
+    const json& secret = entry.second;
+    const std::string where = "Secret '" + entry.first + "'";
     auto read = [&](const char* key, bool required) -> Result<std::string> {
       const json& value = field(field(secret, "data"), key);
       if (!value.is_string()) {
