@@ -73,7 +73,8 @@ What it does, as the real parts do:
 
 Substitutions and differences, on purpose:
   - all pods share 127.0.0.1 (status.podIP, hostIP, slice addresses), so each pod gets its own
-    port, picked by this kubelet (never handed out twice): in the argv, the value of `--port V`
+    port, picked by this kubelet (never handed out twice, below the kernel's ephemeral port
+    range so that nothing else is given it before the process binds it): in the argv, the value of `--port V`
     / `--port=V` becomes that port, `--host H` / `--host=H` becomes 127.0.0.1 and `--listen H:P`
     becomes 127.0.0.1:PORT; the Pod object's first containerPort is rewritten to it. Probes,
     httpGet preStop hooks and Service targetPorts that resolve to the template's port (its
@@ -100,7 +101,9 @@ Substitutions and differences, on purpose:
     probes and grpc probes always succeed (their command would run inside the image); an exec
     preStop hook is skipped for the same reason; a liveness kill sends SIGTERM with the grace
     period but does not run preStop. With probe_period_s set (the default, for tests) every
-    probe runs at that period and initialDelaySeconds is ignored; probe_period_s=None keeps
+    probe runs at that period and initialDelaySeconds is ignored, but a liveness or startup
+    probe kills only after failing for failureThreshold x periodSeconds seconds (and
+    failureThreshold times), the time its spec gives a container; probe_period_s=None keeps
     periodSeconds and initialDelaySeconds.
   - no ReplicaSet objects (the fake server serves none): Pods are named
     {deployment}-{pod-template-hash}-{5 characters} and owned directly by the Deployment (the
@@ -125,6 +128,7 @@ import copy
 import http.client
 import json
 import os
+import random
 import re
 import shutil
 import signal
@@ -560,10 +564,25 @@ class FakeKubelet:
             self._create_pod(d, template, h)
 
     def _free_port(self):
+        """A port free now, below the kernel's ephemeral range: the pod binds it only when its
+        process starts (and again on each restart), and no `--port 0` server or outgoing
+        connection elsewhere on the machine is handed one of these meanwhile."""
+        low = 32768
+        try:
+            with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+                low = min(low, int(f.read().split()[0]))
+        except (OSError, ValueError, IndexError):
+            pass
         while True:
-            with socket.socket() as s:
-                s.bind((POD_IP, 0))
-                port = s.getsockname()[1]
+            port = random.randrange(max(1024, low - 12000), low)
+            with self._lock:
+                if port in self._used_ports:
+                    continue
+            try:
+                with socket.socket() as s:
+                    s.bind((POD_IP, port))
+            except OSError:
+                continue
             with self._lock:
                 if port not in self._used_ports:
                     self._used_ports.add(port)
@@ -910,7 +929,13 @@ class FakeKubelet:
                 "period": self.probe_period_s if fast else float(spec.get("periodSeconds", 10)),
                 "due": time.monotonic() + (0 if fast else float(spec.get("initialDelaySeconds",
                                                                          0))),
-                "ok": 0, "failed": 0}
+                "ok": 0, "failed": 0, "failing_since": None,
+                # Liveness and startup probes kill: with the fast period they still give a
+                # failing container the seconds its spec gives it (failureThreshold x
+                # periodSeconds), so a slow start is not killed for answering late.
+                "budget": float(spec.get("failureThreshold", 3)) *
+                float(spec.get("periodSeconds", 10)) if fast and kind != "readinessProbe"
+                else 0.0}
         return probes
 
     def _probe(self, pod, state):
@@ -922,9 +947,13 @@ class FakeKubelet:
         spec = state["spec"]
         ok = self._check(pod, spec, float(spec.get("timeoutSeconds", 1)))
         state["ok"], state["failed"] = (state["ok"] + 1, 0) if ok else (0, state["failed"] + 1)
-        if ok and state["ok"] >= int(spec.get("successThreshold", 1)):
-            return True
-        if not ok and state["failed"] >= int(spec.get("failureThreshold", 3)):
+        if ok:
+            state["failing_since"] = None
+            return True if state["ok"] >= int(spec.get("successThreshold", 1)) else None
+        if state["failing_since"] is None:
+            state["failing_since"] = now
+        if state["failed"] >= int(spec.get("failureThreshold", 3)) and \
+                now - state["failing_since"] >= state["budget"]:
             return False
         return None
 

@@ -148,7 +148,8 @@ def deployment(name, model, replicas=2, prestop_port=None, liveness_path="/v2/he
         "readinessProbe": {"httpGet": {"path": "/v2/health/ready", "port": "http"},
                            "periodSeconds": 2, "failureThreshold": 1},
         "livenessProbe": {"httpGet": {"path": liveness_path, "port": 8080},
-                          "periodSeconds": 10, "failureThreshold": 2},
+                          "periodSeconds": 1 if liveness_path != "/v2/health/live" else 10,
+                          "failureThreshold": 1 if liveness_path != "/v2/health/live" else 2},
     }
     if prestop_port:
         container["lifecycle"] = {"preStop": {"httpGet": {"path": f"/prestop/{name}",
@@ -171,7 +172,7 @@ STUBBORN = ("import http.server, signal, sys\n"
             ".serve_forever()\n")
 
 
-def stubborn_deployment(name, replicas=1, grace_s=1):
+def stubborn_deployment(name, replicas=1, grace_s=1, tag=""):
     return {"apiVersion": "apps/v1", "kind": "Deployment",
             "metadata": {"name": name, "namespace": "default"},
             "spec": {"replicas": replicas, "selector": {"matchLabels": {"app": name}},
@@ -180,7 +181,7 @@ def stubborn_deployment(name, replicas=1, grace_s=1):
                          "containers": [{
                              "name": "stubborn", "image": "python:3",
                              "command": [sys.executable, "-c", STUBBORN],
-                             "args": ["--host", "0.0.0.0", "--port", "80"],
+                             "args": ["--host", "0.0.0.0", "--port", "80", "--tag", tag],
                              "readinessProbe": {"httpGet": {"path": "/", "port": 80}}}]}}}}
 
 
@@ -406,9 +407,11 @@ class FakeKubeletTest(unittest.TestCase):
         container = status["containerStatuses"][0]
         self.assertEqual(container["restartCount"], 1)
         self.assertEqual(container["lastState"]["terminated"]["exitCode"], 137)
-        seen = [s[pod["name"]]["ready"] for s in recorder.history() if pod["name"] in s]
-        self.assertIn(False, seen, "the endpoint never went not ready while the process was down")
-        self.assertTrue(seen[-1])
+        seen = lambda: [s[pod["name"]]["ready"]  # noqa: E731
+                        for s in recorder.history() if pod["name"] in s]
+        wait_until(lambda: seen()[-1], "the endpoint ready again")
+        self.assertIn(False, seen(),
+                      "the endpoint never went not ready while the process was down")
         status, _ = get(after["port"], "/v2/health/ready")
         self.assertEqual(status, 200)
 
@@ -447,16 +450,16 @@ class FakeKubeletTest(unittest.TestCase):
         for state in history:
             self.assertGreaterEqual(sum(1 for c in state.values() if c["ready"]), 2, history)
             self.assertLessEqual(sum(1 for c in state.values() if not c["terminating"]), 3)
-        self.assertEqual(self.ready_status("rolled", 2)["conditions"][1]["reason"],
-                         "NewReplicaSetAvailable")
+        wait_until(lambda: (self.ready_status("rolled", 2) or {"conditions": [{}, {}]})[
+            "conditions"][1].get("reason") == "NewReplicaSetAvailable", "the rollout complete")
 
 
     def test_sigkill_after_the_grace_period(self):
         self.server.create(stubborn_deployment("stubborn"))
         wait_until(lambda: [p for p in self.pods("stubborn") if p["ready"]], "a ready pod")
         (pod,) = self.pods("stubborn")
-        self.assertEqual(cmdline(pod["pid"])[-4:], ["--host", "127.0.0.1", "--port",
-                                                   str(pod["port"])])
+        self.assertEqual(cmdline(pod["pid"])[-6:-2], ["--host", "127.0.0.1", "--port",
+                                                     str(pod["port"])])
         began = time.monotonic()
         self.server.delete("deployments", "default", "stubborn")
         wait_until(lambda: not alive(pod["pid"]), "the process killed")
@@ -488,7 +491,7 @@ class StopTest(unittest.TestCase):
         kubelet.start()
         try:
             server.create(deployment("stopped", model, replicas=2))
-            server.create(stubborn_deployment("stubborn", grace_s=30))
+            server.create(stubborn_deployment("stubborn", grace_s=30, tag=tmp))
             wait_until(lambda: len([p for p in kubelet.pods() if p["ready"]]) == 3,
                        "three ready pods")
             pids = [p["pid"] for p in kubelet.pods()]
@@ -502,7 +505,7 @@ class StopTest(unittest.TestCase):
             if entry.isdigit():
                 try:
                     argv = cmdline(int(entry))
-                    if model in argv or STUBBORN in argv:
+                    if model in argv or tmp in argv:
                         left.append(entry)
                 except OSError:
                     pass
