@@ -73,7 +73,7 @@ What it does, as the real parts do:
 
 Substitutions and differences, on purpose:
   - all pods share 127.0.0.1 (status.podIP, hostIP, slice addresses), so each pod gets its own
-    port, picked by this kubelet (never handed out twice, below the kernel's ephemeral port
+    port, picked by this kubelet (never handed out twice in a process, below the ephemeral port
     range so that nothing else is given it before the process binds it): in the argv, the value of `--port V`
     / `--port=V` becomes that port, `--host H` / `--host=H` becomes 127.0.0.1 and `--listen H:P`
     becomes 127.0.0.1:PORT; the Pod object's first containerPort is rewritten to it. Probes,
@@ -139,6 +139,7 @@ import sys
 import tempfile
 import threading
 import time
+import traceback
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from apiserver_wire import ApiError  # noqa: E402
@@ -154,6 +155,9 @@ POD_PORT_ANNOTATION = "fake-kubelet.flotilla.dev/port"  # on every Pod this fake
 _RESERVED_SLICE_LABELS = (SERVICE_NAME_LABEL, MANAGED_BY_LABEL, HEADLESS_LABEL)
 _SAFE_CHARS = "bcdfghjklmnpqrstvwxz2456789"  # Kubernetes' rand.SafeEncodeString alphabet
 _SETPRIV = "/usr/bin/setpriv"
+# Ports handed to pods by every FakeKubelet of this process, never handed out again.
+_used_ports = set()
+_used_ports_lock = threading.Lock()
 
 
 def _now():
@@ -369,7 +373,6 @@ class FakeKubelet:
         os.makedirs(self.log_dir, exist_ok=True)
         self._lock = threading.Lock()
         self._pods = {}              # (namespace, name) -> _Pod; guarded by _lock
-        self._used_ports = set()     # guarded by _lock
         self._progress = {}          # deployment uid -> (counts, monotonic); loop thread only
         self._wake = threading.Event()
         self._stopping = threading.Event()
@@ -474,6 +477,8 @@ class FakeKubelet:
                 self._reconcile()
             except ApiError as e:  # a conflict or a race with a delete: next pass
                 print(f"fake_kubelet: {e}", file=sys.stderr)
+            except Exception:  # an object this fake cannot read: say so, keep the loop alive
+                traceback.print_exc()
 
     def _reconcile(self):
         deployments = self.server.list("deployments")
@@ -575,17 +580,17 @@ class FakeKubelet:
             pass
         while True:
             port = random.randrange(max(1024, low - 12000), low)
-            with self._lock:
-                if port in self._used_ports:
+            with _used_ports_lock:
+                if port in _used_ports:
                     continue
             try:
                 with socket.socket() as s:
                     s.bind((POD_IP, port))
             except OSError:
                 continue
-            with self._lock:
-                if port not in self._used_ports:
-                    self._used_ports.add(port)
+            with _used_ports_lock:
+                if port not in _used_ports:
+                    _used_ports.add(port)
                     return port
 
     def _create_pod(self, d, template, h):
