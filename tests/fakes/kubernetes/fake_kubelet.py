@@ -73,16 +73,16 @@ What it does, as the real parts do:
 
 Substitutions and differences, on purpose:
   - all pods share 127.0.0.1 (status.podIP, hostIP, slice addresses), so each pod gets its own
-    port, picked by this kubelet (never handed out twice in a process, below the ephemeral port
-    range so that nothing else is given it before the process binds it): in the argv, the value of `--port V`
-    / `--port=V` becomes that port, `--host H` / `--host=H` becomes 127.0.0.1 and `--listen H:P`
-    becomes 127.0.0.1:PORT; the Pod object's first containerPort is rewritten to it. Probes,
-    httpGet preStop hooks and Service targetPorts that resolve to the template's port (its
-    first containerPort or its `--port` value; any port when it declares neither) go to the
-    pod's port; other port numbers are used as they are, on 127.0.0.1. The process must take
-    --port or --listen to listen where its probes look. A consequence: since every pod has its
-    own port, every pod gets its own EndpointSlice (one port set each); in a real cluster the
-    pods share the targetPort and share slices (up to 100 endpoints each).
+    port, picked by this kubelet (never handed out twice in a process; below the ephemeral port
+    range, so that nothing else is given it before the process binds it): in the argv, the value
+    of `--port V` / `--port=V` becomes that port, `--host H` / `--host=H` becomes 127.0.0.1
+    and `--listen H:P` becomes 127.0.0.1:PORT; the Pod object's first containerPort is
+    rewritten to it. Probes, httpGet preStop hooks and Service targetPorts that resolve to the
+    template's port (its first containerPort or its `--port` value; any port when it declares
+    neither) go to the pod's port; other port numbers are used as they are, on 127.0.0.1. The
+    process must take --port or --listen to listen where its probes look. A consequence: since
+    every pod has its own port, every pod gets its own EndpointSlice (one port set each); in a
+    real cluster the pods share the targetPort and share slices (up to 100 endpoints each).
   - the image is not pulled or used: `executables` maps an image (exactly, or its name without
     registry and tag: "registry/flotilla:0.1.0" -> "flotilla") to a local executable, which
     replaces the command's first element (or is the whole command when the container has none:
