@@ -1,8 +1,10 @@
 // The value types of one text generation that cross module lines: what a caller asks of a
-// language model's sampler, and the events the engine sends back. They live in common, below
-// both `llm` (the engine that consumes and produces them) and `runtime` (whose Generator hands
-// them through), so that neither a runtime's user nor the runtime's contract has to include the
-// engine's header and no event is copied into a second shape on its way to the client.
+// language model (the request and its sampling), and the events the engine sends back. They
+// live in common, below `protocol` (whose OpenAI decoder makes the request), `runtime` (whose
+// Generator hands it through) and `llm` (the engine that consumes the request and produces the
+// events), so that neither a runtime's user nor the runtime's contract has to include the
+// engine's header, and neither a request nor an event is copied into a second shape on its
+// way between the client and the engine.
 #pragma once
 
 #include <cstdint>
@@ -41,6 +43,21 @@ struct SamplingParams {
   std::vector<int32_t> stop_token_ids;
   std::vector<std::string> stop;  // stop strings; need a tokenizer
   int logprobs = 0;               // top logprobs per token (0: none)
+};
+
+// One text generation as its caller asks for it: exactly one of a text prompt, token ids or
+// chat messages, and how to sample. The one shape of an LLM request from the protocol decoder
+// to the engine: protocol::decode_completion_request fills it (inside its CompletionRequest),
+// the replica moves it to runtime::Generator::generate, and the runtime, once it has the
+// prompt's token ids, moves `sampling` as it is into the engine's queue (llm::Engine::submit).
+struct GenerationInput {
+  std::optional<std::string> prompt_text;  // a completion's text prompt
+  std::vector<int32_t> prompt_tokens;      // a completion's token-id prompt
+  std::vector<ChatMessage> chat;           // a chat's messages, for the chat template
+  // Unset: 16 for a prompt, the rest of the context for a chat. The runtime derives
+  // sampling.max_tokens from it once the prompt's length is known; the caller leaves that one.
+  std::optional<int> max_tokens;
+  SamplingParams sampling;
 };
 
 enum class FinishReason { kNone, kLength, kStop, kCancelled, kError };

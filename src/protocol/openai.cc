@@ -70,10 +70,10 @@ Result<std::vector<int32_t>> token_list(simdjson::dom::array array, std::string_
 }
 
 // prompt: str | [str] | [int] | [[int]], one prompt only.
-Status decode_prompt(element value, CompletionRequest& request) {
+Status decode_prompt(element value, GenerationInput& input) {
   std::string_view text;
   if (!value.get_string().get(text)) {
-    request.prompt_text = std::string(text);
+    input.prompt_text = std::string(text);
     return Status::ok();
   }
   simdjson::dom::array array;
@@ -85,21 +85,21 @@ Status decode_prompt(element value, CompletionRequest& request) {
   }
   element first = array.at(0).value_unsafe();
   if (first.is<int64_t>()) {
-    FLOTILLA_ASSIGN_OR_RETURN(request.prompt_tokens, token_list(array, "prompt"));
+    FLOTILLA_ASSIGN_OR_RETURN(input.prompt_tokens, token_list(array, "prompt"));
     return Status::ok();
   }
   if (array.size() > 1) {
     return field_error("prompt", "holds several prompts; send one prompt per request");
   }
   if (!first.get_string().get(text)) {
-    request.prompt_text = std::string(text);
+    input.prompt_text = std::string(text);
     return Status::ok();
   }
   simdjson::dom::array inner;
   if (first.get_array().get(inner) || inner.size() == 0) {
     return field_error("prompt", "must be a string, a list of token ids, or a list of one of them");
   }
-  FLOTILLA_ASSIGN_OR_RETURN(request.prompt_tokens, token_list(inner, "prompt"));
+  FLOTILLA_ASSIGN_OR_RETURN(input.prompt_tokens, token_list(inner, "prompt"));
   return Status::ok();
 }
 
@@ -126,7 +126,7 @@ Result<std::string> message_content(element value, size_t index) {
   return out;
 }
 
-Status decode_messages(element value, CompletionRequest& request) {
+Status decode_messages(element value, std::vector<ChatMessage>& messages) {
   simdjson::dom::array array;
   if (value.get_array().get(array) || array.size() == 0) {
     return field_error("messages", "must be a non-empty list");
@@ -146,14 +146,14 @@ Status decode_messages(element value, CompletionRequest& request) {
       return field_error("messages[" + std::to_string(index) + "].content", "is required");
     }
     FLOTILLA_ASSIGN_OR_RETURN(std::string text, message_content(content, index));
-    request.messages.push_back({role == "developer" ? "system" : std::string(role), text});
+    messages.push_back({role == "developer" ? "system" : std::string(role), text});
     ++index;
   }
   return Status::ok();
 }
 
 // logit_bias: {"token id": bias in [-100, 100], ...}, as OpenAI takes it.
-Status decode_logit_bias(element value, CompletionRequest& request) {
+Status decode_logit_bias(element value, SamplingParams& sampling) {
   if (value.is_null()) {
     return Status::ok();
   }
@@ -180,18 +180,18 @@ Status decode_logit_bias(element value, CompletionRequest& request) {
     if (!bias.is_ok() || !(*bias >= -100 && *bias <= 100)) {
       return field_error("logit_bias", "values must be numbers in [-100, 100]");
     }
-    request.logit_bias.emplace_back(static_cast<int32_t>(id), static_cast<float>(*bias));
+    sampling.logit_bias.emplace_back(static_cast<int32_t>(id), static_cast<float>(*bias));
   }
   return Status::ok();
 }
 
-Status decode_stop(element value, CompletionRequest& request) {
+Status decode_stop(element value, std::vector<std::string>& stops) {
   if (value.is_null()) {
     return Status::ok();
   }
   std::string_view text;
   if (!value.get_string().get(text)) {
-    request.stop.emplace_back(text);
+    stops.emplace_back(text);
   } else {
     simdjson::dom::array array;
     if (value.get_array().get(array)) {
@@ -201,13 +201,13 @@ Status decode_stop(element value, CompletionRequest& request) {
       if (item.get_string().get(text)) {
         return field_error("stop", "must be a string or a list of strings");
       }
-      request.stop.emplace_back(text);
+      stops.emplace_back(text);
     }
   }
-  if (request.stop.size() > kMaxStopStrings) {
+  if (stops.size() > kMaxStopStrings) {
     return field_error("stop", "holds more than 16 strings");
   }
-  for (const std::string& stop : request.stop) {
+  for (const std::string& stop : stops) {
     if (stop.empty() || stop.size() > kMaxStopLength) {
       return field_error("stop", "strings must hold 1 to 256 bytes");
     }
@@ -339,6 +339,8 @@ Status bounded_number(element value, std::string_view key, double low, double hi
 }
 
 Status decode_field(std::string_view key, element value, CompletionRequest& request) {
+  GenerationInput& input = request.generation;
+  SamplingParams& sampling = input.sampling;
   if (key == "model") {
     std::string_view model;
     if (value.get_string().get(model)) {
@@ -346,16 +348,16 @@ Status decode_field(std::string_view key, element value, CompletionRequest& requ
     }
     request.model = std::string(model);
   } else if (key == "prompt" && !request.chat) {
-    FLOTILLA_RETURN_IF_ERROR(decode_prompt(value, request));
+    FLOTILLA_RETURN_IF_ERROR(decode_prompt(value, input));
   } else if (key == "messages" && request.chat) {
-    FLOTILLA_RETURN_IF_ERROR(decode_messages(value, request));
+    FLOTILLA_RETURN_IF_ERROR(decode_messages(value, input.chat));
   } else if (key == "max_tokens" || key == "max_completion_tokens") {
     if (!value.is_null()) {
       FLOTILLA_ASSIGN_OR_RETURN(int64_t max_tokens, integer(value, key));
       if (max_tokens < 1 || max_tokens > (1 << 24)) {
         return field_error(key, "must be a positive integer");
       }
-      request.max_tokens = static_cast<int>(max_tokens);
+      input.max_tokens = static_cast<int>(max_tokens);
     }
   } else if (key == "temperature") {
     if (!value.is_null()) {
@@ -363,12 +365,12 @@ Status decode_field(std::string_view key, element value, CompletionRequest& requ
       if (!(t >= 0 && t <= 2)) {
         return field_error(key, "must be in [0, 2]");
       }
-      request.temperature = t;
+      sampling.temperature = t;
     }
   } else if (key == "top_p") {
     if (!value.is_null()) {
-      FLOTILLA_ASSIGN_OR_RETURN(request.top_p, number(value, key));
-      if (!(request.top_p > 0 && request.top_p <= 1)) {
+      FLOTILLA_ASSIGN_OR_RETURN(sampling.top_p, number(value, key));
+      if (!(sampling.top_p > 0 && sampling.top_p <= 1)) {
         return field_error(key, "must be in (0, 1]");
       }
     }
@@ -378,38 +380,38 @@ Status decode_field(std::string_view key, element value, CompletionRequest& requ
       if (top_k < -1 || top_k > (1 << 24)) {
         return field_error(key, "must be -1 (off) or a non-negative integer");
       }
-      request.top_k = top_k < 0 ? 0 : static_cast<int>(top_k);
+      sampling.top_k = top_k < 0 ? 0 : static_cast<int>(top_k);
     }
   } else if (key == "min_p") {
-    FLOTILLA_RETURN_IF_ERROR(bounded_number(value, key, 0, 1, false, "[0, 1]", request.min_p));
+    FLOTILLA_RETURN_IF_ERROR(bounded_number(value, key, 0, 1, false, "[0, 1]", sampling.min_p));
   } else if (key == "repetition_penalty") {
     FLOTILLA_RETURN_IF_ERROR(bounded_number(value, key, 0, 100, /*open_low=*/true, "(0, 100]",
-                                            request.repetition_penalty));
+                                            sampling.repetition_penalty));
   } else if (key == "presence_penalty") {
     FLOTILLA_RETURN_IF_ERROR(
-        bounded_number(value, key, -2, 2, false, "[-2, 2]", request.presence_penalty));
+        bounded_number(value, key, -2, 2, false, "[-2, 2]", sampling.presence_penalty));
   } else if (key == "frequency_penalty") {
     FLOTILLA_RETURN_IF_ERROR(
-        bounded_number(value, key, -2, 2, false, "[-2, 2]", request.frequency_penalty));
+        bounded_number(value, key, -2, 2, false, "[-2, 2]", sampling.frequency_penalty));
   } else if (key == "logit_bias") {
-    FLOTILLA_RETURN_IF_ERROR(decode_logit_bias(value, request));
+    FLOTILLA_RETURN_IF_ERROR(decode_logit_bias(value, sampling));
   } else if (key == "seed") {
     if (!value.is_null()) {
       FLOTILLA_ASSIGN_OR_RETURN(int64_t seed, integer(value, key));
-      request.seed = static_cast<uint64_t>(seed);
+      sampling.seed = static_cast<uint64_t>(seed);
     }
   } else if (key == "stop") {
-    FLOTILLA_RETURN_IF_ERROR(decode_stop(value, request));
+    FLOTILLA_RETURN_IF_ERROR(decode_stop(value, sampling.stop));
   } else if (key == "stop_token_ids") {
     simdjson::dom::array array;
     if (!value.is_null()) {
       if (value.get_array().get(array)) {
         return field_error(key, "must be a list of token ids");
       }
-      FLOTILLA_ASSIGN_OR_RETURN(request.stop_token_ids, token_list(array, key));
+      FLOTILLA_ASSIGN_OR_RETURN(sampling.stop_token_ids, token_list(array, key));
     }
   } else if (key == "ignore_eos") {
-    FLOTILLA_ASSIGN_OR_RETURN(request.ignore_eos, boolean(value, key));
+    FLOTILLA_ASSIGN_OR_RETURN(sampling.ignore_eos, boolean(value, key));
   } else if (key == "stream") {
     if (!value.is_null()) {
       FLOTILLA_ASSIGN_OR_RETURN(request.stream, boolean(value, key));
@@ -437,7 +439,7 @@ Status decode_field(std::string_view key, element value, CompletionRequest& requ
         return field_error(key, "must be in [0, 20]");
       }
       request.want_logprobs = true;
-      request.logprobs = static_cast<int>(logprobs);
+      request.top_logprobs = static_cast<int>(logprobs);
     }
   } else if (key == "top_logprobs" && request.chat) {
     if (!value.is_null()) {
@@ -445,7 +447,7 @@ Status decode_field(std::string_view key, element value, CompletionRequest& requ
       if (top < 0 || top > 20) {
         return field_error(key, "must be in [0, 20]");
       }
-      request.logprobs = static_cast<int>(top);
+      request.top_logprobs = static_cast<int>(top);
     }
   } else {
     return refuse_unsupported(key, value);
@@ -599,18 +601,24 @@ Result<CompletionRequest> decode_completion_request(std::string& body, bool chat
   for (auto field : object) {
     FLOTILLA_RETURN_IF_ERROR(decode_field(field.key, field.value, request));
   }
-  if (chat && request.messages.empty()) {
+  const GenerationInput& input = request.generation;
+  if (chat && input.chat.empty()) {
     return field_error("messages", "is required");
   }
-  if (!chat && !request.prompt_text && request.prompt_tokens.empty()) {
+  if (!chat && !input.prompt_text && input.prompt_tokens.empty()) {
     return field_error("prompt", "is required");
   }
-  if (chat && request.logprobs > 0 && !request.want_logprobs) {
+  if (chat && request.top_logprobs > 0 && !request.want_logprobs) {
     return field_error("top_logprobs", "needs \"logprobs\": true");  // as OpenAI and vLLM
   }
   if (request.include_usage && !request.stream) {
     return field_error("stream_options", "is only allowed with stream: true");
   }
+  // The engine reports a token's logprob only when asked for at least one top token: ask for
+  // one when the client wants the chosen tokens' logprobs alone (top_logprobs 0); the handler
+  // shows top_logprobs of them.
+  request.generation.sampling.logprobs =
+      request.want_logprobs ? std::max(request.top_logprobs, 1) : 0;
   return request;
 }
 

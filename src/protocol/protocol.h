@@ -54,30 +54,20 @@ void encode_mlflow_predictions(const Tensor& output, std::string& out);
 // naming them rather than ignored, unless they hold their neutral value.
 struct CompletionRequest {
   bool chat = false;
-  std::string model;                       // empty when omitted
-  std::optional<std::string> prompt_text;  // completions: a string prompt
-  std::vector<int32_t> prompt_tokens;      // completions: a token-id prompt
-  std::vector<ChatMessage> messages;       // chat; what the runtime's chat template reads
-  std::optional<int> max_tokens;           // unset: the default of the route
-  std::optional<double> temperature;       // unset: 1.0
-  double top_p = 1.0;
-  int top_k = 0;                  // vLLM extension; 0 or -1: off
-  double min_p = 0;               // vLLM extension, [0, 1]
-  double repetition_penalty = 1;  // vLLM extension, (0, 100]
-  double presence_penalty = 0;    // [-2, 2]
-  double frequency_penalty = 0;   // [-2, 2]
-  // {"token id": bias in [-100, 100]}, at most 1024 entries; ids are checked against the
-  // vocabulary by the engine.
-  std::vector<std::pair<int32_t, float>> logit_bias;
-  std::optional<uint64_t> seed;
-  std::vector<std::string> stop;
-  std::vector<int32_t> stop_token_ids;  // vLLM extension
-  bool ignore_eos = false;              // vLLM extension, for benchmarks
+  std::string model;  // empty when omitted
+  // What the generation reads, range-checked, in the shape the runtime takes it: the prompt
+  // (completions: text or token ids) or the messages (chat), max_tokens (or
+  // max_completion_tokens), and the sampling parameters of OpenAI and of vLLM's extensions
+  // (top_k -1 becomes 0, off). An omitted field keeps SamplingParams' default (temperature
+  // 1.0); sampling.logprobs is what the engine computes: at least 1 when logprobs are wanted,
+  // else 0. logit_bias ids are checked against the vocabulary by the engine.
+  GenerationInput generation;
   bool stream = false;
   bool include_usage = false;     // stream_options.include_usage
   bool return_token_ids = false;  // each choice also carries the generated token ids
-  int logprobs = 0;            // top logprobs per token (completions: logprobs; chat: top_logprobs)
-  bool want_logprobs = false;  // chat: logprobs true
+  // Top logprobs shown per token (completions: logprobs; chat: top_logprobs).
+  int top_logprobs = 0;
+  bool want_logprobs = false;  // completions: logprobs set; chat: logprobs true
 };
 
 // `body` may be grown by the JSON parser's padding; its contents are unchanged.

@@ -32,29 +32,6 @@ http::Response error_response(int status, const std::string& message) {
   return response;
 }
 
-runtime::GenerateRequest to_generate_request(protocol::CompletionRequest&& decoded) {
-  runtime::GenerateRequest request;
-  request.prompt_text = std::move(decoded.prompt_text);
-  request.prompt_tokens = std::move(decoded.prompt_tokens);
-  request.chat = std::move(decoded.messages);
-  request.max_tokens = decoded.max_tokens;
-  SamplingParams& s = request.sampling;
-  s.temperature = decoded.temperature.value_or(1.0);
-  s.top_p = decoded.top_p;
-  s.top_k = decoded.top_k;
-  s.min_p = decoded.min_p;
-  s.repetition_penalty = decoded.repetition_penalty;
-  s.presence_penalty = decoded.presence_penalty;
-  s.frequency_penalty = decoded.frequency_penalty;
-  s.logit_bias = std::move(decoded.logit_bias);
-  s.seed = decoded.seed;
-  s.stop = std::move(decoded.stop);
-  s.stop_token_ids = std::move(decoded.stop_token_ids);
-  s.ignore_eos = decoded.ignore_eos;
-  s.logprobs = decoded.want_logprobs ? std::max(decoded.logprobs, 1) : 0;
-  return request;
-}
-
 // A token as logprobs show it (protocol::TokenChoice): logprob_token_text() of its bytes, unless
 // an earlier token of `taken` has that form (two ids with the same bytes, as a SentencePiece
 // byte token "<0x41>" and "A"): then its vocabulary entry, then "token_id:N". Completions'
@@ -177,7 +154,7 @@ void OpenAiHandler::completions(http::Request&& request, std::shared_ptr<http::R
   generation->done = std::move(done);
   generation->stream = decoded->stream;
   generation->include_usage = decoded->include_usage;
-  generation->top_logprobs = decoded->logprobs;
+  generation->top_logprobs = decoded->top_logprobs;
   protocol::CompletionOutput& out = generation->output;
   out.chat = chat;
   out.id = response_id(chat);
@@ -263,8 +240,7 @@ void OpenAiHandler::completions(http::Request&& request, std::shared_ptr<http::R
       g.done(200);
     }
   };
-  Result<uint64_t> id =
-      generator_.generate(to_generate_request(std::move(decoded).value()), std::move(on_event));
+  Result<uint64_t> id = generator_.generate(std::move(decoded->generation), std::move(on_event));
   if (!id.is_ok()) {
     int code = http_status_for(id.status().code());
     responder->send(error_response(code, id.status().message()));

@@ -73,7 +73,7 @@ class LlmRuntime final : public Runtime, public Generator {
 
   int context_length() const override { return engine_->config().max_position; }
 
-  Result<uint64_t> generate(GenerateRequest&& request, EventCallback on_event) override {
+  Result<uint64_t> generate(GenerationInput&& request, EventCallback on_event) override {
     std::vector<int32_t> prompt;
     bool chat = !request.chat.empty();
     if (chat || request.prompt_text) {

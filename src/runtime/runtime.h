@@ -53,16 +53,6 @@ struct RuntimeOptions {
   AwaitBytes await_bytes;
 };
 
-// One text generation, as the OpenAI routes ask for it: exactly one of a text prompt, token ids
-// or chat messages.
-struct GenerateRequest {
-  std::optional<std::string> prompt_text;
-  std::vector<int32_t> prompt_tokens;
-  std::vector<ChatMessage> chat;
-  std::optional<int> max_tokens;  // unset: 16 for a prompt, the rest of the context for a chat
-  SamplingParams sampling;        // max_tokens there is ignored
-};
-
 // A language model's gauges (its engine's: the batch, the queue, the KV cache).
 struct GeneratorStats {
   int running = 0;
@@ -79,10 +69,11 @@ class Generator {
  public:
   virtual ~Generator() = default;
   virtual int context_length() const = 0;
-  // Prepares the prompt (chat template, tokenization) and starts generating; events arrive on
-  // the engine's output thread, the last with finish set. kInvalidArgument for a bad request
-  // (the caller answers 400), with nothing started.
-  virtual Result<uint64_t> generate(GenerateRequest&& request, EventCallback on_event) = 0;
+  // Prepares the prompt (chat template, tokenization), sets the request's sampling.max_tokens
+  // from its max_tokens, and starts generating with that sampling; events arrive on the
+  // engine's output thread, the last with finish set. kInvalidArgument for a bad request (the
+  // caller answers 400), with nothing started.
+  virtual Result<uint64_t> generate(GenerationInput&& request, EventCallback on_event) = 0;
   virtual void cancel(uint64_t id) = 0;
   // What logprobs show of a token.
   struct TokenForms {

@@ -27,19 +27,19 @@ TEST(OpenAiDecodeTest, CompletionPromptForms) {
   auto text = decode(R"({"model":"m","prompt":"hello","max_tokens":5,"temperature":0})");
   ASSERT_TRUE(text.is_ok()) << text.status().message();
   EXPECT_EQ(text->model, "m");
-  EXPECT_EQ(*text->prompt_text, "hello");
-  EXPECT_EQ(*text->max_tokens, 5);
-  EXPECT_EQ(*text->temperature, 0.0);
+  EXPECT_EQ(*text->generation.prompt_text, "hello");
+  EXPECT_EQ(*text->generation.max_tokens, 5);
+  EXPECT_EQ(text->generation.sampling.temperature, 0.0);
   auto ids = decode(R"({"prompt":[1,2,3]})");
   ASSERT_TRUE(ids.is_ok());
-  EXPECT_EQ(ids->prompt_tokens, (std::vector<int32_t>{1, 2, 3}));
-  EXPECT_FALSE(ids->max_tokens.has_value());
+  EXPECT_EQ(ids->generation.prompt_tokens, (std::vector<int32_t>{1, 2, 3}));
+  EXPECT_FALSE(ids->generation.max_tokens.has_value());
   auto nested = decode(R"({"prompt":[[4,5]]})");
   ASSERT_TRUE(nested.is_ok());
-  EXPECT_EQ(nested->prompt_tokens, (std::vector<int32_t>{4, 5}));
+  EXPECT_EQ(nested->generation.prompt_tokens, (std::vector<int32_t>{4, 5}));
   auto listed = decode(R"({"prompt":["one"]})");
   ASSERT_TRUE(listed.is_ok());
-  EXPECT_EQ(*listed->prompt_text, "one");
+  EXPECT_EQ(*listed->generation.prompt_text, "one");
 }
 
 TEST(OpenAiDecodeTest, SamplingFieldsAndExtensions) {
@@ -47,17 +47,17 @@ TEST(OpenAiDecodeTest, SamplingFieldsAndExtensions) {
       "stop_token_ids":[2],"ignore_eos":true,"stream":true,"stream_options":{"include_usage":true},
       "return_token_ids":true,"logprobs":3,"n":1,"presence_penalty":0,"user":"u","echo":false})");
   ASSERT_TRUE(request.is_ok()) << request.status().message();
-  EXPECT_EQ(request->top_p, 0.9);
-  EXPECT_EQ(request->top_k, 0);
-  EXPECT_EQ(*request->seed, 7u);
-  EXPECT_EQ(request->stop, (std::vector<std::string>{"a", "bc"}));
-  EXPECT_EQ(request->stop_token_ids, (std::vector<int32_t>{2}));
-  EXPECT_TRUE(request->ignore_eos && request->stream && request->include_usage);
+  EXPECT_EQ(request->generation.sampling.top_p, 0.9);
+  EXPECT_EQ(request->generation.sampling.top_k, 0);
+  EXPECT_EQ(*request->generation.sampling.seed, 7u);
+  EXPECT_EQ(request->generation.sampling.stop, (std::vector<std::string>{"a", "bc"}));
+  EXPECT_EQ(request->generation.sampling.stop_token_ids, (std::vector<int32_t>{2}));
+  EXPECT_TRUE(request->generation.sampling.ignore_eos && request->stream && request->include_usage);
   EXPECT_TRUE(request->return_token_ids && request->want_logprobs);
-  EXPECT_EQ(request->logprobs, 3);
+  EXPECT_EQ(request->top_logprobs, 3);
   auto single_stop = decode(R"({"prompt":"x","stop":"END"})");
   ASSERT_TRUE(single_stop.is_ok());
-  EXPECT_EQ(single_stop->stop, (std::vector<std::string>{"END"}));
+  EXPECT_EQ(single_stop->generation.sampling.stop, (std::vector<std::string>{"END"}));
 }
 
 TEST(OpenAiDecodeTest, ChatMessages) {
@@ -66,12 +66,45 @@ TEST(OpenAiDecodeTest, ChatMessages) {
       "max_completion_tokens":9,"logprobs":true,"top_logprobs":2})",
                         true);
   ASSERT_TRUE(request.is_ok()) << request.status().message();
-  ASSERT_EQ(request->messages.size(), 2u);
-  EXPECT_EQ(request->messages[1].role, "user");
-  EXPECT_EQ(request->messages[1].content, "hi there");
-  EXPECT_EQ(*request->max_tokens, 9);
+  ASSERT_EQ(request->generation.chat.size(), 2u);
+  EXPECT_EQ(request->generation.chat[1].role, "user");
+  EXPECT_EQ(request->generation.chat[1].content, "hi there");
+  EXPECT_EQ(*request->generation.max_tokens, 9);
   EXPECT_TRUE(request->want_logprobs);
-  EXPECT_EQ(request->logprobs, 2);
+  EXPECT_EQ(request->top_logprobs, 2);
+}
+
+TEST(OpenAiDecodeTest, SamplingIsDecodedIntoTheGenerationInput) {
+  // Omitted fields keep the sampler's defaults; temperature 1.0 in particular.
+  auto plain = decode(R"({"prompt":"x"})");
+  ASSERT_TRUE(plain.is_ok()) << plain.status().message();
+  const SamplingParams& defaults = plain->generation.sampling;
+  EXPECT_EQ(defaults.temperature, 1.0);
+  EXPECT_EQ(defaults.top_p, 1.0);
+  EXPECT_EQ(defaults.top_k, 0);
+  EXPECT_FALSE(defaults.seed.has_value());
+  EXPECT_EQ(defaults.logprobs, 0);
+  EXPECT_FALSE(plain->want_logprobs);
+  EXPECT_EQ(decode(R"({"prompt":"x","temperature":null})")->generation.sampling.temperature, 1.0);
+  EXPECT_EQ(decode(R"({"prompt":"x","temperature":0.5})")->generation.sampling.temperature, 0.5);
+
+  // What the engine computes: at least one top logprob whenever logprobs are wanted, while the
+  // count shown stays what the client asked for.
+  auto logprobs_of = [](const std::string& body, bool chat) {
+    auto request = decode(body, chat);
+    EXPECT_TRUE(request.is_ok()) << body;
+    return request.is_ok() ? std::pair(request->generation.sampling.logprobs, request->top_logprobs)
+                           : std::pair(-1, -1);
+  };
+  const std::string hi = R"("messages":[{"role":"user","content":"hi"}])";
+  EXPECT_EQ(logprobs_of("{" + hi + R"(,"logprobs":true,"top_logprobs":0})", true), std::pair(1, 0));
+  EXPECT_EQ(logprobs_of("{" + hi + R"(,"logprobs":true})", true), std::pair(1, 0));
+  EXPECT_EQ(logprobs_of("{" + hi + R"(,"logprobs":true,"top_logprobs":5})", true), std::pair(5, 5));
+  EXPECT_EQ(logprobs_of("{" + hi + R"(,"logprobs":false})", true), std::pair(0, 0));
+  EXPECT_EQ(logprobs_of("{" + hi + "}", true), std::pair(0, 0));
+  EXPECT_EQ(logprobs_of(R"({"prompt":"x","logprobs":0})", false), std::pair(1, 0));
+  EXPECT_EQ(logprobs_of(R"({"prompt":"x","logprobs":3})", false), std::pair(3, 3));
+  EXPECT_EQ(logprobs_of(R"({"prompt":"x","logprobs":null})", false), std::pair(0, 0));
 }
 
 TEST(OpenAiDecodeTest, BadInputNamesTheField) {
@@ -114,14 +147,14 @@ TEST(OpenAiDecodeTest, PenaltiesAndMinPAreDecodedAndRangeChecked) {
   auto request = decode(R"({"prompt":"x","min_p":0.05,"repetition_penalty":1.2,
       "presence_penalty":-0.5,"frequency_penalty":2})");
   ASSERT_TRUE(request.is_ok()) << request.status().message();
-  EXPECT_EQ(request->min_p, 0.05);
-  EXPECT_EQ(request->repetition_penalty, 1.2);
-  EXPECT_EQ(request->presence_penalty, -0.5);
-  EXPECT_EQ(request->frequency_penalty, 2);
+  EXPECT_EQ(request->generation.sampling.min_p, 0.05);
+  EXPECT_EQ(request->generation.sampling.repetition_penalty, 1.2);
+  EXPECT_EQ(request->generation.sampling.presence_penalty, -0.5);
+  EXPECT_EQ(request->generation.sampling.frequency_penalty, 2);
   auto neutral = decode(R"({"prompt":"x","min_p":null,"repetition_penalty":null})");
   ASSERT_TRUE(neutral.is_ok()) << neutral.status().message();
-  EXPECT_EQ(neutral->min_p, 0);
-  EXPECT_EQ(neutral->repetition_penalty, 1);
+  EXPECT_EQ(neutral->generation.sampling.min_p, 0);
+  EXPECT_EQ(neutral->generation.sampling.repetition_penalty, 1);
   const std::pair<const char*, const char*> bad[] = {
       {R"({"prompt":"x","min_p":1.5})", "'min_p' must be in [0, 1]"},
       {R"({"prompt":"x","min_p":-0.1})", "'min_p'"},
@@ -141,9 +174,10 @@ TEST(OpenAiDecodeTest, PenaltiesAndMinPAreDecodedAndRangeChecked) {
 TEST(OpenAiDecodeTest, LogitBiasMapsTokenIdsToBiases) {
   auto request = decode(R"({"prompt":"x","logit_bias":{"50256":-100,"7":2.5}})");
   ASSERT_TRUE(request.is_ok()) << request.status().message();
-  EXPECT_EQ(request->logit_bias,
+  EXPECT_EQ(request->generation.sampling.logit_bias,
             (std::vector<std::pair<int32_t, float>>{{50256, -100.0f}, {7, 2.5f}}));
-  EXPECT_TRUE(decode(R"({"prompt":"x","logit_bias":null})")->logit_bias.empty());
+  EXPECT_TRUE(
+      decode(R"({"prompt":"x","logit_bias":null})")->generation.sampling.logit_bias.empty());
   for (const char* bad :
        {R"({"prompt":"x","logit_bias":{"a":1}})", R"({"prompt":"x","logit_bias":{"-1":1}})",
         R"({"prompt":"x","logit_bias":{"":1}})", R"({"prompt":"x","logit_bias":{"99999999999":1}})",

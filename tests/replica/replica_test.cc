@@ -60,7 +60,7 @@ class FakeLanguageModel final : public runtime::Runtime, public runtime::Generat
   }
   runtime::Generator* generator() override { return this; }
   int context_length() const override { return 64; }
-  Result<uint64_t> generate(runtime::GenerateRequest&&, EventCallback) override {
+  Result<uint64_t> generate(GenerationInput&&, EventCallback) override {
     return invalid_argument("the fake generates nothing");
   }
   void cancel(uint64_t) override {}
