@@ -1,7 +1,7 @@
 // The fleet simulator: one endpoint, its replicas, the gateway in front (balancer, per-replica
 // caps, bounded queue with deadline) and an autoscaler policy, advanced event by event.
 //
-// Modelling choices (docs/sim.md):
+// Modelling choices (docs/autoscaler.md "Simulator", docs/fleet.md):
 // - Arrivals are Poisson at the load shape's current rate (the gap is drawn at the rate in
 //   force when the previous request arrived).
 // - Processor sharing: a request's service time is fixed when it starts: service_ms x
