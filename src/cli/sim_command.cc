@@ -22,9 +22,13 @@ struct SimFlags {
   double queue_timeout_s = 0;
   int64_t apa_period_ms = 0;
   double apa_max_up_factor = 0;
+  int64_t gateways = 1;
+  double gateway_sample_ms = 0;
+  bool gateway_own_view = false;
   std::string csv;
   std::string output = "text";
   bool list = false;
+  bool gateways_given = false;
 };
 
 int run_sim(const SimFlags& flags) {
@@ -66,6 +70,11 @@ int run_sim(const SimFlags& flags) {
   if (flags.queue_timeout_s > 0) {
     scenario.queue_timeout_s = flags.queue_timeout_s;
   }
+  // The gateway-fleet figures are printed only when asked for, so the other runs print as before.
+  const bool fleet = flags.gateways_given;
+  scenario.gateways = flags.gateways;
+  scenario.gateway_sample_ms = flags.gateway_sample_ms;
+  scenario.gateway_own_view = flags.gateway_own_view;
   sim::SimOptions options;
   options.policy = *policy;
   options.apa_period_ms = flags.apa_period_ms;
@@ -84,19 +93,30 @@ int run_sim(const SimFlags& flags) {
   }
   const sim::Summary& s = result.summary;
   if (flags.output == "json") {
-    const nlohmann::json summary = {{"scenario", scenario.name},
-                                    {"policy", sim::policy_name(*policy)},
-                                    {"requests", s.requests},
-                                    {"over_slo_pct", s.over_slo_pct},
-                                    {"rejected_pct", s.rejected_pct},
-                                    {"failed_pct", s.failed_pct},
-                                    {"crashes", s.crashes},
-                                    {"replica_seconds", s.replica_seconds},
-                                    {"scale_events", s.scale_events},
-                                    {"p99_ms", s.p99_ms},
-                                    {"final_target_concurrency", s.final_target},
-                                    {"events", s.events},
-                                    {"wall_seconds", s.wall_seconds}};
+    nlohmann::json summary = {{"scenario", scenario.name},
+                              {"policy", sim::policy_name(*policy)},
+                              {"requests", s.requests},
+                              {"over_slo_pct", s.over_slo_pct},
+                              {"rejected_pct", s.rejected_pct},
+                              {"failed_pct", s.failed_pct},
+                              {"crashes", s.crashes},
+                              {"replica_seconds", s.replica_seconds},
+                              {"scale_events", s.scale_events},
+                              {"p99_ms", s.p99_ms},
+                              {"final_target_concurrency", s.final_target},
+                              {"events", s.events},
+                              {"wall_seconds", s.wall_seconds}};
+    if (fleet) {
+      summary["gateways"] = scenario.gateways;
+      summary["gateway_sample_ms"] = scenario.gateway_sample_ms;
+      summary["gateway_own_view"] = scenario.gateway_own_view;
+      summary["p50_ms"] = s.p50_ms;
+      summary["p999_ms"] = s.p999_ms;
+      summary["completed"] = s.completed;
+      summary["rejected"] = s.rejected;
+      summary["queued"] = s.queued;
+      summary["over_cap"] = s.over_cap;
+    }
     std::cout << summary.dump() << "\n";
   } else {
     std::printf(
@@ -108,6 +128,14 @@ int run_sim(const SimFlags& flags) {
         s.p99_ms);
     if (s.crashes > 0) {
       std::printf(", %lld crashes", static_cast<long long>(s.crashes));
+    }
+    if (fleet) {
+      std::printf(
+          ", %lld gateways sampling every %.0f ms: p50 %.2f ms, p99.9 %.1f ms, %llu queued, "
+          "%llu dispatched over a cap",
+          static_cast<long long>(scenario.gateways), scenario.gateway_sample_ms, s.p50_ms,
+          s.p999_ms, static_cast<unsigned long long>(s.queued),
+          static_cast<unsigned long long>(s.over_cap));
     }
     std::printf(" (%llu events in %.2f s)\n", static_cast<unsigned long long>(s.events),
                 s.wall_seconds);
@@ -150,6 +178,17 @@ std::function<int()> add_sim_command(CLI::App& app) {
   cmd->add_option("--apa-max-up-factor", flags->apa_max_up_factor,
                   "APA's scale-up cap per decision instead of DESIGN.md's x2")
       ->check(CLI::Range(1.0, 1e6));
+  // The gateway-fleet study (docs/fleet.md, bench/sim/fleet.py).
+  cmd->add_option("--gateways", flags->gateways,
+                  "Gateways in front, each on its own view (prints the fleet figures)")
+      ->check(CLI::Range(int64_t{1}, int64_t{1024}))
+      ->each([flags](const std::string&) { flags->gateways_given = true; });
+  cmd->add_option("--gateway-sample-ms", flags->gateway_sample_ms,
+                  "How often each gateway publishes its in-flight counts to the others (0: "
+                  "exact shared views)")
+      ->check(CLI::Range(0.0, 3'600'000.0));
+  cmd->add_flag("--gateway-own-view", flags->gateway_own_view,
+                "Gateways share nothing: each balances on its own counts, capped at cap / N");
   cmd->add_option("--csv", flags->csv, "Write per-second rows to this CSV file");
   cmd->add_option("-o,--output", flags->output, "text or json")
       ->check(CLI::IsMember({"text", "json"}))

@@ -117,6 +117,34 @@ std::map<std::string, Scenario> all_scenarios() {
     s.initial_replicas = 8;
     all[s.name] = s;
   }
+  {
+    // The gateway-fleet study (docs/fleet.md, bench/sim/fleet.py): a fixed fleet (--policy
+    // static --static-replicas 160: 1000 in flight on 1280 slots, 78%) behind --gateways N
+    // that sample every --gateway-sample-ms.
+    Scenario s = base("fleet",
+                      "200K req/s for 20 s of 5 ms requests (lognormal, sigma 0.5) on 160 "
+                      "replicas of 8 slots: the gateway-fleet study");
+    s.load.points = {{0, 200'000}, {20, 200'000}};
+    s.replica.service_ms = 5;
+    s.replica.service_sigma = 0.5;
+    s.replica.exact_sharing = true;  // stale views overshoot the cap: slowing must be exact
+    s.replica.saturation = 8;
+    s.configured_concurrency = 8;
+    s.slo_ms = 50;
+    s.queue_timeout_s = 1;
+    s.min_replicas = 160;
+    s.initial_replicas = 160;
+    all[s.name] = s;
+    // The same at 1M req/s per endpoint on 800 replicas, for 5 s (5M requests, as many as the
+    // 200K run's: a bounded run time).
+    s.name = "fleet-1m";
+    s.description =
+        "1M req/s for 5 s of the same requests on 800 replicas: the gateway-fleet study at 1M";
+    s.load.points = {{0, 1'000'000}, {5, 1'000'000}};
+    s.min_replicas = 800;
+    s.initial_replicas = 800;
+    all[s.name] = s;
+  }
   return all;
 }
 

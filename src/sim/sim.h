@@ -33,6 +33,13 @@ struct LoadShape {
 // the replica while the batch is full (the in-replica queueing the vertical policy watches).
 struct ReplicaModel {
   double service_ms = 10;
+  // Processor sharing: 0, every request takes service_ms alone; else each request's own time
+  // alone is lognormal with this sigma and mean service_ms (a real model's spread).
+  double service_sigma = 0;
+  // Processor sharing: false, a request's time is fixed when it starts (what it would take at
+  // the count then); true, exact: every running request slows and speeds as the count moves
+  // (costlier; for studies where replicas run past their saturation point).
+  bool exact_sharing = false;
   double saturation = 8;
   int64_t max_batch = 0;  // 0: processor sharing; else the batch size of a batched engine
   double step_ms = 0;
@@ -62,10 +69,21 @@ struct Scenario {
   // APA's starting point for its learned target: usually the model's saturation point, unless
   // the scenario is about learning it.
   double configured_concurrency = 8;
+  // The gateways in front (DESIGN.md §8: several gateway replicas behind a Service; docs/fleet.md).
+  // Each request arrives at one of them, uniformly at random. Each balances (power of two
+  // choices) and enforces the per-replica cap on its own view of in-flight requests: its own,
+  // exact, plus every other gateway's as that gateway last published it; each publishes every
+  // `gateway_sample_ms` (0: the views are exact and shared, the ideal). Each has its own
+  // admission queue of `queue_capacity`. One gateway: the single gateway of `flotilla up`.
+  int64_t gateways = 1;
+  double gateway_sample_ms = 0;
+  // Instead: no sharing; each gateway balances on its own counts alone and caps them at its
+  // share, max(1, cap / gateways) (the cap split, as gateways that exchange nothing would).
+  bool gateway_own_view = false;
 };
 
 // The scenarios shipped with the simulator (spike, diurnal, ramp, zero, unknown-capacity,
-// hetero, batched, crashes, steady); nullopt for an unknown name.
+// hetero, batched, crashes, steady, fleet, fleet-1m); nullopt for an unknown name.
 std::optional<Scenario> find_scenario(std::string_view name);
 std::vector<std::string> scenario_names();
 
@@ -123,9 +141,13 @@ struct Summary {
   double replica_seconds = 0;  // ready + starting replicas, integrated over time
   int64_t scale_events = 0;    // changes of the desired replica count
   double p99_ms = 0;           // of completed requests
-  double final_target = 0;     // the per-replica target at the end (APA learns it)
-  uint64_t events = 0;         // discrete events processed
-  double wall_seconds = 0;     // how long the simulation took to run
+  double p50_ms = 0;
+  double p999_ms = 0;
+  uint64_t queued = 0;      // arrivals that waited in a gateway's admission queue
+  uint64_t over_cap = 0;    // dispatches to a replica already at its cap (a stale view's overshoot)
+  double final_target = 0;  // the per-replica target at the end (APA learns it)
+  uint64_t events = 0;      // discrete events processed
+  double wall_seconds = 0;  // how long the simulation took to run
 };
 
 struct SimResult {

@@ -1,18 +1,24 @@
 // The fleet simulator: one endpoint, its replicas, the gateway in front (balancer, per-replica
 // caps, bounded queue with deadline) and an autoscaler policy, advanced event by event.
 //
-// Modelling choices (docs/sim.md):
+// Modelling choices (docs/autoscaler.md "Simulator", docs/fleet.md):
 // - Arrivals are Poisson at the load shape's current rate (the gap is drawn at the rate in
 //   force when the previous request arrived).
 // - Processor sharing: a request's service time is fixed when it starts: service_ms x
 //   max(1, n / saturation) / speed, n counting it. (Exact processor sharing would re-time every
 //   request at each change.)
+//   With ReplicaModel::exact_sharing every running request is re-timed at each start and
+//   completion there instead (one pending event per replica).
 // - Batched engines step: the batch is formed at the start of each step from the requests
 //   waiting at the replica, in arrival order; one event per step, not per request.
 // - A crash loses the replica's requests; each is retried once (as the gateway retries a
 //   request that got no response byte), then fails.
 // - Replicas start after a lognormal cold start; scale-down removes starting replicas first,
 //   then drains ready ones (no new requests, gone when empty).
+// - Several gateways (Scenario::gateways, docs/fleet.md): each request arrives at one, drawn
+//   uniformly; each picks and caps on its own view (its own in-flight per replica, exact, plus
+//   the others' as last published) and queues on its own. A freed slot goes to the queue of the
+//   gateway whose request freed it, then to the others' if their views show the room.
 // - The policy sees what the live loop will: 1 s samples of mean in-flight and queue. APA runs
 //   through autoscaler::EndpointAutoscaler, the glue `flotilla up` runs; the gateway's balancer
 //   and admission queue are the gateway's own (gateway/gateway_policy.h).
@@ -43,7 +49,9 @@ enum class EventKind : uint8_t {
   kCrash,
   kSecond,
   kDecide,
-  kVertical
+  kVertical,
+  kSharedDone,  // exact processor sharing: a replica's next completion (stamp: its sharing_stamp)
+  kSample       // a gateway publishes its per-replica in-flight counts (replica: which gateway)
 };
 
 struct Event {
@@ -64,6 +72,8 @@ struct Request {
   uint64_t attempt = 0;   // a completion of an earlier attempt (lost in a crash) is stale
   uint32_t position = 0;  // processor sharing: its index in the replica's `running`
   int64_t steps_left = 0;
+  double finish_work = 0;  // exact processor sharing: its replica's work when it is done
+  uint32_t gateway = 0;    // the gateway it arrived at
   bool retried = false;
 };
 
@@ -77,6 +87,11 @@ struct Replica {
   std::vector<uint32_t> running;  // being served (processor sharing: all; batched: the batch)
   std::deque<uint32_t> waiting;   // batched: waiting for the next step (or room in the batch)
   bool stepping = false;
+  // Exact processor sharing: the work (seconds alone) each running request has received since
+  // the replica started, as of work_time; sharing_stamp: which completion event is current.
+  double work = 0;
+  double work_time = 0;
+  uint64_t sharing_stamp = 0;
 };
 
 // Latencies in log buckets (5% wide) from 0.01 ms: percentiles within 5%.
@@ -199,9 +214,15 @@ class Simulator {
       : scenario_(scenario),
         options_(options),
         random_(options.seed),
-        balancer_(gateway::make_balancer(options.round_robin ? gateway::BalancerKind::kRoundRobin
-                                                             : gateway::BalancerKind::kPowerOfTwo)),
-        queue_(static_cast<size_t>(std::max<int64_t>(scenario.queue_capacity, 0))) {
+        stale_(scenario.gateways > 1 &&
+               (scenario.gateway_sample_ms > 0 || scenario.gateway_own_view)) {
+    const auto count = static_cast<size_t>(std::max<int64_t>(scenario.gateways, 1));
+    for (size_t g = 0; g < count; ++g) {
+      gateways_.emplace_back(
+          gateway::make_balancer(options.round_robin ? gateway::BalancerKind::kRoundRobin
+                                                     : gateway::BalancerKind::kPowerOfTwo),
+          static_cast<size_t>(std::max<int64_t>(scenario.queue_capacity, 0)));
+    }
     make_policy();
   }
 
@@ -217,6 +238,14 @@ class Simulator {
     desired_ = autoscaler_ ? autoscaler_->replicas() : initial;
     schedule(0, EventKind::kArrival);
     schedule(1, EventKind::kSecond);
+    if (stale_ && !scenario_.gateway_own_view) {
+      // Each gateway on its own timer, their phases spread over the period.
+      const double period = scenario_.gateway_sample_ms / 1000;
+      for (size_t g = 0; g < gateways_.size(); ++g) {
+        schedule(period * static_cast<double>(g + 1) / static_cast<double>(gateways_.size()),
+                 EventKind::kSample, static_cast<uint32_t>(g));
+      }
+    }
     if (autoscaler_) {
       schedule(seconds_of(autoscaler_->next_horizontal()), EventKind::kDecide);
       schedule(seconds_of(autoscaler_->next_vertical()), EventKind::kVertical);
@@ -326,7 +355,7 @@ class Simulator {
     const double dt = time - now_;
     if (dt > 0) {
       in_flight_area_ += static_cast<double>(in_flight_) * dt;
-      queued_area_ += static_cast<double>(queue_.size()) * dt;
+      queued_area_ += static_cast<double>(queued()) * dt;
       replica_queued_area_ += static_cast<double>(replica_queued_) * dt;
       result_.summary.replica_seconds += static_cast<double>(ready_ + starting_) * dt;
       now_ = time;
@@ -372,6 +401,14 @@ class Simulator {
       case EventKind::kVertical:
         on_vertical();
         break;
+      case EventKind::kSample:
+        on_sample(event.replica);
+        break;
+      case EventKind::kSharedDone:
+        if (replicas_[event.replica].sharing_stamp == event.stamp) {
+          on_shared_done(event.replica, event.request);
+        }
+        break;
     }
   }
 
@@ -380,15 +417,22 @@ class Simulator {
     if (request) {
       ++arrivals_;
       ++second_arrivals_;
+      const auto g = gateways_.size() > 1 ? static_cast<uint32_t>(random_.uniform(gateways_.size()))
+                                          : uint32_t{0};
+      auto& queue = gateways_[g].queue;
       // Behind a non-empty queue there is no free slot (freed slots go to waiters at once).
-      const bool has_waiters = queue_.size() > 0;
-      if (has_waiters && queue_.size() >= queue_.capacity()) {
+      const bool has_waiters = queue.size() > 0;
+      if (has_waiters && queue.size() >= queue.capacity()) {
         reject();
       } else {
-        const uint32_t id = new_request();
-        if ((has_waiters || !try_start(id)) && queue_.push(uint32_t{id}, deadline(id))) {
-          reject();  // no room and a queue of no capacity
-          free_requests_.push_back(id);
+        const uint32_t id = new_request(g);
+        if (has_waiters || !try_start(id)) {
+          if (queue.push(uint32_t{id}, deadline(id))) {
+            reject();  // no room and a queue of no capacity
+            free_requests_.push_back(id);
+          } else {
+            ++queued_requests_;
+          }
         }
       }
     }
@@ -400,7 +444,7 @@ class Simulator {
     }
   }
 
-  uint32_t new_request() {
+  uint32_t new_request(uint32_t gateway) {
     uint32_t id;
     if (!free_requests_.empty()) {
       id = free_requests_.back();
@@ -411,12 +455,28 @@ class Simulator {
     }
     Request& request = requests_[id];
     request.arrival = now_;
+    request.gateway = gateway;
     request.retried = false;
     return id;
   }
 
+  // What gateway `g` balances on: the exact counts, or its own view.
+  std::span<const gateway::Candidate> view(uint32_t g) const {
+    return stale_ ? std::span<const gateway::Candidate>(gateways_[g].view)
+                  : std::span<const gateway::Candidate>(candidates_);
+  }
+
+  size_t queued() const {
+    size_t total = 0;
+    for (const Gateway& gateway : gateways_) {
+      total += gateway.queue.size();
+    }
+    return total;
+  }
+
   bool try_start(uint32_t id) {
-    const auto index = balancer_->pick(candidates_, random_);
+    const uint32_t g = requests_[id].gateway;
+    const auto index = gateways_[g].balancer->pick(view(g), random_);
     if (!index) {
       return false;
     }
@@ -436,12 +496,72 @@ class Simulator {
     candidates_[slot].in_flight = count;
   }
 
+  // Gateway `g`'s own count at `slot` changes: in its view at once, in the others' when it next
+  // publishes.
+  void count_own(uint32_t g, uint32_t slot, int64_t delta) {
+    if (stale_) {
+      gateways_[g].own[slot] += delta;
+      gateways_[g].view[slot].in_flight += delta;
+    }
+  }
+
+  // Gateway `h` publishes its counts; the others' views take them, and each that has waiters
+  // dispatches them to what its view now shows free.
+  void on_sample(uint32_t h) {
+    Gateway& from = gateways_[h];
+    for (size_t slot = 0; slot < from.own.size(); ++slot) {
+      const int64_t delta = from.own[slot] - from.published[slot];
+      if (delta != 0) {
+        from.published[slot] = from.own[slot];
+        for (size_t g = 0; g < gateways_.size(); ++g) {
+          if (g != h) {
+            gateways_[g].view[slot].in_flight += delta;
+          }
+        }
+      }
+    }
+    for (size_t g = 0; g < gateways_.size(); ++g) {
+      if (g != h) {
+        drain_queue(static_cast<uint32_t>(g));
+      }
+    }
+    schedule(now_ + scenario_.gateway_sample_ms / 1000, EventKind::kSample, h);
+  }
+
+  // Ready and cap are the same in every view: discovery and the target are not what is studied.
+  void set_ready(uint32_t slot, bool ready) {
+    candidates_[slot].ready = ready;
+    if (stale_) {
+      for (Gateway& gateway : gateways_) {
+        gateway.view[slot].ready = ready;
+      }
+    }
+  }
+
+  void set_cap(uint32_t slot, int64_t cap) {
+    candidates_[slot].cap = cap;
+    if (stale_) {
+      // Own views: each gateway holds its share of the cap (at least one request).
+      const int64_t view_cap =
+          scenario_.gateway_own_view
+              ? std::max<int64_t>(1, cap / static_cast<int64_t>(gateways_.size()))
+              : cap;
+      for (Gateway& gateway : gateways_) {
+        gateway.view[slot].cap = view_cap;
+      }
+    }
+  }
+
   void start_on(uint32_t slot, uint32_t id) {
     Replica& replica = replicas_[slot];
     Request& request = requests_[id];
     request.dispatched = now_;
     ++request.attempt;
+    if (replica.in_flight >= candidates_[slot].cap) {
+      ++over_cap_;
+    }
     set_in_flight(slot, replica.in_flight + 1);
+    count_own(request.gateway, slot, 1);
     if (batched()) {
       request.steps_left = scenario_.replica.steps_per_request;
       replica.waiting.push_back(id);
@@ -450,24 +570,85 @@ class Simulator {
       }
       return;
     }
+    if (scenario_.replica.exact_sharing) {
+      advance_work(replica);  // at the old count
+      request.finish_work = replica.work + scenario_.replica.service_ms / 1000 * service_factor();
+      request.position = static_cast<uint32_t>(replica.running.size());
+      replica.running.push_back(id);
+      schedule_next_done(slot);
+      return;
+    }
     request.position = static_cast<uint32_t>(replica.running.size());
     replica.running.push_back(id);
     const double load =
         std::max(1.0, static_cast<double>(replica.in_flight) / scenario_.replica.saturation);
-    const double service = scenario_.replica.service_ms / 1000 * load / replica.speed;
+    double service = scenario_.replica.service_ms / 1000 * load / replica.speed;
+    if (scenario_.replica.service_sigma > 0) {
+      service *= service_factor();
+    }
     schedule(now_ + service, EventKind::kCompletion, slot, id, request.attempt);
   }
 
-  void on_completion(uint32_t slot, uint32_t id) {
+  // A request's own time alone, relative to service_ms: lognormal of mean 1, or 1.
+  double service_factor() {
+    const double sigma = scenario_.replica.service_sigma;
+    return sigma > 0 ? std::exp(sigma * normal() - sigma * sigma / 2) : 1;
+  }
+
+  // Exact processor sharing: the work each running request has received, per second.
+  double share_rate(const Replica& replica) const {
+    return replica.speed / std::max(1.0, static_cast<double>(replica.running.size()) /
+                                             scenario_.replica.saturation);
+  }
+
+  void advance_work(Replica& replica) {
+    replica.work += (now_ - replica.work_time) * share_rate(replica);
+    replica.work_time = now_;
+  }
+
+  // Exact processor sharing: times the next completion at the current rate (re-timed, and the
+  // event before it made stale, at every start and completion there).
+  void schedule_next_done(uint32_t slot) {
     Replica& replica = replicas_[slot];
-    // Swap-remove from the running list.
+    ++replica.sharing_stamp;
+    if (replica.running.empty()) {
+      return;
+    }
+    uint32_t next = replica.running.front();
+    for (const uint32_t id : replica.running) {
+      if (requests_[id].finish_work < requests_[next].finish_work) {
+        next = id;
+      }
+    }
+    const double left = std::max(0.0, requests_[next].finish_work - replica.work);
+    schedule(now_ + left / share_rate(replica), EventKind::kSharedDone, slot, next,
+             replica.sharing_stamp);
+  }
+
+  void on_shared_done(uint32_t slot, uint32_t id) {
+    advance_work(replicas_[slot]);
+    remove_running(slot, id);
+    const uint32_t g = requests_[id].gateway;
+    finish(slot, id);
+    schedule_next_done(slot);
+    after_completions(slot, g);
+  }
+
+  // Swap-remove from the running list.
+  void remove_running(uint32_t slot, uint32_t id) {
+    Replica& replica = replicas_[slot];
     const uint32_t position = requests_[id].position;
     const uint32_t moved = replica.running.back();
     replica.running[position] = moved;
     requests_[moved].position = position;
     replica.running.pop_back();
+  }
+
+  void on_completion(uint32_t slot, uint32_t id) {
+    remove_running(slot, id);
+    const uint32_t g = requests_[id].gateway;
     finish(slot, id);
-    after_completions(slot);
+    after_completions(slot, g);
   }
 
   // Forms the next batch from the requests waiting at the replica and times the step.
@@ -499,7 +680,7 @@ class Simulator {
       }
     }
     replica.running.resize(kept);
-    after_completions(slot);  // dispatches queued requests first: they join this next step
+    after_completions(slot, 0);  // dispatches queued requests first: they join this next step
     if (replica.phase != ReplicaPhase::kGone) {
       start_step(slot);
     }
@@ -509,6 +690,7 @@ class Simulator {
   void finish(uint32_t slot, uint32_t id) {
     const Request& request = requests_[id];
     set_in_flight(slot, replicas_[slot].in_flight - 1);
+    count_own(request.gateway, slot, -1);
     const double latency_ms = (now_ - request.arrival) * 1000;
     second_latency_.add(latency_ms);
     total_latency_.add(latency_ms);
@@ -521,12 +703,13 @@ class Simulator {
     free_requests_.push_back(id);
   }
 
-  void after_completions(uint32_t slot) {
+  // `first`: the gateway that saw a completion there; its queue is served first.
+  void after_completions(uint32_t slot, uint32_t first) {
     Replica& replica = replicas_[slot];
     if (replica.phase == ReplicaPhase::kDraining && replica.in_flight == 0) {
       release(slot);
     }
-    drain_queue_to(slot);
+    drain_queues_to(slot, first);
   }
 
   void release(uint32_t slot) {
@@ -534,33 +717,45 @@ class Simulator {
     replica.phase = ReplicaPhase::kGone;
     replica.stepping = false;
     ++replica.generation;  // its pending events are stale from now on
+    ++replica.sharing_stamp;
     free_slots_.push_back(slot);
   }
 
   // The slot a completion freed (or a new replica's slots) go to the oldest waiters, as in the
-  // gateway; O(1) per request where a balancer pick would scan a saturated fleet.
-  void drain_queue_to(uint32_t slot) {
-    const gateway::Candidate& candidate = candidates_[slot];
-    while (queue_.size() > 0 && gateway::has_room(candidate)) {
-      const uint32_t id = *queue_.pop();
-      if (expired(id)) {
-        continue;
+  // gateway; O(1) per request where a balancer pick would scan a saturated fleet. Several
+  // gateways: each in turn from `first`, while its view shows room there.
+  void drain_queues_to(uint32_t slot, uint32_t first) {
+    for (size_t k = 0; k < gateways_.size(); ++k) {
+      const auto g = static_cast<uint32_t>((first + k) % gateways_.size());
+      auto& queue = gateways_[g].queue;
+      while (queue.size() > 0 && gateway::has_room(view(g)[slot])) {
+        const uint32_t id = *queue.pop();
+        if (expired(id)) {
+          continue;
+        }
+        start_on(slot, id);
       }
-      start_on(slot, id);
     }
   }
 
   void drain_queue() {
-    while (const uint32_t* front = queue_.front()) {
+    for (size_t g = 0; g < gateways_.size(); ++g) {
+      drain_queue(static_cast<uint32_t>(g));
+    }
+  }
+
+  void drain_queue(uint32_t g) {
+    auto& queue = gateways_[g].queue;
+    while (const uint32_t* front = queue.front()) {
       const uint32_t id = *front;
       if (expired(id)) {
-        queue_.pop();
+        queue.pop();
         continue;
       }
       if (!try_start(id)) {
         return;
       }
-      queue_.pop();
+      queue.pop();
     }
   }
 
@@ -592,6 +787,13 @@ class Simulator {
       slot = static_cast<uint32_t>(replicas_.size());
       replicas_.emplace_back();
       candidates_.emplace_back();
+      if (stale_) {
+        for (Gateway& gateway : gateways_) {
+          gateway.view.emplace_back();
+          gateway.own.push_back(0);
+          gateway.published.push_back(0);
+        }
+      }
     }
     Replica& replica = replicas_[slot];
     replica.phase = ReplicaPhase::kStarting;
@@ -601,10 +803,14 @@ class Simulator {
     replica.running.clear();
     replica.waiting.clear();
     replica.stepping = false;
+    replica.work = 0;
+    replica.work_time = now_;
     if (scenario_.replica.slow_fraction > 0 && uniform() < scenario_.replica.slow_fraction) {
       replica.speed = 1 / scenario_.replica.slow_factor;
     }
     candidates_[slot] = gateway::Candidate{false, 0, cap()};
+    set_ready(slot, false);
+    set_cap(slot, cap());  // a view's count stays: what the others last published there
     ++starting_;
     if (cold) {
       const double mean = scenario_.replica.cold_start_s;
@@ -629,12 +835,12 @@ class Simulator {
     --starting_;
     ++ready_;
     ready_slots_.push_back(slot);
-    candidates_[slot].ready = true;
+    set_ready(slot, true);
     if (scenario_.replica.crash_mtbf_s > 0) {
       schedule(now_ + exponential(scenario_.replica.crash_mtbf_s), EventKind::kCrash, slot, 0,
                replica.generation);
     }
-    drain_queue_to(slot);
+    drain_queues_to(slot, 0);
   }
 
   // The replica dies with its requests; the orchestrator starts a new one at once (same desired
@@ -646,8 +852,11 @@ class Simulator {
     lost.insert(lost.end(), replica.waiting.begin(), replica.waiting.end());
     replica.running.clear();
     replica.waiting.clear();
+    for (const uint32_t id : lost) {
+      count_own(requests_[id].gateway, slot, -1);
+    }
     set_in_flight(slot, 0);
-    candidates_[slot].ready = false;
+    set_ready(slot, false);
     ready_slots_.erase(std::find(ready_slots_.begin(), ready_slots_.end(), slot));
     --ready_;
     release(slot);
@@ -665,7 +874,7 @@ class Simulator {
         free_requests_.push_back(id);
       } else {
         request.retried = true;
-        queue_.push_front(uint32_t{id}, deadline(id));
+        gateways_[request.gateway].queue.push_front(uint32_t{id}, deadline(id));
       }
     }
     drain_queue();
@@ -759,7 +968,7 @@ class Simulator {
     while (ready_ > desired_ && !ready_slots_.empty()) {
       const uint32_t slot = ready_slots_.back();  // the newest
       ready_slots_.pop_back();
-      candidates_[slot].ready = false;
+      set_ready(slot, false);
       --ready_;
       if (replicas_[slot].in_flight == 0) {
         release(slot);
@@ -795,8 +1004,8 @@ class Simulator {
     window_replica_queued_ = 0;
     window_seconds_ = 0;
     const int64_t new_cap = cap();
-    for (auto& candidate : candidates_) {
-      candidate.cap = new_cap;
+    for (size_t slot = 0; slot < candidates_.size(); ++slot) {
+      set_cap(static_cast<uint32_t>(slot), new_cap);
     }
     drain_queue();
     schedule(seconds_of(autoscaler_->next_vertical()), EventKind::kVertical);
@@ -808,19 +1017,38 @@ class Simulator {
     summary.completed = completed_;
     summary.rejected = rejected_;
     summary.failed = failed_;
-    summary.unfinished = static_cast<uint64_t>(in_flight_) + queue_.size();
+    summary.unfinished = static_cast<uint64_t>(in_flight_) + queued();
     const double total = static_cast<double>(std::max<uint64_t>(arrivals_, 1));
     summary.rejected_pct = 100.0 * static_cast<double>(rejected_) / total;
     summary.failed_pct = 100.0 * static_cast<double>(failed_) / total;
     summary.over_slo_pct = 100.0 * static_cast<double>(over_slo_ + rejected_ + failed_) / total;
     summary.p99_ms = total_latency_.percentile(0.99);
+    summary.p50_ms = total_latency_.percentile(0.5);
+    summary.p999_ms = total_latency_.percentile(0.999);
+    summary.queued = queued_requests_;
+    summary.over_cap = over_cap_;
     summary.final_target = autoscaler_ ? autoscaler_->target() : 0;
   }
 
   const Scenario& scenario_;
   SimOptions options_;
   SeededRandom random_;
-  std::unique_ptr<gateway::Balancer> balancer_;
+  // One gateway in front of the fleet, or several (Scenario::gateways).
+  struct Gateway {
+    Gateway(std::unique_ptr<gateway::Balancer> balancer, size_t queue_capacity)
+        : balancer(std::move(balancer)), queue(queue_capacity) {}
+    std::unique_ptr<gateway::Balancer> balancer;  // one each: round robin keeps a cursor
+    // Request ids, with deadlines in simulated seconds.
+    gateway::AdmissionQueue<uint32_t, double> queue;
+    // With stale views only (parallel to replicas_): what it balances on, its own in flight
+    // there, and that as of its last sample. view[r].in_flight == own[r] + the others'
+    // published[r].
+    std::vector<gateway::Candidate> view;
+    std::vector<int64_t> own;
+    std::vector<int64_t> published;
+  };
+  const bool stale_;  // several gateways on sampled views; else every one sees candidates_
+  std::vector<Gateway> gateways_;
   std::unique_ptr<autoscaler::EndpointAutoscaler> autoscaler_;  // APA
   std::unique_ptr<autoscaler::Policy> policy_;                  // the others
   int64_t static_replicas_ = 0;                                 // the count of the static policy
@@ -843,14 +1071,14 @@ class Simulator {
   int64_t replica_queued_ = 0;     // batched: requests waiting inside replicas for a full batch
   std::vector<Request> requests_;  // in flight or queued; reused through free_requests_
   std::vector<uint32_t> free_requests_;
-  // The gateway's queue: request ids, with deadlines in simulated seconds.
-  gateway::AdmissionQueue<uint32_t, double> queue_;
 
   uint64_t arrivals_ = 0;
   uint64_t completed_ = 0;
   uint64_t rejected_ = 0;
   uint64_t over_slo_ = 0;
   uint64_t failed_ = 0;
+  uint64_t queued_requests_ = 0;
+  uint64_t over_cap_ = 0;
   uint64_t second_arrivals_ = 0;
   uint64_t second_completions_ = 0;
   uint64_t second_rejected_ = 0;
