@@ -11,8 +11,7 @@ using kube::field;
 using nlohmann::json;
 
 std::string name_of(const json& object) {
-  const json& name = field(field(object, "metadata"), "name");
-  return name.is_string() ? name.get<std::string>() : "";
+  return kube::string_field(field(object, "metadata"), "name");
 }
 
 // Logs what a write got back when it was not a success; a failed write is tried again at the

@@ -13,16 +13,6 @@ namespace {
 using kube::field;
 using nlohmann::json;
 
-std::string text(const json& object, std::string_view key) {
-  const json& value = field(object, key);
-  return value.is_string() ? value.get<std::string>() : "";
-}
-
-int64_t integer(const json& object, std::string_view key, int64_t otherwise) {
-  const json& value = field(object, key);
-  return value.is_number_integer() ? value.get<int64_t>() : otherwise;
-}
-
 bool dns_label(std::string_view name) {
   if (name.empty() || name.size() > 63 || name.front() < 'a' || name.front() > 'z' ||
       name.back() == '-') {
@@ -51,8 +41,8 @@ json labels_of(std::string_view endpoint, std::string_view version) {
 json owner_of(const json& serving_endpoint) {
   return json::array({{{"apiVersion", "flotilla.dev/v1"},
                        {"kind", "ServingEndpoint"},
-                       {"name", text(field(serving_endpoint, "metadata"), "name")},
-                       {"uid", text(field(serving_endpoint, "metadata"), "uid")},
+                       {"name", kube::string_field(field(serving_endpoint, "metadata"), "name")},
+                       {"uid", kube::string_field(field(serving_endpoint, "metadata"), "uid")},
                        {"controller", true},
                        {"blockOwnerDeletion", true}}});
 }
@@ -61,11 +51,13 @@ json owner_of(const json& serving_endpoint) {
 bool deployment_ready(const json& deployment, const std::string& key) {
   const json& metadata = field(deployment, "metadata");
   const json& status = field(deployment, "status");
-  const int64_t wanted = integer(field(deployment, "spec"), "replicas", 1);
-  return text(field(metadata, "annotations"), kKeyAnnotation) == key &&
-         integer(status, "observedGeneration", 0) >= integer(metadata, "generation", 1) &&
-         integer(status, "updatedReplicas", 0) >= wanted &&
-         integer(status, "readyReplicas", 0) >= wanted && integer(status, "replicas", 0) == wanted;
+  const int64_t wanted = kube::integer_field(field(deployment, "spec"), "replicas", 1);
+  return kube::string_field(field(metadata, "annotations"), kKeyAnnotation) == key &&
+         kube::integer_field(status, "observedGeneration", 0) >=
+             kube::integer_field(metadata, "generation", 1) &&
+         kube::integer_field(status, "updatedReplicas", 0) >= wanted &&
+         kube::integer_field(status, "readyReplicas", 0) >= wanted &&
+         kube::integer_field(status, "replicas", 0) == wanted;
 }
 
 // A condition, keeping its lastTransitionTime while its status stays the same.
@@ -76,9 +68,11 @@ json condition(const json& previous_status, const std::string& type, bool value,
   const json& previous = field(previous_status, "conditions");
   if (previous.is_array()) {
     for (const json& entry : previous) {
-      if (text(entry, "type") == type && text(entry, "status") == (value ? "True" : "False")) {
-        since =
-            text(entry, "lastTransitionTime").empty() ? since : text(entry, "lastTransitionTime");
+      if (kube::string_field(entry, "type") == type &&
+          kube::string_field(entry, "status") == (value ? "True" : "False")) {
+        since = kube::string_field(entry, "lastTransitionTime").empty()
+                    ? since
+                    : kube::string_field(entry, "lastTransitionTime");
       }
     }
   }
@@ -93,7 +87,7 @@ json condition(const json& previous_status, const std::string& type, bool value,
 }  // namespace
 
 Result<control::EndpointSpec> spec_of(const json& serving_endpoint) {
-  const std::string name = text(field(serving_endpoint, "metadata"), "name");
+  const std::string name = kube::string_field(field(serving_endpoint, "metadata"), "name");
   const json& spec = field(serving_endpoint, "spec");
   if (name.empty() || !spec.is_object()) {
     return invalid_argument("a ServingEndpoint needs metadata.name and a spec");
@@ -114,7 +108,7 @@ Result<control::EndpointSpec> spec_of(const json& serving_endpoint) {
 
 json version_deployment(const json& serving_endpoint, const control::ServedModelSpec& served,
                         int64_t replicas, const ReplicaTemplate& replica) {
-  const std::string endpoint = text(field(serving_endpoint, "metadata"), "name");
+  const std::string endpoint = kube::string_field(field(serving_endpoint, "metadata"), "name");
   const std::string name = version_object_name(endpoint, served.name);
   const std::string port = std::to_string(replica.port);
   json container = {
@@ -188,7 +182,7 @@ json version_deployment(const json& serving_endpoint, const control::ServedModel
 
 json version_service(const json& serving_endpoint, const control::ServedModelSpec& served,
                      const ReplicaTemplate& replica) {
-  const std::string endpoint = text(field(serving_endpoint, "metadata"), "name");
+  const std::string endpoint = kube::string_field(field(serving_endpoint, "metadata"), "name");
   return {{"apiVersion", "v1"},
           {"kind", "Service"},
           {"metadata",
@@ -211,8 +205,9 @@ EndpointPlan plan_endpoint(const json& serving_endpoint,
                            const ReplicaTemplate& replica, const Clock& clock) {
   EndpointPlan plan;
   const json& previous = field(serving_endpoint, "status");
-  const int64_t generation = integer(field(serving_endpoint, "metadata"), "generation", 1);
-  const std::string endpoint = text(field(serving_endpoint, "metadata"), "name");
+  const int64_t generation =
+      kube::integer_field(field(serving_endpoint, "metadata"), "generation", 1);
+  const std::string endpoint = kube::string_field(field(serving_endpoint, "metadata"), "name");
   plan.status = {{"observedGeneration", generation}};
 
   Result<control::EndpointSpec> spec = spec_of(serving_endpoint);
@@ -245,18 +240,18 @@ EndpointPlan plan_endpoint(const json& serving_endpoint,
     const json& status = observed != deployments.end() ? field(observed->second, "status") : json();
     const bool ready =
         observed != deployments.end() &&
-        integer(field(observed->second, "spec"), "replicas", -1) == count &&
+        kube::integer_field(field(observed->second, "spec"), "replicas", -1) == count &&
         deployment_ready(observed->second, control::deployment_key(endpoint, served));
     all_ready = all_ready && ready;
     desired_total += count;
-    ready_total += integer(status, "readyReplicas", 0);
+    ready_total += kube::integer_field(status, "readyReplicas", 0);
     versions.push_back(
         {{"name", served.name},
          {"deployment", name},
          {"traffic", served.traffic},
          {"desiredReplicas", count},
-         {"readyReplicas", integer(status, "readyReplicas", 0)},
-         {"updatedReplicas", integer(status, "updatedReplicas", 0)},
+         {"readyReplicas", kube::integer_field(status, "readyReplicas", 0)},
+         {"updatedReplicas", kube::integer_field(status, "updatedReplicas", 0)},
          {"targetConcurrencyPerReplica", control::initial_target_concurrency(served)}});
   }
 
@@ -266,7 +261,7 @@ EndpointPlan plan_endpoint(const json& serving_endpoint,
   const json& before = field(previous, "versions");
   if (before.is_array()) {
     for (const json& version : before) {
-      if (!target.contains(version_object_name(endpoint, text(version, "name")))) {
+      if (!target.contains(version_object_name(endpoint, kube::string_field(version, "name")))) {
         serving_before.push_back(version);
       }
     }
@@ -277,7 +272,7 @@ EndpointPlan plan_endpoint(const json& serving_endpoint,
     // share (0 when it did not serve).
     std::map<std::string, int64_t> old_traffic;
     for (const json& version : before) {
-      old_traffic[text(version, "name")] = integer(version, "traffic", 0);
+      old_traffic[kube::string_field(version, "name")] = kube::integer_field(version, "traffic", 0);
     }
     for (json& version : versions) {
       const auto it = old_traffic.find(version["name"].get<std::string>());
@@ -292,9 +287,9 @@ EndpointPlan plan_endpoint(const json& serving_endpoint,
     if (target.contains(name) || rolling) {
       continue;
     }
-    if (integer(field(deployment, "spec"), "replicas", 1) > 0) {
+    if (kube::integer_field(field(deployment, "spec"), "replicas", 1) > 0) {
       plan.scale_to_zero.push_back(name);
-    } else if (integer(field(deployment, "status"), "replicas", 0) == 0) {
+    } else if (kube::integer_field(field(deployment, "status"), "replicas", 0) == 0) {
       plan.remove.push_back(name);
     }
   }

@@ -15,18 +15,7 @@ using kube::field;
 using nlohmann::json;
 
 std::string label(const json& object, std::string_view key) {
-  const json& value = field(field(field(object, "metadata"), "labels"), key);
-  return value.is_string() ? value.get<std::string>() : "";
-}
-
-int64_t integer(const json& object, const char* key, int64_t otherwise) {
-  const json& value = field(object, key);
-  return value.is_number_integer() ? value.get<int64_t>() : otherwise;
-}
-
-std::string text(const json& object, const char* key) {
-  const json& value = field(object, key);
-  return value.is_string() ? value.get<std::string>() : "";
+  return kube::string_field(field(field(object, "metadata"), "labels"), key);
 }
 
 // A condition of an EndpointSlice endpoint: absent means `otherwise` (the API: ready unset is
@@ -43,7 +32,7 @@ std::vector<gateway::VersionEntry> versions_of(const json& object) {
   if (served.is_array()) {
     for (const json& model : served) {
       if (model.is_object()) {
-        runtimes[text(model, "name")] = text(model, "runtime");
+        runtimes[kube::string_field(model, "name")] = kube::string_field(model, "runtime");
       }
     }
   }
@@ -55,8 +44,8 @@ std::vector<gateway::VersionEntry> versions_of(const json& object) {
         continue;
       }
       gateway::VersionEntry& entry = versions.emplace_back();
-      entry.name = text(version, "name");
-      entry.traffic = integer(version, "traffic", 0);
+      entry.name = kube::string_field(version, "name");
+      entry.traffic = kube::integer_field(version, "traffic", 0);
       entry.runtime = runtimes[entry.name];
     }
     return versions;
@@ -67,10 +56,10 @@ std::vector<gateway::VersionEntry> versions_of(const json& object) {
         continue;
       }
       gateway::VersionEntry& entry = versions.emplace_back();
-      entry.name = text(model, "name");
+      entry.name = kube::string_field(model, "name");
       // A single served model may leave its traffic out (all of it), as in the spec.
-      entry.traffic = integer(model, "traffic", served.size() == 1 ? 100 : 0);
-      entry.runtime = text(model, "runtime");
+      entry.traffic = kube::integer_field(model, "traffic", served.size() == 1 ? 100 : 0);
+      entry.runtime = kube::string_field(model, "runtime");
     }
   }
   return versions;
@@ -81,8 +70,8 @@ int64_t target_of(const json& object, const std::string& version) {
   const json& status = field(field(object, "status"), "versions");
   if (status.is_array()) {
     for (const json& entry : status) {
-      if (entry.is_object() && text(entry, "name") == version) {
-        return std::max<int64_t>(0, integer(entry, "targetConcurrencyPerReplica", 0));
+      if (entry.is_object() && kube::string_field(entry, "name") == version) {
+        return std::max<int64_t>(0, kube::integer_field(entry, "targetConcurrencyPerReplica", 0));
       }
     }
   }
@@ -95,8 +84,8 @@ void add_replicas(const json& slice, int64_t cap, std::vector<gateway::ReplicaEn
   int64_t port = 0;
   if (ports.is_array()) {
     for (const json& entry : ports) {
-      if (entry.is_object() && (port == 0 || text(entry, "name") == "http")) {
-        port = integer(entry, "port", 0);
+      if (entry.is_object() && (port == 0 || kube::string_field(entry, "name") == "http")) {
+        port = kube::integer_field(entry, "port", 0);
       }
     }
   }
@@ -114,8 +103,9 @@ void add_replicas(const json& slice, int64_t cap, std::vector<gateway::ReplicaEn
     replica.port = static_cast<uint16_t>(port);
     // The pod's name when the slice names it: the id logs and stats show.
     const json& target = field(endpoint, "targetRef");
-    replica.id = !text(target, "name").empty() ? text(target, "name")
-                                               : replica.host + ":" + std::to_string(port);
+    replica.id = !kube::string_field(target, "name").empty()
+                     ? kube::string_field(target, "name")
+                     : replica.host + ":" + std::to_string(port);
     replica.max_in_flight = cap;
     if (condition(endpoint, "terminating", false)) {
       replica.state = gateway::ReplicaState::kDraining;

@@ -71,6 +71,16 @@ const nlohmann::json& field(const nlohmann::json& object, std::string_view key) 
   return it == object.end() ? kNull : *it;
 }
 
+std::string string_field(const nlohmann::json& object, std::string_view key) {
+  const nlohmann::json& value = field(object, key);
+  return value.is_string() ? value.get<std::string>() : "";
+}
+
+int64_t integer_field(const nlohmann::json& object, std::string_view key, int64_t otherwise) {
+  const nlohmann::json& value = field(object, key);
+  return value.is_number_integer() ? value.get<int64_t>() : otherwise;
+}
+
 std::string Reply::reason() const {
   const nlohmann::json& reason = field(body, "reason");
   return field(body, "kind") == "Status" && reason.is_string() ? reason.get<std::string>() : "";

@@ -93,6 +93,9 @@ Result<std::string> decode_base64(std::string_view text, const std::string& what
 // missing or of another type in what a server sent, without nlohmann's exceptions or its
 // undefined behaviour on a const lookup of a missing key.
 const nlohmann::json& field(const nlohmann::json& object, std::string_view key);
+// field() as a string ("" when missing or not a string) and as an integer (`otherwise`).
+std::string string_field(const nlohmann::json& object, std::string_view key);
+int64_t integer_field(const nlohmann::json& object, std::string_view key, int64_t otherwise);
 
 // ---- The client ---------------------------------------------------------------------------------
 
