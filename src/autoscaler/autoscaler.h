@@ -223,8 +223,8 @@ struct ReplicaUsage {
 // the target; or a fixed range).
 using RangeFor = std::function<ReplicaRange(double target)>;
 
-// The glue both `flotilla up` (control/autoscaling.h) and the simulator run, so the two make the
-// same decisions from the same samples: the gateway's 1-second samples in, decisions out (the
+// The glue both `flotilla up` (control/control_scaling.h) and the simulator run, so the two make
+// the same decisions from the same samples: the gateway's 1-second samples in, decisions out (the
 // replica count, and the per-replica target that is also the gateway's cap). Driven by explicit
 // time: `now` in every call, on the samples' time base (their unix_ms); it reads no clock.
 // Not thread-safe: one per endpoint, called from one thread.

@@ -10,20 +10,12 @@
 #include <string>
 
 #include "common/common.h"
+#include "control/control_scaling.h"
 #include "gateway/gateway.h"
 #include "http/http.h"
 #include "orchestrator/orchestrator.h"
 
 namespace flotilla::control {
-
-// The autoscaler's live loop (DESIGN.md §4 defaults; tests and experiments shorten them).
-struct AutoscalingOptions {
-  bool enabled = true;  // false: every version keeps its provisioned minimum (issue #4 rule)
-  std::chrono::milliseconds horizontal_period{5'000};
-  std::chrono::milliseconds up_window{20'000};
-  std::chrono::milliseconds down_window{300'000};
-  std::chrono::milliseconds vertical_period{30'000};
-};
 
 struct ControlOptions {
   std::string data_dir;     // holds state.db and admin.token; created if missing

@@ -14,8 +14,8 @@
 #include <nlohmann/json.hpp>
 
 #include "control/api.h"
-#include "control/autoscaling.h"
 #include "control/control.h"
+#include "control/control_scaling.h"
 #include "control/control_spec.h"
 #include "control/reconciler.h"
 #include "control/store.h"

@@ -58,27 +58,6 @@ gateway::EndpointEntry table_entry(const EndpointSpec& spec, const std::optional
 
 }  // namespace
 
-int64_t version_replicas(const ServedModelSpec& served, const std::optional<Scale>& scale) {
-  if (!scale) {
-    return provisioned_replicas(served);
-  }
-  const int64_t own_min =
-      served.scale_to_zero && served.concurrency.min == 0
-          ? 0
-          : std::max<int64_t>(1,
-                              ceil_div(static_cast<double>(served.concurrency.min), scale->target));
-  if (served.traffic <= 0) {
-    return own_min;
-  }
-  const int64_t share = ceil_div(static_cast<double>(scale->replicas * served.traffic), 100.0);
-  return std::max(own_min, share);
-}
-
-int64_t replica_cap(const ServedModelSpec& served, const std::optional<Scale>& scale) {
-  return scale ? std::max<int64_t>(1, std::llround(scale->target))
-               : initial_target_concurrency(served);
-}
-
 orchestrator::Deployment make_deployment(const std::string& endpoint, const ServedModelSpec& served,
                                          const RuntimeResolver& resolve_runtime) {
   orchestrator::Deployment deployment;

@@ -18,18 +18,12 @@
 #include <string>
 #include <vector>
 
+#include "control/control_scaling.h"
 #include "control/control_spec.h"
 #include "gateway/gateway.h"
 #include "orchestrator/orchestrator.h"
 
 namespace flotilla::control {
-
-// What the autoscaler decided for an endpoint (control/autoscaling.h).
-struct Scale {
-  int64_t replicas = 1;  // for the whole endpoint, split across versions by traffic
-  double target = 1;     // per-replica concurrency: the horizontal denominator, the gateway cap
-  bool operator==(const Scale&) const = default;
-};
 
 struct EndpointState {
   EndpointSpec target;                  // what the user asked for
@@ -37,14 +31,6 @@ struct EndpointState {
   // The autoscaler's decision; nullopt: provisioned_replicas() and the initial target.
   std::optional<Scale> scale;
 };
-
-// Replicas of `served` for an endpoint scaled to `scale`: its traffic share of the endpoint's
-// replicas, at least its own minimum (ceil(concurrency.min / target), 1 unless it may scale to
-// zero). Without a scale: provisioned_replicas().
-int64_t version_replicas(const ServedModelSpec& served, const std::optional<Scale>& scale);
-
-// The per-replica cap the gateway enforces: the scale's target, else the initial target.
-int64_t replica_cap(const ServedModelSpec& served, const std::optional<Scale>& scale);
 
 struct ReconcilePlan {
   // Every deployment with the replica count it should have; 0 retires it.

@@ -3,7 +3,7 @@
 // plane's EndpointScaler and to the autoscaler the simulator runs, compared step by step.
 #include <gtest/gtest.h>
 
-#include "control/autoscaling.h"
+#include "control/control_scaling.h"
 #include "sim/sim.h"
 
 namespace flotilla::control {

@@ -1,7 +1,6 @@
-#include "control/autoscaling.h"
-
 #include <gtest/gtest.h>
 
+#include "control/control_scaling.h"
 #include "fakes/autoscaler/load_samples.h"
 
 namespace flotilla::control {

@@ -1,10 +1,12 @@
 // The autoscaler's live loop for one endpoint (DESIGN.md §4, issue #5; docs/autoscaler.md):
 // autoscaler::EndpointAutoscaler (the same glue the simulator runs) on an endpoint's spec,
-// turned into a replica count and a per-replica concurrency target that the reconciler
-// applies. Private to the control module. Not thread-safe: the control
-// plane's reconciler thread owns every EndpointScaler.
+// turned into a replica count and a per-replica concurrency target, and each served model's
+// share of them. A light part of the control module's contract: `flotilla up`'s reconciler and
+// Kubernetes mode's controller both scale through it. Not thread-safe: one thread owns each
+// EndpointScaler.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -15,11 +17,33 @@
 #include <vector>
 
 #include "autoscaler/autoscaler.h"
-#include "control/control.h"
 #include "control/control_spec.h"
-#include "control/reconciler.h"
 
 namespace flotilla::control {
+
+// The autoscaler's live loop (DESIGN.md §4 defaults; tests and experiments shorten them).
+struct AutoscalingOptions {
+  bool enabled = true;  // false: every version keeps its provisioned minimum (issue #4 rule)
+  std::chrono::milliseconds horizontal_period{5'000};
+  std::chrono::milliseconds up_window{20'000};
+  std::chrono::milliseconds down_window{300'000};
+  std::chrono::milliseconds vertical_period{30'000};
+};
+
+// What the autoscaler decided for an endpoint.
+struct Scale {
+  int64_t replicas = 1;  // for the whole endpoint, split across versions by traffic
+  double target = 1;     // per-replica concurrency: the horizontal denominator, the gateway cap
+  bool operator==(const Scale&) const = default;
+};
+
+// Replicas of `served` for an endpoint scaled to `scale`: its traffic share of the endpoint's
+// replicas, at least its own minimum (ceil(concurrency.min / target), 1 unless it may scale to
+// zero). Without a scale: provisioned_replicas().
+int64_t version_replicas(const ServedModelSpec& served, const std::optional<Scale>& scale);
+
+// The per-replica cap the gateway enforces: the scale's target, else the initial target.
+int64_t replica_cap(const ServedModelSpec& served, const std::optional<Scale>& scale);
 
 // The replica range and the per-replica bounds of an endpoint's spec (the sum over its served
 // models): concurrency range / target, at least 1 replica unless every served model may scale
