@@ -6,8 +6,10 @@
 #include <utility>
 
 #include <CLI/CLI.hpp>
+#include <signal.h>
 
 #include "common/common.h"
+#include "control/control_scaling.h"
 
 namespace flotilla::cli {
 
@@ -40,5 +42,33 @@ std::function<int()> add_artifact_commands(CLI::App& app);
 
 // "host:port" → host and port; kInvalidArgument naming the text otherwise.
 Result<std::pair<std::string, uint16_t>> split_address(const std::string& address);
+
+// The autoscaler's flags (--no-autoscale, --autoscale-period-ms, --scale-up-window-ms,
+// --scale-down-window-ms, --vertical-period-ms), DESIGN.md §4's defaults.
+struct AutoscalingFlags {
+  bool no_autoscale = false;
+  int64_t period_ms = 5'000;
+  int64_t up_window_ms = 20'000;
+  int64_t down_window_ms = 300'000;
+  int64_t vertical_period_ms = 30'000;
+  control::AutoscalingOptions options() const;
+};
+void add_autoscaling_flags(CLI::App& cmd, AutoscalingFlags& flags);
+
+// This process's name among its peers (a controller on the Lease, a gateway in the fleet's
+// samples): `flag` when given, else $POD_NAME, else the host name and pid.
+std::string instance_name(const std::string& flag);
+
+// SIGTERM and SIGINT, taken synchronously: made on the main thread before any other starts
+// (every thread started later inherits the mask; replicas get a clean one at spawn). SIGPIPE
+// is ignored.
+class StopSignals {
+ public:
+  StopSignals();
+  int wait();  // blocks until one arrives; returns it
+
+ private:
+  sigset_t signals_;
+};
 
 }  // namespace flotilla::cli

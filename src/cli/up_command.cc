@@ -32,11 +32,7 @@ struct UpFlags {
   int64_t drain_timeout_ms = 30'000;
   std::string log_level = "info";
   std::string replica_log_level = "warn";
-  bool no_autoscale = false;
-  int64_t autoscale_period_ms = 5'000;
-  int64_t scale_up_window_ms = 20'000;
-  int64_t scale_down_window_ms = 300'000;
-  int64_t vertical_period_ms = 30'000;
+  AutoscalingFlags autoscaling;
   int64_t cold_start_timeout_ms = 60'000;
   int64_t max_replicas = 0;  // 0: control::default_max_replicas()
   int64_t liveness_timeout_ms = 5'000;
@@ -84,14 +80,7 @@ int run_up(const UpFlags& flags) {
     return fail(lock.status().message());
   }
 
-  // Signals are taken synchronously by this thread (sigwait); every thread started from here on
-  // inherits the mask. Replicas get a clean mask at spawn.
-  sigset_t signals;
-  sigemptyset(&signals);
-  sigaddset(&signals, SIGTERM);
-  sigaddset(&signals, SIGINT);
-  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
-  ::signal(SIGPIPE, SIG_IGN);
+  StopSignals signals;
 
   MetricsRegistry& registry = default_registry();
   register_process_metrics(registry);
@@ -147,12 +136,7 @@ int run_up(const UpFlags& flags) {
       "http://" + gateway_address->first + ":" + std::to_string((*gateway)->port());
   control_options.open_routes = flags.open_routes;
   control_options.max_replicas = max_replicas;
-  control_options.autoscaling.enabled = !flags.no_autoscale;
-  control_options.autoscaling.horizontal_period =
-      std::chrono::milliseconds(flags.autoscale_period_ms);
-  control_options.autoscaling.up_window = std::chrono::milliseconds(flags.scale_up_window_ms);
-  control_options.autoscaling.down_window = std::chrono::milliseconds(flags.scale_down_window_ms);
-  control_options.autoscaling.vertical_period = std::chrono::milliseconds(flags.vertical_period_ms);
+  control_options.autoscaling = flags.autoscaling.options();
   auto control =
       control::ControlPlane::create(control_options, **orchestrator, **gateway, registry);
   if (!control.is_ok()) {
@@ -172,8 +156,7 @@ int run_up(const UpFlags& flags) {
               << "/admin.token): " << (*control)->new_admin_token() << std::endl;
   }
 
-  int received = 0;
-  sigwait(&signals, &received);
+  const int received = signals.wait();
   spdlog::info("{}: shutting down", strsignal(received));
   const auto timeout = std::chrono::milliseconds(flags.drain_timeout_ms);
   (*control)->shutdown(timeout);
@@ -224,24 +207,7 @@ std::function<int()> add_up_command(CLI::App& app) {
   cmd->add_option("--replica-log-level", flags->replica_log_level,
                   "Log level of the replicas (their logs: <data-dir>/logs)")
       ->capture_default_str();
-  cmd->add_flag("--no-autoscale", flags->no_autoscale,
-                "Keep every version at its provisioned minimum (no autoscaler)");
-  cmd->add_option("--autoscale-period-ms", flags->autoscale_period_ms,
-                  "Horizontal autoscaler decision period")
-      ->check(CLI::Range(int64_t{100}, int64_t{3'600'000}))
-      ->capture_default_str();
-  cmd->add_option("--scale-up-window-ms", flags->scale_up_window_ms,
-                  "Window whose busiest second drives scale-up")
-      ->check(CLI::Range(int64_t{1'000}, int64_t{3'600'000}))
-      ->capture_default_str();
-  cmd->add_option("--scale-down-window-ms", flags->scale_down_window_ms,
-                  "Window that must all ask for fewer replicas before a scale-down")
-      ->check(CLI::Range(int64_t{1'000}, int64_t{3'600'000}))
-      ->capture_default_str();
-  cmd->add_option("--vertical-period-ms", flags->vertical_period_ms,
-                  "Period of the per-replica target concurrency (vertical) decisions")
-      ->check(CLI::Range(int64_t{100}, int64_t{3'600'000}))
-      ->capture_default_str();
+  add_autoscaling_flags(*cmd, flags->autoscaling);
   cmd->add_option("--cold-start-timeout-ms", flags->cold_start_timeout_ms,
                   "How long the gateway holds requests for an endpoint with no ready replica "
                   "(then 503)")

@@ -1,0 +1,68 @@
+// What several commands share: the autoscaler's flags (`flotilla up`, `flotilla controller`), a
+// process's name among its peers, and the stop signals of a long-running command.
+#include <cstdlib>
+
+#include <signal.h>
+#include <unistd.h>
+
+#include "cli/commands.h"
+
+namespace flotilla::cli {
+
+control::AutoscalingOptions AutoscalingFlags::options() const {
+  control::AutoscalingOptions options;
+  options.enabled = !no_autoscale;
+  options.horizontal_period = std::chrono::milliseconds(period_ms);
+  options.up_window = std::chrono::milliseconds(up_window_ms);
+  options.down_window = std::chrono::milliseconds(down_window_ms);
+  options.vertical_period = std::chrono::milliseconds(vertical_period_ms);
+  return options;
+}
+
+void add_autoscaling_flags(CLI::App& cmd, AutoscalingFlags& flags) {
+  cmd.add_flag("--no-autoscale", flags.no_autoscale,
+               "Keep every version at its provisioned minimum (no autoscaler)");
+  cmd.add_option("--autoscale-period-ms", flags.period_ms, "Horizontal autoscaler decision period")
+      ->check(CLI::Range(int64_t{100}, int64_t{3'600'000}))
+      ->capture_default_str();
+  cmd.add_option("--scale-up-window-ms", flags.up_window_ms,
+                 "Window whose busiest second drives scale-up")
+      ->check(CLI::Range(int64_t{1'000}, int64_t{3'600'000}))
+      ->capture_default_str();
+  cmd.add_option("--scale-down-window-ms", flags.down_window_ms,
+                 "Window that must all ask for fewer replicas before a scale-down")
+      ->check(CLI::Range(int64_t{1'000}, int64_t{3'600'000}))
+      ->capture_default_str();
+  cmd.add_option("--vertical-period-ms", flags.vertical_period_ms,
+                 "Period of the per-replica target concurrency (vertical) decisions")
+      ->check(CLI::Range(int64_t{100}, int64_t{3'600'000}))
+      ->capture_default_str();
+}
+
+std::string instance_name(const std::string& flag) {
+  if (!flag.empty()) {
+    return flag;
+  }
+  if (const char* pod = std::getenv("POD_NAME"); pod != nullptr && *pod != '\0') {
+    return pod;
+  }
+  char host[256] = {};
+  ::gethostname(host, sizeof(host) - 1);
+  return std::string(host) + "-" + std::to_string(::getpid());
+}
+
+StopSignals::StopSignals() {
+  sigemptyset(&signals_);
+  sigaddset(&signals_, SIGTERM);
+  sigaddset(&signals_, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &signals_, nullptr);
+  ::signal(SIGPIPE, SIG_IGN);
+}
+
+int StopSignals::wait() {
+  int received = 0;
+  sigwait(&signals_, &received);
+  return received;
+}
+
+}  // namespace flotilla::cli
