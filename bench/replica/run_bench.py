@@ -36,7 +36,7 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 BUILD = os.path.join(ROOT, "build", "release")
-FLOTILLA = os.path.join(BUILD, "flotilla")
+FLOTILLA = os.environ.get("FLOTILLA_BIN", os.path.join(BUILD, "flotilla"))
 PREDICT_BENCH = os.path.join(BUILD, "bench", "xgboost_predict_bench")
 PYTHON_SERVER = os.path.join(ROOT, "bench", "replica", "python_server.py")
 LUA = os.path.join(ROOT, "bench", "replica", "post_oip.lua")

@@ -1,6 +1,7 @@
 // `flotilla controller`: Kubernetes mode's control plane (docs/kubernetes.md). Elects a leader
 // among its replicas on a Lease; the leader reconciles the namespace's ServingEndpoints into
-// Deployments and Services. Serves GET /health (and whether it leads) on --api-addr.
+// Deployments and Services and autoscales them on the gateways' samples. Serves GET /health
+// (and whether it leads) and POST /v1/samples (the gateways' reports) on --api-addr.
 #include <cstring>
 #include <iostream>
 #include <memory>
@@ -25,30 +26,35 @@ struct ControllerFlags {
   std::string namespace_name;
   std::string identity;
   std::string api_addr = "127.0.0.1:8081";
+  std::string advertise_address;
   std::string image = "flotilla:latest";
   int64_t lease_duration_ms = 15'000;
   int64_t renew_deadline_ms = 10'000;
   int64_t retry_period_ms = 2'000;
   int64_t resync_ms = 30'000;
+  AutoscalingFlags autoscaling;
   std::string log_level = "info";
 };
+
+// Where gateways reach this controller: --advertise-address, else $POD_IP (or the listen host)
+// with the port it listens on.
+std::string advertised_address(const ControllerFlags& flags, const std::string& listen_host,
+                               uint16_t port) {
+  if (!flags.advertise_address.empty()) {
+    return flags.advertise_address;
+  }
+  const char* pod_ip = std::getenv("POD_IP");
+  const std::string host = pod_ip != nullptr && *pod_ip != '\0' ? pod_ip : listen_host;
+  return host + ":" + std::to_string(port);
+}
+
+http::Response json_response(int status, const nlohmann::json& body) {
+  return {status, "application/json", body.dump(), {}};
+}
 
 int fail(const std::string& message) {
   std::cerr << "flotilla controller: " << message << "\n";
   return kExitBadInput;
-}
-
-// This candidate's name: --identity, else the pod's name, else the host name and pid.
-std::string identity_of(const ControllerFlags& flags) {
-  if (!flags.identity.empty()) {
-    return flags.identity;
-  }
-  if (const char* pod = std::getenv("POD_NAME"); pod != nullptr && *pod != '\0') {
-    return pod;
-  }
-  char host[256] = {};
-  ::gethostname(host, sizeof(host) - 1);
-  return std::string(host) + "-" + std::to_string(::getpid());
 }
 
 int run_controller(const ControllerFlags& flags) {
@@ -67,60 +73,75 @@ int run_controller(const ControllerFlags& flags) {
   if (!config.is_ok()) {
     return fail(config.status().message());
   }
-  sigset_t signals;
-  sigemptyset(&signals);
-  sigaddset(&signals, SIGTERM);
-  sigaddset(&signals, SIGINT);
-  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
-  ::signal(SIGPIPE, SIG_IGN);
+  StopSignals signals;
 
   kube::Client client(std::move(config).value());
-  cluster::Controller::Options options;
-  options.replica.image = flags.image;
-  options.election.lease_name = "flotilla-controller";
-  options.election.identity = identity_of(flags);
-  options.election.lease_duration = std::chrono::milliseconds(flags.lease_duration_ms);
-  options.election.renew_deadline = std::chrono::milliseconds(flags.renew_deadline_ms);
-  options.election.retry_period = std::chrono::milliseconds(flags.retry_period_ms);
-  options.resync = std::chrono::milliseconds(flags.resync_ms);
-  cluster::Controller controller(client, options);
-
+  // The server first: the Lease carries the port it got.
+  std::unique_ptr<cluster::Controller> controller;
   http::ServerOptions server_options;
   server_options.host = listen->first;
   server_options.port = listen->second;
   server_options.workers = 1;
+  server_options.max_body_bytes = 4 * 1024 * 1024;
   auto server = http::Server::create(server_options, [&controller](http::Request&& request,
                                                                    http::Responder&& responder) {
     const std::string path = request.target.substr(0, request.target.find('?'));
-    if (path == "/health") {
-      responder.send({200,
-                      "application/json",
-                      nlohmann::json{{"status", "ok"}, {"leading", controller.leading()}}.dump(),
-                      {}});
+    if (path == "/health" && request.method == http::Method::kGet) {
+      responder.send(json_response(200, {{"status", "ok"}, {"leading", controller->leading()}}));
       return;
     }
-    const nlohmann::json error = {
-        {"error_code", "ENDPOINT_NOT_FOUND"},
-        {"message",
-         "the controller serves only GET /health; endpoints are ServingEndpoint objects"}};
-    responder.send({404, "application/json", error.dump(), {}});
+    if (path == "/v1/samples" && request.method == http::Method::kPost) {
+      Result<cluster::SampleReport> report = cluster::parse_sample_report(request.body);
+      if (!report.is_ok()) {
+        responder.send(json_response(400, {{"error_code", "INVALID_PARAMETER_VALUE"},
+                                           {"message", report.status().message()}}));
+        return;
+      }
+      if (!controller->leading()) {
+        // The gateway reads the Lease again and finds the leader.
+        responder.send(json_response(
+            503, {{"error_code", "TEMPORARILY_UNAVAILABLE"}, {"message", "not the leader"}}));
+        return;
+      }
+      controller->add_report(*report);
+      responder.send(json_response(200, nlohmann::json::object()));
+      return;
+    }
+    responder.send(json_response(
+        404, {{"error_code", "ENDPOINT_NOT_FOUND"},
+              {"message",
+               "the controller serves GET /health and POST /v1/samples; endpoints are "
+               "ServingEndpoint objects"}}));
   });
   if (!server.is_ok()) {
     std::cerr << "flotilla controller: " << server.status().message() << "\n";
     return kExitCannotListen;
   }
+
+  cluster::Controller::Options options;
+  options.replica.image = flags.image;
+  options.election.lease_name = std::string(cluster::kControllerLease);
+  options.election.identity = instance_name(flags.identity);
+  options.election.lease_duration = std::chrono::milliseconds(flags.lease_duration_ms);
+  options.election.renew_deadline = std::chrono::milliseconds(flags.renew_deadline_ms);
+  options.election.retry_period = std::chrono::milliseconds(flags.retry_period_ms);
+  options.resync = std::chrono::milliseconds(flags.resync_ms);
+  options.autoscaling = flags.autoscaling.options();
+  options.election.annotations[std::string(cluster::kControllerAddressAnnotation)] =
+      advertised_address(flags, listen->first, (*server)->port());
+  controller = std::make_unique<cluster::Controller>(client, options);
+
   std::thread api([&] { (*server)->run(); });
-  std::thread reconciler([&] { controller.run(); });
+  std::thread reconciler([&] { controller->run(); });
   const nlohmann::json listening = {
       {"event", "listening"}, {"host", listen->first}, {"port", (*server)->port()}};
   std::cout << listening.dump() << std::endl;
   spdlog::info("controller {} in namespace {} of {}", options.election.identity,
                client.config().namespace_name, client.config().server.text());
 
-  int received = 0;
-  sigwait(&signals, &received);
+  const int received = signals.wait();
   spdlog::info("{}: shutting down", strsignal(received));
-  controller.stop();  // releases the Lease: another controller takes over at once
+  controller->stop();  // releases the Lease: another controller takes over at once
   reconciler.join();
   (*server)->drain(std::chrono::seconds(5));
   api.join();
@@ -142,8 +163,12 @@ std::function<int()> add_controller_command(CLI::App& app) {
                   "Namespace (default: the kubeconfig context's, or the pod's)");
   cmd->add_option("--identity", flags->identity,
                   "This candidate's name on the Lease (default: $POD_NAME, else host-pid)");
-  cmd->add_option("--api-addr", flags->api_addr, "Where GET /health is served")
+  cmd->add_option("--api-addr", flags->api_addr,
+                  "Where GET /health and the gateways' POST /v1/samples are served")
       ->capture_default_str();
+  cmd->add_option("--advertise-address", flags->advertise_address,
+                  "host:port where gateways reach this controller, written on the Lease while "
+                  "it leads (default: $POD_IP, else the --api-addr host, with its port)");
   cmd->add_option("--image", flags->image, "The image replica pods run")->capture_default_str();
   cmd->add_option("--lease-duration-ms", flags->lease_duration_ms,
                   "How long a silent leader's Lease stands before another takes over")
@@ -160,6 +185,7 @@ std::function<int()> add_controller_command(CLI::App& app) {
                   "How often every endpoint is reconciled even without a change")
       ->check(CLI::Range(int64_t{100}, int64_t{3'600'000}))
       ->capture_default_str();
+  add_autoscaling_flags(*cmd, flags->autoscaling);
   cmd->add_option("--log-level", flags->log_level, "trace, debug, info, warn, error or off")
       ->capture_default_str();
   return [flags]() {

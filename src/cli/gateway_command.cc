@@ -25,6 +25,7 @@ struct GatewayFlags {
   bool kubernetes = false;
   std::string kubeconfig;
   std::string namespace_name;
+  std::string name;
   std::string default_endpoint;
   int64_t max_in_flight = 0;
   int workers = 0;
@@ -87,8 +88,9 @@ int run_gateway(const GatewayFlags& flags) {
       sources != 1) {
     return fail("give exactly one of --config FILE, --upstreams HOST:PORT,... or --kubernetes");
   }
-  if (!flags.kubernetes && (!flags.kubeconfig.empty() || !flags.namespace_name.empty())) {
-    return fail("--kubeconfig and --namespace go with --kubernetes");
+  if (!flags.kubernetes &&
+      (!flags.kubeconfig.empty() || !flags.namespace_name.empty() || !flags.name.empty())) {
+    return fail("--kubeconfig, --namespace and --name go with --kubernetes");
   }
   std::optional<kube::Client> kubernetes;
   if (flags.kubernetes) {
@@ -165,8 +167,14 @@ int run_gateway(const GatewayFlags& flags) {
   // Kept up to date from the API server until the gateway has drained; the table it last saw
   // stays while a watch reconnects.
   std::optional<cluster::GatewayDiscovery> discovery;
+  // Its 1 s samples and scale-from-zero requests go to the leading controller.
+  std::optional<cluster::SampleReporter> reporter;
   if (kubernetes) {
     discovery.emplace(*kubernetes, gw, cluster::GatewayDiscovery::Options{});
+    cluster::SampleReporter::Options reporting;
+    reporting.gateway = instance_name(flags.name);
+    reporter.emplace(*kubernetes, gw, *discovery, reporting);
+    gw.set_capacity_requester(&*reporter);
     spdlog::info("discovering endpoints from {} in namespace {}",
                  kubernetes->config().server.text(), kubernetes->config().namespace_name);
   }
@@ -177,6 +185,8 @@ int run_gateway(const GatewayFlags& flags) {
   std::cout << listening.dump() << std::endl;
   spdlog::info("gateway listening on {}:{}", listen->first, gw.port());
   const bool clean = gw.run();
+  gw.set_capacity_requester(nullptr);
+  reporter.reset();
   discovery.reset();
   spdlog::info(clean ? "drained, exiting" : "drain timed out, exiting");
   return clean ? 0 : kExitDrainTimeout;
@@ -232,6 +242,9 @@ std::function<int()> add_gateway_command(CLI::App& app) {
   cmd->add_option("--kubeconfig", flags->kubeconfig,
                   "With --kubernetes: the kubeconfig to use (default: in-cluster when in a pod, "
                   "else $KUBECONFIG, else ~/.kube/config)");
+  cmd->add_option("--name", flags->name,
+                  "With --kubernetes: this gateway's name in the fleet's samples to the "
+                  "controller (default: $POD_NAME, else host-pid)");
   cmd->add_option("--namespace", flags->namespace_name,
                   "With --kubernetes: the namespace (default: the kubeconfig context's, or the "
                   "pod's)");

@@ -8,12 +8,15 @@
 
 #include <map>
 #include <memory>
+#include <optional>
+#include <set>
 #include <string>
 #include <string_view>
 #include <thread>
 #include <vector>
 
 #include "common/common.h"
+#include "control/control_scaling.h"
 #include "control/control_spec.h"
 #include "gateway/gateway.h"
 #include "kube/kube.h"
@@ -75,6 +78,9 @@ class GatewayDiscovery {
 
   void stop();
 
+  // The ServingEndpoints mirrored now, by name (the gateway reports their samples).
+  std::vector<std::string> endpoint_names() FLOTILLA_EXCLUDES(mu_);
+
  private:
   void publish_table() FLOTILLA_EXCLUDES(mu_);
   void publish_auth();
@@ -89,6 +95,98 @@ class GatewayDiscovery {
   bool slices_listed_ FLOTILLA_GUARDED_BY(mu_) = false;
   std::vector<std::unique_ptr<kube::Reflector>> reflectors_;
   std::vector<std::thread> threads_;
+};
+
+// ---- Load samples, from a fleet of gateways to the controller --------------------------------
+
+// The Lease the controllers elect their leader on, and its annotation where the leader says
+// where its API listens ("host:port"): the gateways send their samples there.
+inline constexpr std::string_view kControllerLease = "flotilla-controller";
+inline constexpr std::string_view kControllerAddressAnnotation = "flotilla.dev/controller-address";
+
+// One gateway's report (POST /v1/samples on the controller): its last seconds of samples per
+// endpoint, and the endpoints where a request waits with no replica (scale from zero).
+struct SampleReport {
+  std::string gateway;  // the reporting gateway's name, unique in the fleet
+  std::map<std::string, std::vector<LoadSample>> endpoints;
+  std::vector<std::string> capacity;
+};
+std::string sample_report_to_json(const SampleReport& report);
+// Errors: kInvalidArgument naming what is wrong (not JSON, a missing or mistyped field).
+Result<SampleReport> parse_sample_report(std::string_view body);
+
+// Every gateway's samples, summed per second per endpoint, for the controller's autoscaler: a
+// second of the fleet is what all its gateways measured in it. A gateway sends its last few
+// seconds again with every report, so a lost report costs nothing: a second of one gateway
+// counts once, as its latest copy says. Gateways' seconds end at different moments; each is
+// counted in the wall-clock second nearest its end. A second is taken once it ended `settle`
+// ago (every gateway has reported it by then); copies that come later are dropped. Not
+// thread-safe.
+class FleetSamples {
+ public:
+  explicit FleetSamples(std::chrono::milliseconds settle = std::chrono::milliseconds(2'500))
+      : settle_(settle) {}
+
+  void add(const std::string& gateway, const std::string& endpoint,
+           const std::vector<LoadSample>& samples);
+  // The settled seconds of `endpoint` not taken before, oldest first: concurrency, queued,
+  // arrivals, completions and rejections summed over the gateways; latency the mean over
+  // their completions.
+  std::vector<LoadSample> take(const std::string& endpoint, int64_t now_unix_ms);
+  // Forgets the endpoints not named.
+  void retain(const std::vector<std::string>& endpoints);
+
+ private:
+  struct Seconds {
+    int64_t taken_until = 0;  // seconds up to here were taken
+    std::map<int64_t, std::map<std::string, LoadSample>> by_second;  // second → gateway → sample
+  };
+  const std::chrono::milliseconds settle_;
+  std::map<std::string, Seconds> endpoints_;
+};
+
+// A gateway's half (`flotilla gateway --kubernetes`): every period, reads the leading
+// controller's address from its Lease and posts the last seconds of each endpoint's samples
+// there; a capacity request (an endpoint with no replica has a request waiting) goes out at
+// once. A controller that cannot be reached costs the samples of that report only: the next
+// one carries them again. Runs on a thread of its own.
+class SampleReporter : public gateway::CapacityRequester {
+ public:
+  struct Options {
+    std::string gateway;  // this gateway's name in the fleet (its pod name)
+    std::chrono::milliseconds period{1'000};
+    size_t seconds = 5;  // seconds of samples in each report
+    std::chrono::milliseconds timeout{2'000};
+  };
+
+  // `client`, `gateway` and `discovery` must outlive it. Starts the thread.
+  SampleReporter(kube::Client& client, const gateway::GatewaySink& gateway,
+                 GatewayDiscovery& discovery, Options options);
+  ~SampleReporter() override;  // stops and joins
+  SampleReporter(const SampleReporter&) = delete;
+  SampleReporter& operator=(const SampleReporter&) = delete;
+
+  void request_capacity(const std::string& endpoint) override FLOTILLA_EXCLUDES(mu_);
+  void stop() FLOTILLA_EXCLUDES(mu_);
+
+ private:
+  void run() FLOTILLA_EXCLUDES(mu_);
+  // One report to the leader; false when it did not get there.
+  bool report(const std::vector<std::string>& capacity);
+
+  kube::Client& client_;
+  const gateway::GatewaySink& gateway_;
+  GatewayDiscovery& discovery_;
+  const Options options_;
+  // The reporter thread's own: the leader's "host:port" as last read (empty: read the Lease),
+  // and capacity requests not yet delivered (sent again with the next report).
+  std::string controller_;
+  std::vector<std::string> unsent_capacity_;
+  Mutex mu_;
+  CondVar wake_;
+  bool stopping_ FLOTILLA_GUARDED_BY(mu_) = false;
+  std::vector<std::string> capacity_ FLOTILLA_GUARDED_BY(mu_);
+  std::thread thread_;
 };
 
 // ---- The controller's plan ------------------------------------------------------------------
@@ -135,11 +233,12 @@ struct EndpointPlan {
   std::vector<std::string> remove;          // Deployment (and Service) names
   nlohmann::json status;                    // the ServingEndpoint's status subresource
 };
-// `deployments`: the Deployments labelled with this endpoint, by name. `replicas`: the
-// autoscaler's count per version; a version it does not name gets the spec's provisioned count.
+// `deployments`: the Deployments labelled with this endpoint, by name. `scale`: the
+// autoscaler's decision (each version gets its share, control::version_replicas, and the
+// gateways its per-replica cap); nullopt: each version's provisioned count.
 EndpointPlan plan_endpoint(const nlohmann::json& serving_endpoint,
                            const kube::Reflector::Objects& deployments,
-                           const std::map<std::string, int64_t>& replicas,
+                           const std::optional<control::Scale>& scale,
                            const ReplicaTemplate& replica, const Clock& clock);
 
 // ---- The controller ---------------------------------------------------------------------------
@@ -150,6 +249,13 @@ EndpointPlan plan_endpoint(const nlohmann::json& serving_endpoint,
 // updates Deployments, writes replica counts through the scale subresource, scales old
 // versions to zero and deletes them, and writes the status subresource. Level triggered and
 // restart-safe: everything it knows it reads from the API server again.
+//
+// Its autoscaler is `flotilla up`'s (control::EndpointScaler) on the gateways' samples summed
+// over the fleet (add_report): each endpoint's replica count and per-replica target, split
+// across its versions. A new leader starts each endpoint at the replicas its Deployments ask
+// for and at the target the status recorded (status.autoscaler), so a takeover scales nothing
+// down. The vertical policy learns nothing yet: it needs the replicas' CPU and engine queue,
+// which no gateway sees (docs/kubernetes.md).
 class Controller {
  public:
   struct Options {
@@ -157,6 +263,8 @@ class Controller {
     kube::LeaderElector::Options election;  // lease_name and identity required
     std::chrono::milliseconds resync{30'000};
     kube::Reflector::Options watch;
+    control::AutoscalingOptions autoscaling;
+    std::chrono::milliseconds sample_settle{2'500};  // FleetSamples' settle
   };
 
   // `client` must outlive it.
@@ -170,9 +278,16 @@ class Controller {
   void stop();  // from any thread
   bool leading() const { return elector_.leading(); }
 
+  // One gateway's samples and capacity requests (POST /v1/samples); from any thread. Ignored
+  // while not leading.
+  void add_report(const SampleReport& report) FLOTILLA_EXCLUDES(mu_);
+
  private:
   void lead();  // from leading to losing the Lease
-  void reconcile_all();
+  // Ticks each endpoint's scaler; true when a scale changed.
+  bool autoscale(const kube::Reflector::Objects& endpoints,
+                 const kube::Reflector::Objects& deployments) FLOTILLA_EXCLUDES(mu_);
+  void reconcile_all() FLOTILLA_EXCLUDES(mu_);
   void apply(const nlohmann::json& serving_endpoint, const EndpointPlan& plan,
              const kube::Reflector::Objects& deployments, const kube::Reflector::Objects& services);
 
@@ -188,6 +303,11 @@ class Controller {
   kube::Reflector::Objects deployments_ FLOTILLA_GUARDED_BY(mu_);
   kube::Reflector::Objects services_ FLOTILLA_GUARDED_BY(mu_);
   int synced_ FLOTILLA_GUARDED_BY(mu_) = 0;  // mirrors that have listed, of three
+  FleetSamples samples_ FLOTILLA_GUARDED_BY(mu_);
+  std::set<std::string> capacity_ FLOTILLA_GUARDED_BY(mu_);  // endpoints a request waits for
+  // The leader thread's own, made anew at each term: each endpoint's scaler and decision.
+  std::map<std::string, std::unique_ptr<control::EndpointScaler>> scalers_;
+  std::map<std::string, control::Scale> scales_;
 };
 
 }  // namespace flotilla::cluster

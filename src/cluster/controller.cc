@@ -1,5 +1,7 @@
 // `flotilla controller`'s loop: leader election, three mirrors, and each endpoint's plan applied
 // through the API server.
+#include <algorithm>
+
 #include <spdlog/spdlog.h>
 
 #include "cluster/cluster.h"
@@ -38,7 +40,8 @@ bool same_deployment(const json& desired, const json& observed) {
 Controller::Controller(kube::Client& client, Options options)
     : client_(client),
       options_(std::move(options)),
-      elector_(client, options_.election, real_clock()) {}
+      elector_(client, options_.election, real_clock()),
+      samples_(options_.sample_settle) {}
 
 Controller::~Controller() {
   stop();
@@ -71,6 +74,23 @@ void Controller::run() {
   if (leader.joinable()) {
     leader.join();
   }
+}
+
+void Controller::add_report(const SampleReport& report) {
+  {
+    MutexLock lock(mu_);
+    if (!leading_) {
+      return;
+    }
+    for (const auto& [endpoint, samples] : report.endpoints) {
+      samples_.add(report.gateway, endpoint, samples);
+    }
+    if (report.capacity.empty()) {
+      return;
+    }
+    capacity_.insert(report.capacity.begin(), report.capacity.end());
+  }
+  wake_.notify_all();  // scale from zero at once, not at the next tick
 }
 
 void Controller::lead() {
@@ -110,22 +130,47 @@ void Controller::lead() {
     threads.emplace_back([&reflector] { reflector->run(); });
   }
 
+  scalers_.clear();
+  scales_.clear();
+  // The autoscaler ticks every second: its policies run when due, and a scale from zero waits
+  // for no period.
+  const auto tick = std::chrono::milliseconds(1'000);
   auto next_resync = std::chrono::steady_clock::now() + options_.resync;
+  auto next_tick = std::chrono::steady_clock::now() + tick;
   while (true) {
     bool due = false;
+    bool ticking = false;
+    kube::Reflector::Objects endpoints;
+    kube::Reflector::Objects deployments;
     {
       MutexLock lock(mu_);
-      while (!stopping_ && leading_ && !(dirty_ && synced_ == 3) &&
-             wake_.wait_until(mu_, next_resync)) {
+      const auto until = std::min(next_resync, next_tick);
+      while (!stopping_ && leading_ && !(dirty_ && synced_ == 3) && capacity_.empty() &&
+             wake_.wait_until(mu_, until)) {
       }
       if (stopping_ || !leading_) {
         break;
       }
-      due = synced_ == 3;
+      due = synced_ == 3 && (dirty_ || std::chrono::steady_clock::now() >= next_resync);
+      // Before every reconcile too: a new leader's first plan uses the scales it reads back
+      // from the Deployments, never the provisioned counts.
+      ticking = synced_ == 3 && options_.autoscaling.enabled &&
+                (due || std::chrono::steady_clock::now() >= next_tick || !capacity_.empty());
       dirty_ = false;
+      if (ticking) {
+        endpoints = serving_endpoints_;
+        deployments = deployments_;
+      }
     }
-    if (std::chrono::steady_clock::now() >= next_resync) {
-      next_resync = std::chrono::steady_clock::now() + options_.resync;
+    const auto now = std::chrono::steady_clock::now();
+    if (now >= next_resync) {
+      next_resync = now + options_.resync;
+    }
+    if (now >= next_tick) {
+      next_tick = now + tick;
+    }
+    if (ticking && autoscale(endpoints, deployments)) {
+      due = true;
     }
     if (due) {
       reconcile_all();
@@ -138,6 +183,81 @@ void Controller::lead() {
     thread.join();
   }
   spdlog::info("no longer leading");
+}
+
+bool Controller::autoscale(const kube::Reflector::Objects& endpoints,
+                           const kube::Reflector::Objects& deployments) {
+  const int64_t now_ms = real_clock().unix_ms();
+  const autoscaler::Millis now(now_ms);
+  std::set<std::string> capacity;
+  std::map<std::string, std::vector<LoadSample>> samples;
+  std::vector<std::string> names;
+  for (const auto& [name, endpoint] : endpoints) {
+    names.push_back(name);
+  }
+  {
+    MutexLock lock(mu_);
+    capacity.swap(capacity_);
+    samples_.retain(names);
+    for (const std::string& name : names) {
+      samples[name] = samples_.take(name, now_ms);
+    }
+  }
+  std::erase_if(scalers_, [&](const auto& entry) { return !endpoints.contains(entry.first); });
+  std::erase_if(scales_, [&](const auto& entry) { return !endpoints.contains(entry.first); });
+  bool changed = false;
+  for (const auto& [name, endpoint] : endpoints) {
+    Result<control::EndpointSpec> spec = spec_of(endpoint);
+    if (!spec.is_ok()) {
+      continue;  // what serves keeps its scale until the spec is fixed
+    }
+    // What the spec's versions ask for, and what serves now: during a rollout, the old
+    // versions' replicas serve too.
+    std::vector<int64_t> running;
+    int64_t asked = 0;
+    for (const control::ServedModelSpec& served : spec->served_models) {
+      const auto deployment = deployments.find(version_object_name(name, served.name));
+      running.push_back(deployment != deployments.end()
+                            ? kube::integer_field(field(deployment->second, "spec"), "replicas", 0)
+                            : 0);
+      asked += running.back();
+    }
+    int64_t ready = 0;
+    for (const auto& [deployment_name, deployment] : deployments) {
+      if (field(field(field(deployment, "metadata"), "labels"), kEndpointLabel) == name) {
+        ready += kube::integer_field(field(deployment, "status"), "readyReplicas", 0);
+      }
+    }
+    auto& scaler = scalers_[name];
+    if (scaler == nullptr) {
+      const json& saved = field(field(endpoint, "status"), "autoscaler");
+      scaler = std::make_unique<control::EndpointScaler>(
+          *spec, options_.autoscaling, control::replicas_matching(*spec, running), now,
+          saved.is_object() ? control::learned_target_from_json(saved.dump()) : std::nullopt);
+    } else {
+      scaler->update_spec(*spec);
+    }
+    scaler->add_samples(samples[name], ready);
+    std::vector<std::string> changes =
+        scaler->tick(now, ready, std::max<int64_t>(0, asked - ready), /*failures=*/0, [] {
+          // Unknown, not zero: the vertical policy decides nothing without the replicas' own
+          // readings.
+          return control::ReplicaUsage{0, std::nullopt};
+        });
+    if (capacity.contains(name) && scaler->request_capacity()) {
+      changes.push_back("scale from zero: 0 -> 1 replica, a request is waiting");
+    }
+    for (const std::string& change : changes) {
+      spdlog::info("autoscaler: {}: {}", name, change);
+    }
+    const control::Scale scale = scaler->scale();
+    const auto previous = scales_.find(name);
+    if (previous == scales_.end() || previous->second != scale) {
+      scales_[name] = scale;
+      changed = true;
+    }
+  }
+  return changed;
 }
 
 void Controller::reconcile_all() {
@@ -157,7 +277,15 @@ void Controller::reconcile_all() {
         owned.emplace(deployment_name, deployment);
       }
     }
-    const EndpointPlan plan = plan_endpoint(endpoint, owned, {}, options_.replica, real_clock());
+    std::optional<control::Scale> scale;
+    if (const auto found = scales_.find(name); found != scales_.end()) {
+      scale = found->second;
+    }
+    EndpointPlan plan = plan_endpoint(endpoint, owned, scale, options_.replica, real_clock());
+    if (const auto scaler = scalers_.find(name); scaler != scalers_.end()) {
+      plan.status["autoscaler"] =
+          json::parse(control::learned_target_to_json(scaler->second->learned()));
+    }
     apply(endpoint, plan, owned, services);
   }
 }

@@ -201,7 +201,7 @@ json version_service(const json& serving_endpoint, const control::ServedModelSpe
 
 EndpointPlan plan_endpoint(const json& serving_endpoint,
                            const kube::Reflector::Objects& deployments,
-                           const std::map<std::string, int64_t>& replicas,
+                           const std::optional<control::Scale>& scale,
                            const ReplicaTemplate& replica, const Clock& clock) {
   EndpointPlan plan;
   const json& previous = field(serving_endpoint, "status");
@@ -222,7 +222,6 @@ EndpointPlan plan_endpoint(const json& serving_endpoint,
     return plan;
   }
 
-  const std::vector<int64_t> least = control::least_replicas(*spec, /*autoscaled=*/false);
   std::set<std::string> target;
   bool all_ready = true;
   json versions = json::array();
@@ -232,8 +231,7 @@ EndpointPlan plan_endpoint(const json& serving_endpoint,
     const control::ServedModelSpec& served = spec->served_models[i];
     const std::string name = version_object_name(endpoint, served.name);
     target.insert(name);
-    const auto asked = replicas.find(served.name);
-    const int64_t count = asked != replicas.end() ? asked->second : least[i];
+    const int64_t count = control::version_replicas(served, scale);
     plan.deployments.push_back(version_deployment(serving_endpoint, served, count, replica));
     plan.services.push_back(version_service(serving_endpoint, served, replica));
     const auto observed = deployments.find(name);
@@ -245,14 +243,13 @@ EndpointPlan plan_endpoint(const json& serving_endpoint,
     all_ready = all_ready && ready;
     desired_total += count;
     ready_total += kube::integer_field(status, "readyReplicas", 0);
-    versions.push_back(
-        {{"name", served.name},
-         {"deployment", name},
-         {"traffic", served.traffic},
-         {"desiredReplicas", count},
-         {"readyReplicas", kube::integer_field(status, "readyReplicas", 0)},
-         {"updatedReplicas", kube::integer_field(status, "updatedReplicas", 0)},
-         {"targetConcurrencyPerReplica", control::initial_target_concurrency(served)}});
+    versions.push_back({{"name", served.name},
+                        {"deployment", name},
+                        {"traffic", served.traffic},
+                        {"desiredReplicas", count},
+                        {"readyReplicas", kube::integer_field(status, "readyReplicas", 0)},
+                        {"updatedReplicas", kube::integer_field(status, "updatedReplicas", 0)},
+                        {"targetConcurrencyPerReplica", control::replica_cap(served, scale)}});
   }
 
   // What served before and is not in the spec: kept, with its traffic, until the spec's

@@ -279,6 +279,15 @@ void GatewayDiscovery::stop() {
   }
 }
 
+std::vector<std::string> GatewayDiscovery::endpoint_names() {
+  MutexLock lock(mu_);
+  std::vector<std::string> names;
+  for (const auto& [name, serving_endpoint] : serving_endpoints_) {
+    names.push_back(name);
+  }
+  return names;
+}
+
 void GatewayDiscovery::publish_table() {
   // Under the lock to the end: two reflectors' updates reach the gateway in the order of the
   // mirrors they were built from, never an older table after a newer one.

@@ -236,6 +236,9 @@ class LeaderElector {
     std::chrono::milliseconds lease_duration{15'000};
     std::chrono::milliseconds renew_deadline{10'000};
     std::chrono::milliseconds retry_period{2'000};
+    // Written on the Lease with every acquire and renew, so that others can learn something of
+    // the leader from it (the controller: where its samples API listens).
+    std::map<std::string, std::string> annotations;
   };
 
   // `client` and `clock` must outlive it; the Lease lives in the client's namespace.

@@ -37,6 +37,9 @@ nlohmann::json LeaderElector::lease_object(const nlohmann::json& previous,
   lease["apiVersion"] = "coordination.k8s.io/v1";
   lease["kind"] = "Lease";
   lease["metadata"]["name"] = options_.lease_name;
+  for (const auto& [key, value] : options_.annotations) {
+    lease["metadata"]["annotations"][key] = value;
+  }
   nlohmann::json& spec = lease["spec"];
   const std::string now = micro_time(clock_.system_now());
   if (field(spec, "holderIdentity") != options_.identity) {

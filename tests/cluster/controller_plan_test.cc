@@ -53,7 +53,7 @@ std::string condition(const json& status, const std::string& type) {
 TEST(ControllerPlanTest, MakesEachVersionsDeploymentAndServiceOwnedAndLabelled) {
   testing::FakeClock clock;
   const json se = serving_endpoint({model("v1", 100, 40)});  // 40 / 16 per replica → 3
-  const EndpointPlan plan = plan_endpoint(se, {}, {}, ReplicaTemplate{}, clock);
+  const EndpointPlan plan = plan_endpoint(se, {}, std::nullopt, ReplicaTemplate{}, clock);
   ASSERT_EQ(plan.deployments.size(), 1u);
   const json& d = plan.deployments[0];
   EXPECT_EQ(d["metadata"]["name"], "fraud-v1");
@@ -86,10 +86,12 @@ TEST(ControllerPlanTest, MakesEachVersionsDeploymentAndServiceOwnedAndLabelled) 
   EXPECT_EQ(condition(plan.status, "Ready"), "False ReplicasNotReady");
   EXPECT_EQ(condition(plan.status, "Progressing"), "True ScalingUp");
 
-  // The autoscaler's count wins over the provisioned one.
-  EXPECT_EQ(plan_endpoint(se, {}, {{"v1", 5}}, ReplicaTemplate{}, clock)
-                .deployments[0]["spec"]["replicas"],
-            5);
+  // The autoscaler's count and target win over the provisioned ones.
+  // (6 replicas at 10 each: above the version's own minimum of 40 / 10.)
+  const EndpointPlan scaled =
+      plan_endpoint(se, {}, control::Scale{6, 10}, ReplicaTemplate{}, clock);
+  EXPECT_EQ(scaled.deployments[0]["spec"]["replicas"], 6);
+  EXPECT_EQ(scaled.status["versions"][0]["targetConcurrencyPerReplica"], 10);
 }
 
 TEST(ControllerPlanTest, ARolloutKeepsTheOldVersionServingUntilTheNewOneIsReady) {
@@ -98,13 +100,13 @@ TEST(ControllerPlanTest, ARolloutKeepsTheOldVersionServingUntilTheNewOneIsReady)
   const json v1_serving = {{"versions", {{{"name", "v1"}, {"traffic", 100}}}}};
   const json se = serving_endpoint({model("v2")}, v1_serving, 2);
   kube::Reflector::Objects owned = {
-      {"fraud-v1",
-       observed(plan_endpoint(serving_endpoint({model("v1")}), {}, {}, ReplicaTemplate{}, clock)
-                    .deployments[0],
-                1)}};
+      {"fraud-v1", observed(plan_endpoint(serving_endpoint({model("v1")}), {}, std::nullopt,
+                                          ReplicaTemplate{}, clock)
+                                .deployments[0],
+                            1)}};
 
   // Step 1: v2's Deployment is made; v1 keeps all the traffic and its Deployment.
-  EndpointPlan plan = plan_endpoint(se, owned, {}, ReplicaTemplate{}, clock);
+  EndpointPlan plan = plan_endpoint(se, owned, std::nullopt, ReplicaTemplate{}, clock);
   ASSERT_EQ(plan.deployments.size(), 1u);
   EXPECT_EQ(plan.deployments[0]["metadata"]["name"], "fraud-v2");
   EXPECT_TRUE(plan.scale_to_zero.empty());
@@ -118,15 +120,15 @@ TEST(ControllerPlanTest, ARolloutKeepsTheOldVersionServingUntilTheNewOneIsReady)
 
   // Step 2: v2 exists but is not ready: nothing moves.
   owned["fraud-v2"] = observed(plan.deployments[0], 0);
-  plan = plan_endpoint(se, owned, {}, ReplicaTemplate{}, clock);
+  plan = plan_endpoint(se, owned, std::nullopt, ReplicaTemplate{}, clock);
   EXPECT_EQ(plan.status["versions"][1]["traffic"], 100);
   EXPECT_TRUE(plan.scale_to_zero.empty());
 
   // Step 3: v2 ready: the traffic moves to it, v1 is scaled to zero.
   owned["fraud-v2"] = observed(plan.deployments[0], 1);
   json status = plan.status;
-  plan = plan_endpoint(serving_endpoint({model("v2")}, status, 2), owned, {}, ReplicaTemplate{},
-                       clock);
+  plan = plan_endpoint(serving_endpoint({model("v2")}, status, 2), owned, std::nullopt,
+                       ReplicaTemplate{}, clock);
   ASSERT_EQ(plan.status["versions"].size(), 1u);
   EXPECT_EQ(plan.status["versions"][0]["name"], "v2");
   EXPECT_EQ(plan.status["versions"][0]["traffic"], 100);
@@ -136,7 +138,7 @@ TEST(ControllerPlanTest, ARolloutKeepsTheOldVersionServingUntilTheNewOneIsReady)
   // Step 4: v1 at zero with no pods left: deleted.
   owned["fraud-v1"]["spec"]["replicas"] = 0;
   owned["fraud-v1"]["status"]["replicas"] = 0;
-  plan = plan_endpoint(serving_endpoint({model("v2")}, plan.status, 2), owned, {},
+  plan = plan_endpoint(serving_endpoint({model("v2")}, plan.status, 2), owned, std::nullopt,
                        ReplicaTemplate{}, clock);
   EXPECT_TRUE(plan.scale_to_zero.empty());
   EXPECT_EQ(plan.remove, std::vector<std::string>{"fraud-v1"});

@@ -99,7 +99,8 @@ Substitutions and differences, on purpose:
     go to log_dir/{pod}.log (appended across restarts).
   - only the first container runs (init containers, sidecars and the rest are ignored); exec
     probes and grpc probes always succeed (their command would run inside the image); an exec
-    preStop hook is skipped for the same reason; a liveness kill sends SIGTERM with the grace
+    preStop hook is skipped for the same reason, but for a plain `sleep N` (`/bin/sleep`,
+    `/usr/bin/sleep`), which waits N seconds as it would in the image; a liveness kill sends SIGTERM with the grace
     period but does not run preStop. With probe_period_s set (the default, for tests) every
     probe runs at that period and initialDelaySeconds is ignored, but a liveness or startup
     probe kills only after failing for failureThreshold x periodSeconds seconds (and
@@ -353,6 +354,17 @@ class _Pod:
 
 # --------------------------------------------------------------------------------------------
 # The kubelet.
+
+
+def _exec_sleep_seconds(hook):
+    """N for an exec hook whose command is `sleep N`, else None."""
+    command = (hook.get("exec") or {}).get("command") or []
+    if len(command) == 2 and command[0] in ("sleep", "/bin/sleep", "/usr/bin/sleep"):
+        try:
+            return max(0.0, float(command[1]))
+        except ValueError:
+            return None
+    return None
 
 
 class FakeKubelet:
@@ -1081,7 +1093,9 @@ class FakeKubelet:
             elif "sleep" in hook:
                 self._wait(pod, proc, min(deadline, start + float(hook["sleep"].get(
                     "seconds", 0))), probes)
-            # An exec preStop hook would run inside the image: skipped (see the header).
+            elif _exec_sleep_seconds(hook) is not None:
+                self._wait(pod, proc, min(deadline, start + _exec_sleep_seconds(hook)), probes)
+            # Any other exec preStop hook would run inside the image: skipped (see the header).
             self._stop_process(pod, proc, 0, until=deadline, probes=probes)
             self._record_exit(pod, proc)
         if not self._stopping.is_set():

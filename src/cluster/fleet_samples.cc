@@ -1,0 +1,155 @@
+// Load samples from a fleet of gateways: the report's wire form and the controller's per-second
+// sums over the gateways.
+#include <algorithm>
+
+#include "cluster/cluster.h"
+
+namespace flotilla::cluster {
+namespace {
+
+using nlohmann::json;
+
+// The wall-clock second nearest a sample's end.
+int64_t second_of(int64_t unix_ms) {
+  return (unix_ms + 500) / 1000 * 1000;
+}
+
+json sample_to_json(const LoadSample& sample) {
+  return {{"unix_ms", sample.unix_ms},         {"concurrency", sample.concurrency},
+          {"queued", sample.queued},           {"arrivals", sample.arrivals},
+          {"completions", sample.completions}, {"rejected", sample.rejected},
+          {"latency_ms", sample.latency_ms}};
+}
+
+Result<LoadSample> sample_from_json(const json& object, const std::string& where) {
+  if (!object.is_object()) {
+    return invalid_argument(where + ": not an object");
+  }
+  LoadSample sample;
+  auto number = [&](const char* key, auto& into) -> Status {
+    const json& value = kube::field(object, key);
+    using Into = std::decay_t<decltype(into)>;
+    if constexpr (std::is_floating_point_v<Into>) {
+      if (!value.is_number() || value.get<double>() < 0) {
+        return invalid_argument(where + "." + key + ": not a number >= 0");
+      }
+      into = value.get<double>();
+    } else {
+      if (!value.is_number_integer() || value.get<int64_t>() < 0) {
+        return invalid_argument(where + "." + key + ": not an integer >= 0");
+      }
+      into = static_cast<Into>(value.get<int64_t>());
+    }
+    return Status::ok();
+  };
+  FLOTILLA_RETURN_IF_ERROR(number("unix_ms", sample.unix_ms));
+  FLOTILLA_RETURN_IF_ERROR(number("concurrency", sample.concurrency));
+  FLOTILLA_RETURN_IF_ERROR(number("queued", sample.queued));
+  FLOTILLA_RETURN_IF_ERROR(number("arrivals", sample.arrivals));
+  FLOTILLA_RETURN_IF_ERROR(number("completions", sample.completions));
+  FLOTILLA_RETURN_IF_ERROR(number("rejected", sample.rejected));
+  FLOTILLA_RETURN_IF_ERROR(number("latency_ms", sample.latency_ms));
+  return sample;
+}
+
+}  // namespace
+
+std::string sample_report_to_json(const SampleReport& report) {
+  json endpoints = json::object();
+  for (const auto& [name, samples] : report.endpoints) {
+    json& list = endpoints[name] = json::array();
+    for (const LoadSample& sample : samples) {
+      list.push_back(sample_to_json(sample));
+    }
+  }
+  return json{{"gateway", report.gateway}, {"endpoints", endpoints}, {"capacity", report.capacity}}
+      .dump();
+}
+
+Result<SampleReport> parse_sample_report(std::string_view body) {
+  const json parsed = json::parse(body, nullptr, /*allow_exceptions=*/false);
+  if (parsed.is_discarded() || !parsed.is_object()) {
+    return invalid_argument("a sample report is a JSON object");
+  }
+  SampleReport report;
+  report.gateway = kube::string_field(parsed, "gateway");
+  if (report.gateway.empty()) {
+    return invalid_argument("gateway: a non-empty string is required");
+  }
+  const json& endpoints = kube::field(parsed, "endpoints");
+  if (!endpoints.is_null() && !endpoints.is_object()) {
+    return invalid_argument("endpoints: an object of sample lists by endpoint name");
+  }
+  if (endpoints.is_object()) {
+    for (const auto& [name, samples] : endpoints.items()) {
+      if (!samples.is_array()) {
+        return invalid_argument("endpoints." + name + ": a list of samples");
+      }
+      std::vector<LoadSample>& into = report.endpoints[name];
+      for (size_t i = 0; i < samples.size(); ++i) {
+        FLOTILLA_ASSIGN_OR_RETURN(
+            LoadSample sample,
+            sample_from_json(samples[i], "endpoints." + name + "[" + std::to_string(i) + "]"));
+        into.push_back(sample);
+      }
+    }
+  }
+  const json& capacity = kube::field(parsed, "capacity");
+  if (!capacity.is_null()) {
+    if (!capacity.is_array() || !std::all_of(capacity.begin(), capacity.end(),
+                                             [](const json& e) { return e.is_string(); })) {
+      return invalid_argument("capacity: a list of endpoint names");
+    }
+    report.capacity = capacity.get<std::vector<std::string>>();
+  }
+  return report;
+}
+
+void FleetSamples::add(const std::string& gateway, const std::string& endpoint,
+                       const std::vector<LoadSample>& samples) {
+  Seconds& seconds = endpoints_[endpoint];
+  for (const LoadSample& sample : samples) {
+    const int64_t second = second_of(sample.unix_ms);
+    if (second > seconds.taken_until) {
+      seconds.by_second[second][gateway] = sample;
+    }
+  }
+}
+
+std::vector<LoadSample> FleetSamples::take(const std::string& endpoint, int64_t now_unix_ms) {
+  std::vector<LoadSample> taken;
+  const auto found = endpoints_.find(endpoint);
+  if (found == endpoints_.end()) {
+    return taken;
+  }
+  Seconds& seconds = found->second;
+  const int64_t settled = now_unix_ms - settle_.count();
+  while (!seconds.by_second.empty() && seconds.by_second.begin()->first <= settled) {
+    const auto& [second, by_gateway] = *seconds.by_second.begin();
+    LoadSample sum;
+    sum.unix_ms = second;
+    double latency_weighted = 0;
+    for (const auto& [gateway, sample] : by_gateway) {
+      sum.concurrency += sample.concurrency;
+      sum.queued += sample.queued;
+      sum.arrivals += sample.arrivals;
+      sum.completions += sample.completions;
+      sum.rejected += sample.rejected;
+      latency_weighted += sample.latency_ms * static_cast<double>(sample.completions);
+    }
+    sum.latency_ms =
+        sum.completions > 0 ? latency_weighted / static_cast<double>(sum.completions) : 0;
+    taken.push_back(sum);
+    seconds.taken_until = second;
+    seconds.by_second.erase(seconds.by_second.begin());
+  }
+  return taken;
+}
+
+void FleetSamples::retain(const std::vector<std::string>& endpoints) {
+  std::erase_if(endpoints_, [&](const auto& entry) {
+    return std::find(endpoints.begin(), endpoints.end(), entry.first) == endpoints.end();
+  });
+}
+
+}  // namespace flotilla::cluster
