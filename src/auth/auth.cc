@@ -126,6 +126,15 @@ std::string_view bearer_token(std::string_view authorization) {
 
 }  // namespace
 
+std::string token_id_of(std::string_view authorization) {
+  const size_t start = authorization.find("flt_");
+  const size_t end = authorization.rfind('_');
+  if (start == std::string_view::npos || end == std::string_view::npos || end <= start + 4) {
+    return "";
+  }
+  return std::string(authorization.substr(start + 4, end - start - 4));
+}
+
 Status check_token_id(const std::string& id, const std::string& where) {
   if (!is_valid_id(id)) {
     return invalid_argument(where + ": '" + id + "' must be 1 to 64 letters, digits or '-'");

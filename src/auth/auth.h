@@ -101,6 +101,10 @@ class Authenticator {
 // left with none. `endpoints` empty (a token for every endpoint): the exposition as it is.
 std::string scope_metrics(std::string_view exposition, const std::vector<std::string>& endpoints);
 
+// The id in an Authorization header "Bearer flt_<id>_<secret>" (the actor an event log names),
+// "" when the header holds no token of that shape. Says nothing of whether the token is valid.
+std::string token_id_of(std::string_view authorization);
+
 // The rules a token record's fields follow, for readers of stored records (the gateway config's
 // `auth:` section). Each error is kInvalidArgument naming `where`. Thread-safe.
 // `id`: 1 to 64 letters, digits or '-'.

@@ -1,7 +1,8 @@
 // `flotilla controller`: Kubernetes mode's control plane (docs/kubernetes.md). Elects a leader
 // among its replicas on a Lease; the leader reconciles the namespace's ServingEndpoints into
-// Deployments and Services and autoscales them on the gateways' samples. Serves GET /health
-// (and whether it leads) and POST /v1/samples (the gateways' reports) on --api-addr.
+// Deployments and Services and autoscales them on the gateways' samples. Serves on --api-addr
+// GET /health (and whether it leads), POST /v1/samples (the gateways' reports) and the REST API
+// of `flotilla up` (/api/2.0/..., /metrics) over ServingEndpoints and token Secrets.
 #include <cstring>
 #include <iostream>
 #include <memory>
@@ -15,6 +16,7 @@
 #include "cli/commands.h"
 #include "cluster/cluster.h"
 #include "common/common.h"
+#include "control/control_api.h"
 #include "http/http.h"
 #include "kube/kube.h"
 
@@ -27,6 +29,7 @@ struct ControllerFlags {
   std::string identity;
   std::string api_addr = "127.0.0.1:8081";
   std::string advertise_address;
+  std::string gateway_url = "http://flotilla-gateway:8080";
   std::string image = "flotilla:latest";
   int64_t lease_duration_ms = 15'000;
   int64_t renew_deadline_ms = 10'000;
@@ -50,6 +53,10 @@ std::string advertised_address(const ControllerFlags& flags, const std::string& 
 
 http::Response json_response(int status, const nlohmann::json& body) {
   return {status, "application/json", body.dump(), {}};
+}
+
+bool is_api_path(std::string_view path) {
+  return path.starts_with("/api/") || path == "/metrics";
 }
 
 int fail(const std::string& message) {
@@ -78,14 +85,21 @@ int run_controller(const ControllerFlags& flags) {
   kube::Client client(std::move(config).value());
   // The server first: the Lease carries the port it got.
   std::unique_ptr<cluster::Controller> controller;
+  std::unique_ptr<cluster::ClusterApi> api_service;
+  std::unique_ptr<control::ApiRoutes> api_routes;
   http::ServerOptions server_options;
   server_options.host = listen->first;
   server_options.port = listen->second;
-  server_options.workers = 1;
+  control::ApiRoutes::configure_server(server_options);
+  // A gateway's report carries up to five seconds of samples per endpoint.
   server_options.max_body_bytes = 4 * 1024 * 1024;
-  auto server = http::Server::create(server_options, [&controller](http::Request&& request,
-                                                                   http::Responder&& responder) {
+  auto server = http::Server::create(server_options, [&](http::Request&& request,
+                                                         http::Responder&& responder) {
     const std::string path = request.target.substr(0, request.target.find('?'));
+    if (is_api_path(path)) {
+      responder.send(api_routes->handle(request));
+      return;
+    }
     if (path == "/health" && request.method == http::Method::kGet) {
       responder.send(json_response(200, {{"status", "ok"}, {"leading", controller->leading()}}));
       return;
@@ -107,11 +121,11 @@ int run_controller(const ControllerFlags& flags) {
       responder.send(json_response(200, nlohmann::json::object()));
       return;
     }
-    responder.send(json_response(
-        404, {{"error_code", "ENDPOINT_NOT_FOUND"},
-              {"message",
-               "the controller serves GET /health and POST /v1/samples; endpoints are "
-               "ServingEndpoint objects"}}));
+    responder.send(
+        json_response(404, {{"error_code", "ENDPOINT_NOT_FOUND"},
+                            {"message",
+                             "the controller serves GET /health, POST /v1/samples, /metrics and "
+                             "/api/2.0/serving-endpoints and /api/2.0/tokens"}}));
   });
   if (!server.is_ok()) {
     std::cerr << "flotilla controller: " << server.status().message() << "\n";
@@ -127,9 +141,22 @@ int run_controller(const ControllerFlags& flags) {
   options.election.retry_period = std::chrono::milliseconds(flags.retry_period_ms);
   options.resync = std::chrono::milliseconds(flags.resync_ms);
   options.autoscaling = flags.autoscaling.options();
-  options.election.annotations[std::string(cluster::kControllerAddressAnnotation)] =
-      advertised_address(flags, listen->first, (*server)->port());
+  const std::string advertised = advertised_address(flags, listen->first, (*server)->port());
+  options.election.annotations[std::string(cluster::kControllerAddressAnnotation)] = advertised;
   controller = std::make_unique<cluster::Controller>(client, options);
+  api_service = std::make_unique<cluster::ClusterApi>(
+      client,
+      cluster::ClusterApi::Options{"http://" + advertised, flags.gateway_url, [&controller] {
+                                     return controller->leading();
+                                   }});
+  api_routes = std::make_unique<control::ApiRoutes>(*api_service, /*metrics_open=*/false,
+                                                    "kubectl get secret " +
+                                                        std::string(cluster::kAdminTokenSecret) +
+                                                        " -o jsonpath='{.data.token}' | base64 -d");
+  if (Status minted = api_service->ensure_admin_token(); !minted.is_ok()) {
+    // The API server may not answer yet; a later start (or another replica) mints it.
+    spdlog::warn("admin token: {}", minted.message());
+  }
 
   std::thread api([&] { (*server)->run(); });
   std::thread reconciler([&] { controller->run(); });
@@ -164,11 +191,15 @@ std::function<int()> add_controller_command(CLI::App& app) {
   cmd->add_option("--identity", flags->identity,
                   "This candidate's name on the Lease (default: $POD_NAME, else host-pid)");
   cmd->add_option("--api-addr", flags->api_addr,
-                  "Where GET /health and the gateways' POST /v1/samples are served")
+                  "Where the REST API, GET /health and the gateways' POST /v1/samples are "
+                  "served")
       ->capture_default_str();
   cmd->add_option("--advertise-address", flags->advertise_address,
                   "host:port where gateways reach this controller, written on the Lease while "
                   "it leads (default: $POD_IP, else the --api-addr host, with its port)");
+  cmd->add_option("--gateway-url", flags->gateway_url,
+                  "Where clients reach the gateways, as GET /api/2.0/info says")
+      ->capture_default_str();
   cmd->add_option("--image", flags->image, "The image replica pods run")->capture_default_str();
   cmd->add_option("--lease-duration-ms", flags->lease_duration_ms,
                   "How long a silent leader's Lease stands before another takes over")

@@ -6,6 +6,7 @@
 // Deployments and Services to keep, the old ones to scale to zero and delete, and its status.
 #pragma once
 
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -15,7 +16,9 @@
 #include <thread>
 #include <vector>
 
+#include "auth/auth.h"
 #include "common/common.h"
+#include "control/control_api.h"
 #include "control/control_scaling.h"
 #include "control/control_spec.h"
 #include "gateway/gateway.h"
@@ -28,7 +31,8 @@ namespace flotilla::cluster {
 inline constexpr std::string_view kEndpointLabel = "flotilla.dev/endpoint";
 inline constexpr std::string_view kVersionLabel = "flotilla.dev/version";
 // Set to "true" on a Secret that holds one API token: data keys id, salt, sha256 (as
-// auth::TokenRecord) and optionally endpoints (comma-separated; absent: all).
+// auth::TokenRecord), optionally endpoints (comma-separated; absent: all) and admin ("true":
+// it may call the control plane's API too). See TokenSecret.
 inline constexpr std::string_view kTokenLabel = "flotilla.dev/token";
 // On a version's Deployment: what its pods run (control::deployment_key), and a digest of the
 // pod template the controller wrote (the API server adds defaults to the stored one).
@@ -57,6 +61,29 @@ gateway::EndpointTable table_from_objects(const kube::Reflector::Objects& servin
 gateway::AuthConfig auth_from_secrets(const kube::Reflector::Objects& secrets,
                                       std::vector<std::string> open_routes,
                                       std::vector<std::string>* problems);
+
+// ---- Tokens as Secrets ------------------------------------------------------------------------
+
+// One token Secret (kTokenLabel) as the API shows it. Data: id, salt, sha256, endpoints, admin;
+// annotations kCommentAnnotation and kCreatedAnnotation (unix ms).
+struct TokenSecret {
+  std::string name;  // the Secret's
+  auth::TokenRecord record;
+  bool admin = false;
+  std::string comment;
+  int64_t created_unix_ms = 0;
+};
+inline constexpr std::string_view kCommentAnnotation = "flotilla.dev/comment";
+inline constexpr std::string_view kCreatedAnnotation = "flotilla.dev/created-unix-ms";
+// The Secret that the first controller to start mints the admin token into: a token Secret
+// whose data.token also holds the token itself, for the operator to read with kubectl.
+inline constexpr std::string_view kAdminTokenSecret = "flotilla-admin-token";
+
+// Errors: kInvalidArgument naming the Secret and the data key.
+Result<TokenSecret> token_from_secret(const std::string& name, const nlohmann::json& secret);
+// The Secret (in the client's namespace) that holds `token`; `plaintext` ("" for none) under
+// data.token.
+nlohmann::json token_secret_object(const TokenSecret& token, const std::string& plaintext = "");
 
 // Keeps a gateway's table and tokens in step with the API server: one Reflector each for
 // ServingEndpoints, EndpointSlices (those labelled kEndpointLabel) and token Secrets, on threads
@@ -188,6 +215,66 @@ class SampleReporter : public gateway::CapacityRequester {
   std::vector<std::string> capacity_ FLOTILLA_GUARDED_BY(mu_);
   std::thread thread_;
 };
+
+// ---- The REST API over the API server ----------------------------------------------------------
+
+// The control plane's REST API in Kubernetes mode (control::ApiService, served by `flotilla
+// controller` on the routes `flotilla up` serves): an endpoint is its ServingEndpoint, so
+// `flotilla deploy`, the API and `kubectl apply` change the same object; a token is a token
+// Secret (salted hashes only), which the gateways watch; an endpoint's events are its status
+// conditions' transitions. Every call reads or writes the API server, nothing is kept here, so
+// every controller replica serves it, leading or not. Thread-safe.
+class ClusterApi : public control::ApiService {
+ public:
+  struct Options {
+    std::string api_url;            // where this API is served (/api/2.0/info)
+    std::string gateway_url;        // where clients reach the gateways (/api/2.0/info)
+    std::function<bool()> leading;  // for /metrics; may be empty
+  };
+
+  // `client` must outlive it.
+  ClusterApi(kube::Client& client, Options options);
+
+  // When no token Secret is an admin one, mints the admin token into kAdminTokenSecret; a
+  // controller that loses the race to create it finds it made. Called at start and by every
+  // admin check, so an admin token exists again soon after the last one is revoked or the API
+  // server was away at start. Errors: kUnavailable (the API server), or the token's.
+  Status ensure_admin_token();
+
+  auth::AuthResult check_admin(std::string_view authorization, std::string* token_id) override;
+  auth::AuthResult check_token(std::string_view authorization,
+                               std::vector<std::string>* scope) override;
+  std::string render_metrics() override;
+  nlohmann::json info() override;
+  // create and update return once the API server holds the object; `flotilla deploy` then
+  // waits until its status says it serves.
+  Result<nlohmann::json> create_endpoint(std::string_view body, const std::string& actor) override;
+  Result<nlohmann::json> update_endpoint(const std::string& name, std::string_view body,
+                                         const std::string& actor) override;
+  Status delete_endpoint(const std::string& name, const std::string& actor) override;
+  Result<nlohmann::json> endpoint_view(const std::string& name) override;
+  std::vector<std::string> endpoint_names() override;
+  Result<std::vector<control::EventRow>> list_events(const std::string& endpoint,
+                                                     size_t limit) override;
+  Result<nlohmann::json> create_token(const std::string& id, std::vector<std::string> endpoints,
+                                      bool admin, const std::string& comment,
+                                      const std::string& actor) override;
+  Status revoke_token(const std::string& id, const std::string& actor) override;
+  nlohmann::json list_tokens() override;
+
+ private:
+  // The token Secrets that hold valid tokens (the others are skipped, as the gateways skip them).
+  Result<std::vector<TokenSecret>> token_secrets();
+  Status ensure_admin_token(const std::vector<TokenSecret>& tokens);
+  Result<nlohmann::json> get_endpoint(const std::string& name);
+
+  kube::Client& client_;
+  const Options options_;
+};
+
+// The view of one ServingEndpoint and its pods in the API's shape (docs/control-plane.md).
+nlohmann::json endpoint_view_of(const nlohmann::json& serving_endpoint,
+                                const kube::Reflector::Objects& pods);
 
 // ---- The controller's plan ------------------------------------------------------------------
 

@@ -1,6 +1,5 @@
 // The gateway's discovery in Kubernetes mode: objects in, the endpoint table and tokens out.
 #include <map>
-#include <sstream>
 
 #include <spdlog/spdlog.h>
 
@@ -168,56 +167,25 @@ gateway::AuthConfig auth_from_secrets(const Objects& secrets, std::vector<std::s
   gateway::AuthConfig auth;
   auth.enabled = true;
   auth.open_routes = std::move(open_routes);
-  for (const auto& entry : secrets) {
-    // Not a structured binding: the lambdas below capture it (clang 14 refuses a binding).
-    const json& secret = entry.second;
-    const std::string where = "Secret '" + entry.first + "'";
-    auto read = [&](const char* key, bool required) -> Result<std::string> {
-      const json& value = field(field(secret, "data"), key);
-      if (!value.is_string()) {
-        if (required) {
-          return invalid_argument(where + ": data." + key + " is missing");
-        }
-        return std::string();
-      }
-      return kube::decode_base64(value.get<std::string>(), where + ": data." + key);
-    };
-    auto record = [&]() -> Result<auth::TokenRecord> {
-      auth::TokenRecord token;
-      FLOTILLA_ASSIGN_OR_RETURN(token.id, read("id", true));
-      FLOTILLA_RETURN_IF_ERROR(auth::check_token_id(token.id, where + ": id"));
-      FLOTILLA_ASSIGN_OR_RETURN(std::string salt, read("salt", true));
-      FLOTILLA_ASSIGN_OR_RETURN(token.salt,
-                                auth::normalize_salt(std::move(salt), where + ": salt"));
-      FLOTILLA_ASSIGN_OR_RETURN(std::string digest, read("sha256", true));
-      FLOTILLA_ASSIGN_OR_RETURN(token.sha256,
-                                auth::normalize_digest(std::move(digest), where + ": sha256"));
-      FLOTILLA_ASSIGN_OR_RETURN(std::string scope, read("endpoints", false));
-      std::stringstream names(scope);
-      for (std::string endpoint; std::getline(names, endpoint, ',');) {
-        if (!endpoint.empty()) {
-          token.endpoints.push_back(endpoint);
-        }
-      }
-      FLOTILLA_RETURN_IF_ERROR(auth::check_scope_names(token.endpoints, where + ": endpoints"));
-      return token;
-    }();
+  for (const auto& [name, secret] : secrets) {
+    Result<TokenSecret> record = token_from_secret(name, secret);
     if (!record.is_ok()) {
       if (problems != nullptr) {
         problems->push_back(record.status().message());
       }
       continue;
     }
+    const std::string& id = record->record.id;
     const bool duplicate =
         std::any_of(auth.tokens.begin(), auth.tokens.end(),
-                    [&](const auth::TokenRecord& token) { return token.id == record->id; });
+                    [&id](const auth::TokenRecord& token) { return token.id == id; });
     if (duplicate) {
       if (problems != nullptr) {
-        problems->push_back(where + ": token id '" + record->id + "' is already used");
+        problems->push_back("Secret '" + name + "': token id '" + id + "' is already used");
       }
       continue;
     }
-    auth.tokens.push_back(std::move(record).value());
+    auth.tokens.push_back(std::move(record->record));
   }
   return auth;
 }

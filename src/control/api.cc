@@ -1,11 +1,10 @@
 // The control plane's REST API (docs/control-plane.md), shaped after the managed-serving API
 // users already script against: /api/2.0/serving-endpoints and /api/2.0/tokens. Errors are
 // {"error_code": "...", "message": "..."} with the matching HTTP status.
-#include "control/api.h"
-
 #include <algorithm>
 #include <charconv>
 
+#include "control/control_api.h"
 #include "protocol/protocol.h"
 
 namespace flotilla::control {
@@ -85,15 +84,19 @@ std::string api_error_body(int status, std::string_view message) {
   return protocol::encode_mlflow_error(code_for_status(status), protocol::valid_utf8(message));
 }
 
-Result<std::unique_ptr<ApiServer>> ApiServer::create(http::ServerOptions options,
-                                                     ApiService& service, bool metrics_open) {
-  auto api = std::unique_ptr<ApiServer>(new ApiServer(service, metrics_open));
+void ApiRoutes::configure_server(http::ServerOptions& options) {
   options.workers = 1;
   options.capture_headers = true;
   options.max_body_bytes = std::min<size_t>(options.max_body_bytes, 1024 * 1024);
   options.error_body = [](int status, std::string_view message) {
     return api_error_body(status, message);
   };
+}
+
+Result<std::unique_ptr<ApiServer>> ApiServer::create(http::ServerOptions options,
+                                                     ApiService& service, bool metrics_open) {
+  auto api = std::unique_ptr<ApiServer>(new ApiServer(service, metrics_open));
+  ApiRoutes::configure_server(options);
   FLOTILLA_ASSIGN_OR_RETURN(
       api->server_,
       http::Server::create(
@@ -103,7 +106,7 @@ Result<std::unique_ptr<ApiServer>> ApiServer::create(http::ServerOptions options
   return api;
 }
 
-http::Response ApiServer::handle(const http::Request& request) const {
+http::Response ApiRoutes::handle(const http::Request& request) const {
   std::string_view target = request.target;
   const size_t question = target.find('?');
   const std::string_view path = target.substr(0, question);
@@ -137,9 +140,9 @@ http::Response ApiServer::handle(const http::Request& request) const {
     case auth::AuthResult::kAllowed:
       break;
     case auth::AuthResult::kMissing:
-      return error_response(401, "UNAUTHENTICATED",
-                            "missing Authorization: Bearer <token> (an admin token; see "
-                            "<data-dir>/admin.token)");
+      return error_response(
+          401, "UNAUTHENTICATED",
+          "missing Authorization: Bearer <token> (an admin token; " + admin_token_hint_ + ")");
     case auth::AuthResult::kInvalid:
       return error_response(401, "UNAUTHENTICATED", "invalid token");
     case auth::AuthResult::kForbidden:
@@ -161,7 +164,7 @@ http::Response ApiServer::handle(const http::Request& request) const {
       "no API route " + std::string(path) + " (see /api/2.0/serving-endpoints, /api/2.0/tokens)");
 }
 
-http::Response ApiServer::handle_endpoints(const http::Request& request, std::string_view rest,
+http::Response ApiRoutes::handle_endpoints(const http::Request& request, std::string_view rest,
                                            const std::string& actor) const {
   const size_t question = rest.find('?');
   const std::string_view query =
@@ -261,7 +264,7 @@ http::Response ApiServer::handle_endpoints(const http::Request& request, std::st
   return error_response(404, "ENDPOINT_NOT_FOUND", "no API route " + request.target);
 }
 
-http::Response ApiServer::handle_tokens(const http::Request& request, std::string_view rest,
+http::Response ApiRoutes::handle_tokens(const http::Request& request, std::string_view rest,
                                         const std::string& actor) const {
   if (rest.empty() || rest == "/") {
     if (request.method == http::Method::kGet) {

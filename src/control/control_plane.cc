@@ -927,11 +927,7 @@ auth::AuthResult ControlPlaneImpl::check_admin(std::string_view authorization,
   }
   if (result == auth::AuthResult::kAllowed && token_id != nullptr) {
     // "Bearer flt_<id>_<secret>": the id names the actor in the event log.
-    const size_t start = authorization.find("flt_");
-    const size_t end = authorization.rfind('_');
-    if (start != std::string_view::npos && end > start + 4) {
-      *token_id = std::string(authorization.substr(start + 4, end - start - 4));
-    }
+    *token_id = auth::token_id_of(authorization);
   }
   return result;
 }

@@ -13,8 +13,8 @@
 
 #include <nlohmann/json.hpp>
 
-#include "control/api.h"
 #include "control/control.h"
+#include "control/control_api.h"
 #include "control/control_scaling.h"
 #include "control/control_spec.h"
 #include "control/reconciler.h"

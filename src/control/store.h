@@ -16,6 +16,7 @@
 
 #include "auth/auth.h"
 #include "common/common.h"
+#include "control/control_api.h"
 
 struct sqlite3;
 
@@ -45,16 +46,6 @@ struct TokenRow {
   std::string comment;
   int64_t created_unix_ms = 0;
   bool operator==(const TokenRow&) const = default;
-};
-
-struct EventRow {
-  int64_t id = 0;  // assigned by append_event, increasing
-  int64_t unix_ms = 0;
-  std::string endpoint;  // "" for platform-wide events
-  std::string kind;      // "created", "updated", "deleted", "replica_started", ...
-  std::string actor;     // a token id, "orchestrator", "reconciler"
-  std::string message;
-  bool operator==(const EventRow&) const = default;
 };
 
 class Store {

@@ -88,6 +88,8 @@ std::string query_escape(std::string_view value);
 // Base64 (RFC 4648, padded; line breaks ignored), as kubeconfigs and Secrets' data carry bytes.
 // kInvalidArgument naming `what` when `text` is not base64.
 Result<std::string> decode_base64(std::string_view text, const std::string& what);
+// `bytes` as padded base64 on one line, as a Secret's data takes them.
+std::string encode_base64(std::string_view bytes);
 
 // object[key] when `object` is an object holding `key`, else null: reads of fields that may be
 // missing or of another type in what a server sent, without nlohmann's exceptions or its

@@ -55,6 +55,15 @@ TEST(GenerateTokenTest, MintsATokenThatChecksOut) {
   EXPECT_EQ(auth.check("Bearer " + minted->token, "llm"), AuthResult::kForbidden);
 }
 
+TEST(TokenIdTest, ReadsTheIdOfABearerTokenAndNothingElse) {
+  Result<NewToken> token = generate_token("ci-job-2", {});
+  ASSERT_TRUE(token.is_ok());
+  EXPECT_EQ(token_id_of("Bearer " + token->token), "ci-job-2");
+  EXPECT_EQ(token_id_of(""), "");
+  EXPECT_EQ(token_id_of("Bearer flt_"), "");
+  EXPECT_EQ(token_id_of("Basic dXNlcjpwYXNz"), "");
+}
+
 TEST(GenerateTokenTest, DrawsAFreshSaltAndSecretEachTime) {
   auto a = generate_token("ci", {});
   auto b = generate_token("ci", {});

@@ -1,13 +1,13 @@
 // The REST API's routes over an in-memory ApiService: auth, routing, status mapping and the
 // JSON shapes, without a store, an orchestrator or a gateway.
-#include "control/api.h"
-
 #include <map>
 #include <string>
 #include <vector>
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+
+#include "control/control_api.h"
 
 namespace flotilla::control {
 namespace {

@@ -8,6 +8,7 @@ second takes over a rollout the first left half done.
 """
 
 import base64
+import json
 import os
 import re
 import sys
@@ -81,11 +82,6 @@ contexts: [{{name: t, context: {{cluster: fake, namespace: {NS}}}}}]
     def traffic(self):
         return {v["name"]: v["traffic"] for v in self.endpoint_status().get("versions", [])}
 
-
-
-class ControllerTest(FakeClusterCase):
-    """The test plays the Deployment controller."""
-
     def report(self, name, ready, replicas=None):
         """What the Deployment controller would write: `ready` pods of the current template."""
         d = self.deployment(name)
@@ -93,6 +89,11 @@ class ControllerTest(FakeClusterCase):
         self.api.update_status("deployments", NS, name, {
             "observedGeneration": d["metadata"]["generation"], "replicas": wanted,
             "updatedReplicas": ready, "readyReplicas": ready, "availableReplicas": ready})
+
+
+
+class ControllerTest(FakeClusterCase):
+    """The test plays the Deployment controller."""
 
     def test_rollout_step_by_step_and_a_takeover_by_the_second_controller(self):
         first = self.start_controller("controller-a")
@@ -167,6 +168,169 @@ class ControllerTest(FakeClusterCase):
         lease = self.api.get("leases", NS, "flotilla-controller")
         self.assertEqual(lease["spec"]["holderIdentity"], "controller-b")
         self.assertEqual(lease["spec"]["leaseTransitions"], 1)
+
+
+class ApiTest(FakeClusterCase):
+    """The REST API of `flotilla up`, served by the controller over ServingEndpoints and token
+    Secrets: `flotilla deploy` and the API write the objects `kubectl apply` would, tokens
+    are Secrets holding salted hashes, bad input changes nothing. The test plays the
+    Deployment controller."""
+
+    def admin_token(self):
+        secret = self.api.get("secrets", NS, "flotilla-admin-token")
+        self.assertIsNotNone(secret, "no admin token Secret minted")
+        self.assertEqual(secret["metadata"]["labels"]["flotilla.dev/token"], "true")
+        return base64.b64decode(secret["data"]["token"]).decode()
+
+    def call(self, method, path, body=None, token=None):
+        headers = {"Authorization": f"Bearer {token or self.token}"} if token != "" else {}
+        return req(self.controller.port, method, path, body=body, headers=headers)
+
+    def flotilla(self, *args):
+        return harness.run_to_exit([FLOTILLA_BIN, *args, "--api",
+                                    f"http://127.0.0.1:{self.controller.port}",
+                                    "--token", self.token], deadline_s=20)
+
+    def setUp(self):
+        super().setUp()
+        self.controller = self.start_controller("controller-a")
+        wait_until(lambda: self.leading(self.controller), DEADLINE_S, what="leading")
+        self.token = self.admin_token()
+
+    def test_deploy_update_and_delete_write_the_serving_endpoint(self):
+        spec_file = harness.write_yaml(self.tmp, "fraud.yaml", """name: fraud
+served_models:
+  - name: v1
+    model: https://models.example/v1.json
+    runtime: xgboost
+    concurrency: {min: 1, max: 64}
+""")
+        deployed = self.flotilla("deploy", "-f", spec_file, "--no-wait")
+        self.assertEqual(deployed.returncode, 0, deployed.stderr.decode())
+        se = self.api.get("servingendpoints", NS, "fraud")
+        self.assertEqual(se["spec"]["served_models"][0]["model"], "https://models.example/v1.json")
+        self.assertEqual(se["metadata"]["annotations"]["flotilla.dev/updated-by"], "admin")
+        wait_until(lambda: self.deployment("fraud-v1") is not None, DEADLINE_S,
+                   what="the controller's Deployment for what the API wrote")
+
+        view = self.call("GET", "/api/2.0/serving-endpoints/fraud").json()
+        self.assertEqual(view["state"]["ready"], "NOT_READY")
+        self.report("fraud-v1", ready=1)
+        wait_until(lambda: self.call("GET", "/api/2.0/serving-endpoints/fraud")
+                   .json()["state"] == {"ready": "READY", "config_update": "NOT_UPDATING"},
+                   DEADLINE_S, what="READY once the Deployment is")
+        view = self.call("GET", "/api/2.0/serving-endpoints/fraud").json()
+        self.assertEqual([(v["name"], v["role"], v["traffic"], v["replicas_ready"])
+                          for v in view["versions"]], [("v1", "target", 100, 1)])
+        self.assertTrue(any(e["kind"] == "Ready=True" for e in view["events"]), view["events"])
+        # `flotilla deploy` waits until it serves, as with `flotilla up`.
+        self.assertEqual(self.flotilla("deploy", "-f", spec_file).returncode, 0)
+        listed = self.call("GET", "/api/2.0/serving-endpoints").json()
+        self.assertEqual([e["name"] for e in listed["endpoints"]], ["fraud"])
+
+        # An update is a new generation of the same object; the old version serves meanwhile.
+        updated = self.call("PUT", "/api/2.0/serving-endpoints/fraud/config", spec("v2"))
+        self.assertEqual(updated.status, 200, updated.body)
+        se = self.api.get("servingendpoints", NS, "fraud")
+        self.assertEqual(se["metadata"]["generation"], 2)
+        self.assertEqual(se["spec"]["served_models"][0]["name"], "v2")
+        wait_until(lambda: self.deployment("fraud-v2") is not None, DEADLINE_S, what="v2")
+        wait_until(lambda: self.call("GET", "/api/2.0/serving-endpoints/fraud")
+                   .json()["state"]["config_update"] == "IN_PROGRESS", DEADLINE_S,
+                   what="a rollout in progress")
+        roles = {v["name"]: (v["role"], v["traffic"]) for v in
+                 self.call("GET", "/api/2.0/serving-endpoints/fraud").json()["versions"]}
+        self.assertEqual(roles, {"v2": ("target", 0), "v1": ("previous", 100)})
+        # The same spec again changes nothing (no new generation).
+        self.call("PUT", "/api/2.0/serving-endpoints/fraud/config", spec("v2"))
+        self.assertEqual(self.api.get("servingendpoints", NS, "fraud")["metadata"]["generation"],
+                         2)
+
+        deleted = self.call("DELETE", "/api/2.0/serving-endpoints/fraud")
+        self.assertEqual(deleted.status, 200, deleted.body)
+        self.assertIsNone(self.api.get("servingendpoints", NS, "fraud"))
+        self.assertEqual(self.call("GET", "/api/2.0/serving-endpoints/fraud").status, 404)
+        self.assertEqual(self.call("DELETE", "/api/2.0/serving-endpoints/fraud").status, 404)
+
+    def test_bad_input_gets_a_clear_error_and_writes_nothing(self):
+        missing = self.call("GET", "/api/2.0/serving-endpoints", token="")
+        self.assertEqual(missing.status, 401)
+        self.assertIn("kubectl get secret flotilla-admin-token", missing.json()["message"])
+        self.assertEqual(self.call("GET", "/api/2.0/serving-endpoints",
+                                   token="flt_admin_" + "0" * 64).status, 401)
+        cases = [
+            (b"{not json", "INVALID_PARAMETER_VALUE"),
+            ({"name": "fraud", "served_models": []}, "INVALID_PARAMETER_VALUE"),
+            # A valid spec for `flotilla up`, but v_1 makes no Kubernetes Service name.
+            ({"name": "fraud", **{"served_models": [dict(spec("v1")["served_models"][0],
+                                                         name="v_1")]}},
+             "INVALID_PARAMETER_VALUE"),
+        ]
+        for body, code in cases:
+            answer = self.call("POST", "/api/2.0/serving-endpoints", body)
+            self.assertEqual(answer.status, 400, (body, answer.body))
+            self.assertEqual(answer.json()["error_code"], code)
+        self.assertIn("not a Kubernetes name", answer.json()["message"])
+        self.assertEqual(self.api.list("servingendpoints", NS), [])
+
+        self.assertEqual(self.call("POST", "/api/2.0/serving-endpoints",
+                                   dict(spec("v1"), name="fraud")).status, 200)
+        again = self.call("POST", "/api/2.0/serving-endpoints", dict(spec("v1"), name="fraud"))
+        self.assertEqual((again.status, again.json()["error_code"]),
+                         (409, "RESOURCE_ALREADY_EXISTS"))
+        def spec_and_generation():
+            # The controller writes the status meanwhile: only what the API may change counts.
+            se = self.api.get("servingendpoints", NS, "fraud")
+            return se["spec"], se["metadata"]["generation"]
+        before = spec_and_generation()
+        bad = self.call("PUT", "/api/2.0/serving-endpoints/fraud/config",
+                        {"served_models": [{"name": "v2", "model": "/m.json",
+                                            "concurrency": {"min": 5, "max": 1}}]})
+        self.assertEqual(bad.status, 400, bad.body)
+        self.assertEqual(spec_and_generation(), before)
+        self.assertEqual(self.call("PUT", "/api/2.0/serving-endpoints/nope/config",
+                                   spec("v1")).status, 404)
+
+    def test_tokens_are_secrets_of_hashes_that_scope_and_revoke(self):
+        made = self.call("POST", "/api/2.0/tokens", {"id": "ci", "endpoints": ["fraud"],
+                                                     "comment": "the CI job"})
+        self.assertEqual(made.status, 200, made.body)
+        token = made.json()["token"]
+        secret = self.api.get("secrets", NS, "flotilla-token-ci")
+        data = {k: base64.b64decode(v).decode() for k, v in secret["data"].items()}
+        self.assertEqual((data["id"], data["endpoints"], data["admin"]), ("ci", "fraud", "false"))
+        self.assertNotIn("token", data)
+        self.assertNotIn(token.split("_")[-1], json.dumps(secret))
+        self.assertEqual(secret["metadata"]["annotations"]["flotilla.dev/comment"], "the CI job")
+        self.assertEqual(self.call("POST", "/api/2.0/tokens", {"id": "ci"}).status, 409)
+        self.assertEqual(self.call("POST", "/api/2.0/tokens", {"id": "bad id!"}).status, 400)
+
+        # Not an admin: the API refuses it; /metrics shows it only its endpoint's series.
+        self.assertEqual(self.call("GET", "/api/2.0/serving-endpoints", token=token).status, 403)
+        self.call("POST", "/api/2.0/serving-endpoints", dict(spec("v1"), name="fraud"))
+        self.call("POST", "/api/2.0/serving-endpoints", dict(spec("v1"), name="other"))
+        wait_until(lambda: 'endpoint="other"' in self.call("GET", "/metrics").body.decode(),
+                   DEADLINE_S, what="the controller's status in the metrics")
+        everything = self.call("GET", "/metrics").body.decode()
+        self.assertIn("flotilla_controller_leading 1", everything)
+        ok, output = harness.promtool_check_metrics(everything)
+        self.assertTrue(ok, output)
+        scoped = self.call("GET", "/metrics", token=token).body.decode()
+        self.assertIn('flotilla_version_desired_replicas{endpoint="fraud",version="v1"} 1', scoped)
+        self.assertNotIn('endpoint="other"', scoped)
+
+        ids = sorted(t["id"] for t in self.call("GET", "/api/2.0/tokens").json()["tokens"])
+        self.assertEqual(ids, ["admin", "ci"])
+        self.assertEqual(self.call("DELETE", "/api/2.0/tokens/ci").status, 200)
+        self.assertIsNone(self.api.get("secrets", NS, "flotilla-token-ci"))
+        self.assertEqual(self.call("DELETE", "/api/2.0/tokens/ci").status, 404)
+        self.assertEqual(self.call("GET", "/metrics", token=token).status, 401)
+        # The admin cannot revoke itself; once no admin token is left one is minted again.
+        self.assertEqual(self.call("DELETE", "/api/2.0/tokens/admin").status, 400)
+        self.api.delete("secrets", NS, "flotilla-admin-token")
+        self.assertEqual(self.call("GET", "/api/2.0/tokens").status, 401)
+        self.token = self.admin_token()
+        self.assertEqual(self.call("GET", "/api/2.0/tokens").status, 200)
 
 
 class EndToEndTest(FakeClusterCase):

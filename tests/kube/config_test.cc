@@ -196,6 +196,17 @@ TEST(KubePathsTest, BuildsCoreGroupClusterScopedAndSubresourcePaths) {
             "kubernetes.io%2Fservice-name%20in%20%28a-v1%2Cb%29%2C%21x");
 }
 
+TEST(KubeBase64Test, EncodesWhatDecodeReadsBackForEveryPaddingLength) {
+  EXPECT_EQ(encode_base64(""), "");
+  EXPECT_EQ(encode_base64("f"), "Zg==");
+  EXPECT_EQ(encode_base64("fo"), "Zm8=");
+  EXPECT_EQ(encode_base64("foo"), "Zm9v");
+  const std::string bytes("\x00\xff\x10token\n", 9);
+  Result<std::string> back = decode_base64(encode_base64(bytes), "data.token");
+  ASSERT_TRUE(back.is_ok()) << back.status().message();
+  EXPECT_EQ(*back, bytes);
+}
+
 TEST(KubeReplyTest, MapsStatusObjectsToStatuses) {
   const nlohmann::json conflict = {{"kind", "Status"},
                                    {"status", "Failure"},

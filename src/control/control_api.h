@@ -1,11 +1,13 @@
-// The control plane's REST API (docs/control-plane.md): a small HTTP server whose routes parse
-// requests, check tokens and shape answers, over ApiService, the operations they need. The
-// routes know nothing of the control plane's state; ControlPlaneImpl implements the service.
-// Private to the control module.
+// The control plane's REST API (docs/control-plane.md): routes that parse requests, check tokens
+// and shape answers, over ApiService, the operations they need. The routes know nothing of where
+// endpoints live: `flotilla up`'s ControlPlaneImpl implements the service over its SQLite store,
+// Kubernetes mode's cluster::ClusterApi over ServingEndpoint objects and Secrets. A public part
+// of the control module, with no store or orchestrator in it.
 #pragma once
 
 #include <chrono>
 #include <cstddef>
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -15,10 +17,20 @@
 
 #include "auth/auth.h"
 #include "common/common.h"
-#include "control/store.h"
 #include "http/http.h"
 
 namespace flotilla::control {
+
+// One entry of an endpoint's event log, newest last in the store.
+struct EventRow {
+  int64_t id = 0;  // assigned by the store, increasing
+  int64_t unix_ms = 0;
+  std::string endpoint;  // "" for platform-wide events
+  std::string kind;      // "created", "updated", "deleted", "replica_started", ...
+  std::string actor;     // a token id, "orchestrator", "reconciler"
+  std::string message;
+  bool operator==(const EventRow&) const = default;
+};
 
 // What the API's routes need of the control plane. Every method may be called from the API
 // server's worker thread while the control plane runs; each blocks only as its comment says.
@@ -64,13 +76,40 @@ class ApiService {
 // API's shape: {"error_code": "...", "message": "..."}.
 std::string api_error_body(int status, std::string_view message);
 
-// The API's routes on an http::Server of one worker. Thread-safety: handle() may be called from
+// The API's routes: one request in, its answer out. Thread-safety: handle() may be called from
+// any thread. The server that carries them must capture headers (Authorization);
+// configure_server() sets that and the API's limits and error body.
+class ApiRoutes {
+ public:
+  // `metrics_open`: GET /metrics needs no token (--open-routes metrics). `admin_token_hint`:
+  // where an admin token is found, said to a caller who sent none. `service` must outlive this.
+  ApiRoutes(ApiService& service, bool metrics_open, std::string admin_token_hint)
+      : service_(service),
+        metrics_open_(metrics_open),
+        admin_token_hint_(std::move(admin_token_hint)) {}
+
+  // One worker, headers captured, bodies up to 1 MiB, errors in the API's shape.
+  static void configure_server(http::ServerOptions& options);
+
+  http::Response handle(const http::Request& request) const;
+
+ private:
+  http::Response handle_endpoints(const http::Request& request, std::string_view rest,
+                                  const std::string& actor) const;
+  http::Response handle_tokens(const http::Request& request, std::string_view rest,
+                               const std::string& actor) const;
+
+  ApiService& service_;
+  const bool metrics_open_;
+  const std::string admin_token_hint_;
+};
+
+// The API's routes on an http::Server of their own. Thread-safety: handle() may be called from
 // any thread; run() and drain() from the owner's.
 class ApiServer {
  public:
-  // Binds `options`' address (one worker, headers captured, bodies up to 1 MiB).
-  // `metrics_open`: GET /metrics needs no token (--open-routes metrics). `service` must
-  // outlive the server. Errors: kUnavailable when the address cannot be bound.
+  // Binds `options`' address (ApiRoutes::configure_server's settings). Errors: kUnavailable
+  // when the address cannot be bound.
   static Result<std::unique_ptr<ApiServer>> create(http::ServerOptions options, ApiService& service,
                                                    bool metrics_open);
 
@@ -81,19 +120,13 @@ class ApiServer {
   void drain(std::chrono::milliseconds timeout) { server_->drain(timeout); }
 
   // One request's answer, as the server sends it.
-  http::Response handle(const http::Request& request) const;
+  http::Response handle(const http::Request& request) const { return routes_.handle(request); }
 
  private:
   ApiServer(ApiService& service, bool metrics_open)
-      : service_(service), metrics_open_(metrics_open) {}
+      : routes_(service, metrics_open, "see <data-dir>/admin.token") {}
 
-  http::Response handle_endpoints(const http::Request& request, std::string_view rest,
-                                  const std::string& actor) const;
-  http::Response handle_tokens(const http::Request& request, std::string_view rest,
-                               const std::string& actor) const;
-
-  ApiService& service_;
-  const bool metrics_open_;
+  ApiRoutes routes_;
   std::unique_ptr<http::Server> server_;
 };
 

@@ -1,0 +1,529 @@
+// Kubernetes mode's REST API: the routes of `flotilla up` (control::ApiRoutes) over
+// ServingEndpoint objects and token Secrets in the API server.
+#include <algorithm>
+#include <cctype>
+#include <charconv>
+#include <ctime>
+
+#include <spdlog/spdlog.h>
+
+#include "cluster/cluster.h"
+
+namespace flotilla::cluster {
+namespace {
+
+using kube::field;
+using nlohmann::json;
+
+// Who last changed an endpoint through the API, and when (unix ms).
+constexpr std::string_view kUpdatedByAnnotation = "flotilla.dev/updated-by";
+constexpr std::string_view kUpdatedAnnotation = "flotilla.dev/updated-unix-ms";
+// An update that keeps meeting a newer resourceVersion gives up after this many tries.
+constexpr int kUpdateAttempts = 5;
+
+// RFC 3339 in UTC as the API server writes it ("2026-12-03T05:00:00Z", a fraction allowed) as
+// unix ms; 0 when it is not that.
+int64_t unix_ms_of(const std::string& text) {
+  std::tm utc{};
+  const char* rest = ::strptime(text.c_str(), "%Y-%m-%dT%H:%M:%S", &utc);
+  if (rest == nullptr) {
+    return 0;
+  }
+  int64_t ms = static_cast<int64_t>(::timegm(&utc)) * 1000;
+  if (*rest == '.') {
+    int64_t scale = 100;
+    for (++rest; std::isdigit(static_cast<unsigned char>(*rest)) != 0; ++rest) {
+      ms += (*rest - '0') * scale;
+      scale /= 10;
+    }
+  }
+  return ms;
+}
+
+const json& condition_of(const json& status, std::string_view type) {
+  const json& conditions = field(status, "conditions");
+  if (conditions.is_array()) {
+    for (const json& condition : conditions) {
+      if (kube::string_field(condition, "type") == type) {
+        return condition;
+      }
+    }
+  }
+  static const json kNone;
+  return kNone;
+}
+
+std::string label_of(const json& object, std::string_view key) {
+  return kube::string_field(field(field(object, "metadata"), "labels"), key);
+}
+
+// One pod of a version in the shape of `flotilla up`'s replicas.
+json replica_view(const json& pod) {
+  const json& status = field(pod, "status");
+  std::string address = kube::string_field(status, "podIP");
+  const json& containers = field(field(pod, "spec"), "containers");
+  if (containers.is_array() && !containers.empty()) {
+    const json& ports = field(containers[0], "ports");
+    if (ports.is_array() && !ports.empty() && !address.empty()) {
+      address += ":" + std::to_string(kube::integer_field(ports[0], "containerPort", 0));
+    }
+  }
+  std::string state = "starting";
+  if (!kube::string_field(field(pod, "metadata"), "deletionTimestamp").empty()) {
+    state = "draining";
+  } else if (kube::string_field(condition_of(status, "Ready"), "status") == "True") {
+    state = "ready";
+  }
+  std::string reason;
+  int64_t restarts = 0;
+  const json& container_statuses = field(status, "containerStatuses");
+  if (container_statuses.is_array()) {
+    for (const json& container : container_statuses) {
+      restarts += kube::integer_field(container, "restartCount", 0);
+      const std::string waiting =
+          kube::string_field(field(field(container, "state"), "waiting"), "reason");
+      reason = reason.empty() ? waiting : reason;
+    }
+  }
+  return {{"id", kube::string_field(field(pod, "metadata"), "name")},
+          {"version", label_of(pod, kVersionLabel)},
+          {"address", address},
+          {"state", state},
+          {"pid", 0},
+          {"from_warm_pool", false},
+          {"restarts", restarts},
+          {"reason", reason}};
+}
+
+json token_view(const TokenSecret& token) {
+  return {{"id", token.record.id},
+          {"endpoints", token.record.endpoints},
+          {"admin", token.admin},
+          {"comment", token.comment},
+          {"creation_timestamp", token.created_unix_ms},
+          {"secret", token.name}};
+}
+
+// A Secret name for a token id: DNS-1123 (lower case; ends with a letter or digit).
+std::string token_secret_name(const std::string& id) {
+  std::string name = "flotilla-token-";
+  for (char c : id) {
+    name += static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  }
+  if (name.back() == '-') {
+    name += "0";
+  }
+  return name;
+}
+
+}  // namespace
+
+json endpoint_view_of(const json& serving_endpoint, const kube::Reflector::Objects& pods) {
+  const json& metadata = field(serving_endpoint, "metadata");
+  const json& status = field(serving_endpoint, "status");
+  const std::string name = kube::string_field(metadata, "name");
+  const bool observed = kube::integer_field(status, "observedGeneration", 0) >=
+                        kube::integer_field(metadata, "generation", 1);
+  Result<control::EndpointSpec> spec = spec_of(serving_endpoint);
+
+  std::map<std::string, const json*> serving;  // status.versions by name
+  const json& status_versions = field(status, "versions");
+  if (status_versions.is_array()) {
+    for (const json& version : status_versions) {
+      serving[kube::string_field(version, "name")] = &version;
+    }
+  }
+  json versions = json::array();
+  auto add_status = [](json& version, const json* state) {
+    version["traffic"] = state != nullptr ? kube::integer_field(*state, "traffic", 0) : 0;
+    version["serving"] = version["traffic"].get<int64_t>() > 0;
+    if (state != nullptr) {
+      version["deployment"] = kube::string_field(*state, "deployment");
+      version["replicas_wanted"] = kube::integer_field(*state, "desiredReplicas", 0);
+      version["replicas_ready"] = kube::integer_field(*state, "readyReplicas", 0);
+      version["replicas_updated"] = kube::integer_field(*state, "updatedReplicas", 0);
+      version["target_concurrency_per_replica"] =
+          field(*state, "targetConcurrencyPerReplica").is_number()
+              ? field(*state, "targetConcurrencyPerReplica")
+              : json(nullptr);
+    }
+  };
+  std::set<std::string> in_spec;
+  if (spec.is_ok()) {
+    for (const control::ServedModelSpec& served : spec->served_models) {
+      in_spec.insert(served.name);
+      json version = control::to_json(served);
+      version["role"] = "target";
+      version["deployment"] = version_object_name(name, served.name);
+      version["replicas_wanted"] = control::version_replicas(served, std::nullopt);
+      version["replicas_ready"] = 0;
+      version["replicas_updated"] = 0;
+      version["target_concurrency_per_replica"] = control::replica_cap(served, std::nullopt);
+      const auto it = serving.find(served.name);
+      add_status(version, it != serving.end() ? it->second : nullptr);
+      versions.push_back(std::move(version));
+    }
+  }
+  bool rolling = false;
+  for (const auto& [version_name, state] : serving) {
+    if (in_spec.contains(version_name)) {
+      continue;
+    }
+    rolling = true;
+    json version = {{"name", version_name}, {"role", "previous"}, {"runtime", ""}, {"model", ""}};
+    add_status(version, state);
+    versions.push_back(std::move(version));
+  }
+
+  json view;
+  view["name"] = name;
+  const bool ready =
+      observed && kube::string_field(condition_of(status, "Ready"), "status") == "True";
+  view["state"] = {{"ready", ready ? "READY" : "NOT_READY"},
+                   {"config_update", !observed || rolling ? "IN_PROGRESS" : "NOT_UPDATING"}};
+  view["config"] = spec.is_ok() ? control::to_json(*spec) : field(serving_endpoint, "spec");
+  view["pending_config"] = nullptr;
+  view["versions"] = std::move(versions);
+  json replicas = json::array();
+  for (const auto& [pod_name, pod] : pods) {
+    if (label_of(pod, kEndpointLabel) == name) {
+      replicas.push_back(replica_view(pod));
+    }
+  }
+  view["replicas"] = std::move(replicas);
+  const json& learned = field(status, "autoscaler");
+  if (learned.is_object()) {
+    view["autoscaler"] = {{"replicas", kube::integer_field(status, "desiredReplicas", 0)},
+                          {"target_concurrency", field(learned, "target")}};
+  }
+  view["conditions"] =
+      field(status, "conditions").is_array() ? field(status, "conditions") : json::array();
+  view["generation"] = kube::integer_field(metadata, "generation", 1);
+  view["observed_generation"] = kube::integer_field(status, "observedGeneration", 0);
+  const int64_t created = unix_ms_of(kube::string_field(metadata, "creationTimestamp"));
+  view["creation_timestamp"] = created;
+  const std::string updated =
+      kube::string_field(field(metadata, "annotations"), kUpdatedAnnotation);
+  int64_t updated_ms = created;  // written by hand (kubectl apply): the creation time
+  std::from_chars(updated.data(), updated.data() + updated.size(), updated_ms);
+  view["last_updated_timestamp"] = updated_ms;
+  return view;
+}
+
+ClusterApi::ClusterApi(kube::Client& client, Options options)
+    : client_(client), options_(std::move(options)) {}
+
+Result<std::vector<TokenSecret>> ClusterApi::token_secrets() {
+  FLOTILLA_ASSIGN_OR_RETURN(
+      kube::Reply reply,
+      client_.get(kube::collection_path(kube::kSecrets, client_.config().namespace_name),
+                  "labelSelector=" + kube::query_escape(std::string(kTokenLabel) + "=true")));
+  FLOTILLA_RETURN_IF_ERROR(kube::reply_status(reply));
+  // As the gateways read them: by Secret name, the first of a duplicated id wins.
+  kube::Reflector::Objects secrets;
+  const json& items = field(reply.body, "items");
+  if (items.is_array()) {
+    for (const json& item : items) {
+      secrets[kube::string_field(field(item, "metadata"), "name")] = item;
+    }
+  }
+  std::vector<TokenSecret> tokens;
+  for (const auto& [name, secret] : secrets) {
+    Result<TokenSecret> token = token_from_secret(name, secret);
+    const bool taken = token.is_ok() && std::any_of(tokens.begin(), tokens.end(),
+                                                    [&token](const TokenSecret& other) {
+                                                      return other.record.id == token->record.id;
+                                                    });
+    if (token.is_ok() && !taken) {
+      tokens.push_back(std::move(token).value());
+    }
+  }
+  return tokens;
+}
+
+Status ClusterApi::ensure_admin_token() {
+  FLOTILLA_ASSIGN_OR_RETURN(std::vector<TokenSecret> tokens, token_secrets());
+  return ensure_admin_token(tokens);
+}
+
+Status ClusterApi::ensure_admin_token(const std::vector<TokenSecret>& tokens) {
+  if (std::any_of(tokens.begin(), tokens.end(), [](const TokenSecret& t) { return t.admin; })) {
+    return Status::ok();
+  }
+  FLOTILLA_ASSIGN_OR_RETURN(auth::NewToken minted, auth::generate_token("admin", {}));
+  TokenSecret token{std::string(kAdminTokenSecret), minted.record, true,
+                    "minted by the first start of flotilla controller", unix_time_ms()};
+  FLOTILLA_ASSIGN_OR_RETURN(
+      kube::Reply reply,
+      client_.create(kube::collection_path(kube::kSecrets, client_.config().namespace_name),
+                     token_secret_object(token, minted.token)));
+  if (reply.reason() == "AlreadyExists") {
+    return Status::ok();  // another controller made it first
+  }
+  FLOTILLA_RETURN_IF_ERROR(kube::reply_status(reply));
+  spdlog::info("minted the admin token into the Secret {} (data.token)", kAdminTokenSecret);
+  return Status::ok();
+}
+
+auth::AuthResult ClusterApi::check_admin(std::string_view authorization, std::string* token_id) {
+  Result<std::vector<TokenSecret>> tokens = token_secrets();
+  if (!tokens.is_ok()) {
+    spdlog::warn("api: cannot read the token Secrets: {}", tokens.status().message());
+    return authorization.empty() ? auth::AuthResult::kMissing : auth::AuthResult::kInvalid;
+  }
+  if (Status minted = ensure_admin_token(*tokens); !minted.is_ok()) {
+    spdlog::warn("api: no admin token, and minting one failed: {}", minted.message());
+  }
+  std::vector<auth::TokenRecord> admins;
+  std::vector<auth::TokenRecord> all;
+  for (const TokenSecret& token : *tokens) {
+    all.push_back(token.record);
+    if (token.admin) {
+      admins.push_back(token.record);
+    }
+  }
+  const auth::AuthResult result = auth::Authenticator(std::move(admins)).check(authorization, "");
+  if (result == auth::AuthResult::kInvalid &&
+      auth::Authenticator(std::move(all)).check(authorization, "") == auth::AuthResult::kAllowed) {
+    return auth::AuthResult::kForbidden;
+  }
+  if (result == auth::AuthResult::kAllowed && token_id != nullptr) {
+    *token_id = auth::token_id_of(authorization);
+  }
+  return result;
+}
+
+auth::AuthResult ClusterApi::check_token(std::string_view authorization,
+                                         std::vector<std::string>* scope) {
+  Result<std::vector<TokenSecret>> tokens = token_secrets();
+  if (!tokens.is_ok()) {
+    spdlog::warn("api: cannot read the token Secrets: {}", tokens.status().message());
+    return authorization.empty() ? auth::AuthResult::kMissing : auth::AuthResult::kInvalid;
+  }
+  std::vector<auth::TokenRecord> records;
+  for (const TokenSecret& token : *tokens) {
+    records.push_back(token.record);
+  }
+  return auth::Authenticator(std::move(records)).check_scope(authorization, scope);
+}
+
+std::string ClusterApi::render_metrics() {
+  MetricsRegistry registry;
+  if (options_.leading) {
+    registry.gauge("flotilla_controller_leading", "1 while this controller holds the Lease")
+        .set(options_.leading() ? 1 : 0);
+  }
+  Result<kube::Reply> reply =
+      client_.get(kube::collection_path(kube::kServingEndpoints, client_.config().namespace_name));
+  registry.gauge("flotilla_controller_api_server_up", "1 when the API server answered the list")
+      .set(reply.is_ok() && reply->ok() ? 1 : 0);
+  const json& items = reply.is_ok() && reply->ok() ? field(reply->body, "items") : json();
+  if (items.is_array()) {
+    for (const json& item : items) {
+      const std::string endpoint = kube::string_field(field(item, "metadata"), "name");
+      const json& versions = field(field(item, "status"), "versions");
+      for (const json& version : versions.is_array() ? versions : json::array()) {
+        const Labels labels = {{"endpoint", endpoint},
+                               {"version", kube::string_field(version, "name")}};
+        registry
+            .gauge("flotilla_version_desired_replicas",
+                   "Replicas a version's Deployment asks for (the controller's status)", labels)
+            .set(static_cast<double>(kube::integer_field(version, "desiredReplicas", 0)));
+        registry.gauge("flotilla_version_ready_replicas", "Ready replicas of a version", labels)
+            .set(static_cast<double>(kube::integer_field(version, "readyReplicas", 0)));
+        registry
+            .gauge("flotilla_version_traffic_percent",
+                   "The share of an endpoint's requests a version gets now", labels)
+            .set(static_cast<double>(kube::integer_field(version, "traffic", 0)));
+      }
+    }
+  }
+  return registry.render();
+}
+
+json ClusterApi::info() {
+  return {{"gateway", options_.gateway_url},
+          {"api", options_.api_url},
+          {"kubernetes", client_.config().server.text()},
+          {"namespace", client_.config().namespace_name},
+          {"version", FLOTILLA_VERSION}};
+}
+
+Result<json> ClusterApi::get_endpoint(const std::string& name) {
+  FLOTILLA_ASSIGN_OR_RETURN(kube::Reply reply,
+                            client_.get(kube::object_path(kube::kServingEndpoints,
+                                                          client_.config().namespace_name, name)));
+  if (reply.status == 404) {
+    return not_found("endpoint '" + name + "' does not exist");
+  }
+  FLOTILLA_RETURN_IF_ERROR(kube::reply_status(reply));
+  return std::move(reply.body);
+}
+
+Result<json> ClusterApi::create_endpoint(std::string_view body, const std::string& actor) {
+  FLOTILLA_ASSIGN_OR_RETURN(control::EndpointSpec spec, control::parse_endpoint_spec(body));
+  const json object = {{"apiVersion", "flotilla.dev/v1"},
+                       {"kind", "ServingEndpoint"},
+                       {"metadata",
+                        {{"name", spec.name},
+                         {"annotations",
+                          {{std::string(kUpdatedByAnnotation), actor},
+                           {std::string(kUpdatedAnnotation), std::to_string(unix_time_ms())}}}}},
+                       {"spec", control::to_json(spec)}};
+  FLOTILLA_RETURN_IF_ERROR(spec_of(object).status());  // the Kubernetes name rules
+  FLOTILLA_ASSIGN_OR_RETURN(
+      kube::Reply reply,
+      client_.create(
+          kube::collection_path(kube::kServingEndpoints, client_.config().namespace_name), object));
+  if (reply.reason() == "AlreadyExists") {
+    return Status(StatusCode::kFailedPrecondition, "endpoint '" + spec.name + "' already exists");
+  }
+  FLOTILLA_RETURN_IF_ERROR(kube::reply_status(reply));
+  return endpoint_view_of(reply.body, {});
+}
+
+Result<json> ClusterApi::update_endpoint(const std::string& name, std::string_view body,
+                                         const std::string& actor) {
+  FLOTILLA_ASSIGN_OR_RETURN(control::EndpointSpec spec, control::parse_endpoint_spec(body, name));
+  for (int attempt = 0; attempt < kUpdateAttempts; ++attempt) {
+    FLOTILLA_ASSIGN_OR_RETURN(json object, get_endpoint(name));
+    Result<control::EndpointSpec> current = spec_of(object);
+    if (current.is_ok() && *current == spec) {
+      return endpoint_view(name);  // nothing to change: no new generation
+    }
+    object["spec"] = control::to_json(spec);
+    object["metadata"]["annotations"][std::string(kUpdatedByAnnotation)] = actor;
+    object["metadata"]["annotations"][std::string(kUpdatedAnnotation)] =
+        std::to_string(unix_time_ms());
+    FLOTILLA_RETURN_IF_ERROR(spec_of(object).status());
+    FLOTILLA_ASSIGN_OR_RETURN(
+        kube::Reply reply, client_.replace(kube::object_path(kube::kServingEndpoints,
+                                                             client_.config().namespace_name, name),
+                                           object));
+    if (reply.status == 409) {
+      continue;  // changed since we read it: read it again
+    }
+    if (reply.status == 404) {
+      return not_found("endpoint '" + name + "' does not exist");
+    }
+    FLOTILLA_RETURN_IF_ERROR(kube::reply_status(reply));
+    return endpoint_view(name);
+  }
+  return Status(StatusCode::kUnavailable,
+                "endpoint '" + name + "' kept changing under the " + "update; try again");
+}
+
+Status ClusterApi::delete_endpoint(const std::string& name, const std::string& actor) {
+  FLOTILLA_ASSIGN_OR_RETURN(
+      kube::Reply reply, client_.remove(kube::object_path(kube::kServingEndpoints,
+                                                          client_.config().namespace_name, name)));
+  if (reply.status == 404) {
+    return not_found("endpoint '" + name + "' does not exist");
+  }
+  FLOTILLA_RETURN_IF_ERROR(kube::reply_status(reply));
+  spdlog::info("api: {} deleted endpoint {}", actor, name);
+  return Status::ok();
+}
+
+Result<json> ClusterApi::endpoint_view(const std::string& name) {
+  FLOTILLA_ASSIGN_OR_RETURN(json object, get_endpoint(name));
+  FLOTILLA_ASSIGN_OR_RETURN(
+      kube::Reply reply,
+      client_.get(kube::collection_path(kube::kPods, client_.config().namespace_name),
+                  "labelSelector=" + kube::query_escape(std::string(kEndpointLabel) + "=" + name)));
+  kube::Reflector::Objects pods;
+  const json& items = reply.ok() ? field(reply.body, "items") : json();
+  if (items.is_array()) {
+    for (const json& pod : items) {
+      pods[kube::string_field(field(pod, "metadata"), "name")] = pod;
+    }
+  }
+  return endpoint_view_of(object, pods);
+}
+
+std::vector<std::string> ClusterApi::endpoint_names() {
+  std::vector<std::string> names;
+  Result<kube::Reply> reply =
+      client_.get(kube::collection_path(kube::kServingEndpoints, client_.config().namespace_name));
+  const json& items = reply.is_ok() && reply->ok() ? field(reply->body, "items") : json();
+  if (items.is_array()) {
+    for (const json& item : items) {
+      names.push_back(kube::string_field(field(item, "metadata"), "name"));
+    }
+  }
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
+Result<std::vector<control::EventRow>> ClusterApi::list_events(const std::string& endpoint,
+                                                               size_t limit) {
+  FLOTILLA_ASSIGN_OR_RETURN(json object, get_endpoint(endpoint));
+  std::vector<control::EventRow> events;
+  const json& conditions = field(field(object, "status"), "conditions");
+  if (conditions.is_array()) {
+    for (const json& condition : conditions) {
+      const std::string reason = kube::string_field(condition, "reason");
+      const std::string message = kube::string_field(condition, "message");
+      events.push_back(
+          {static_cast<int64_t>(events.size()) + 1,
+           unix_ms_of(kube::string_field(condition, "lastTransitionTime")), endpoint,
+           kube::string_field(condition, "type") + "=" + kube::string_field(condition, "status"),
+           "controller", reason + (message.empty() ? "" : ": " + message)});
+    }
+  }
+  std::stable_sort(events.begin(), events.end(),
+                   [](const auto& a, const auto& b) { return a.unix_ms > b.unix_ms; });
+  events.resize(std::min(events.size(), limit));
+  return events;
+}
+
+Result<json> ClusterApi::create_token(const std::string& id, std::vector<std::string> endpoints,
+                                      bool admin, const std::string& comment,
+                                      const std::string& actor) {
+  FLOTILLA_ASSIGN_OR_RETURN(auth::NewToken minted, auth::generate_token(id, std::move(endpoints)));
+  FLOTILLA_ASSIGN_OR_RETURN(std::vector<TokenSecret> tokens, token_secrets());
+  if (std::any_of(tokens.begin(), tokens.end(),
+                  [&id](const TokenSecret& token) { return token.record.id == id; })) {
+    return Status(StatusCode::kFailedPrecondition, "token '" + id + "' already exists");
+  }
+  const TokenSecret token{token_secret_name(id), minted.record, admin, comment, unix_time_ms()};
+  FLOTILLA_ASSIGN_OR_RETURN(
+      kube::Reply reply,
+      client_.create(kube::collection_path(kube::kSecrets, client_.config().namespace_name),
+                     token_secret_object(token)));
+  if (reply.reason() == "AlreadyExists") {
+    return Status(StatusCode::kFailedPrecondition,
+                  "token '" + id + "': the Secret " + token.name + " already exists");
+  }
+  FLOTILLA_RETURN_IF_ERROR(kube::reply_status(reply));
+  spdlog::info("api: {} created token {} (Secret {})", actor, id, token.name);
+  return json{{"token", minted.token}, {"token_info", token_view(token)}};
+}
+
+Status ClusterApi::revoke_token(const std::string& id, const std::string& actor) {
+  FLOTILLA_ASSIGN_OR_RETURN(std::vector<TokenSecret> tokens, token_secrets());
+  const auto it = std::find_if(tokens.begin(), tokens.end(),
+                               [&id](const TokenSecret& token) { return token.record.id == id; });
+  if (it == tokens.end()) {
+    return not_found("token '" + id + "' does not exist");
+  }
+  FLOTILLA_ASSIGN_OR_RETURN(
+      kube::Reply reply,
+      client_.remove(kube::object_path(kube::kSecrets, client_.config().namespace_name, it->name)));
+  if (reply.status != 404) {
+    FLOTILLA_RETURN_IF_ERROR(kube::reply_status(reply));
+  }
+  spdlog::info("api: {} revoked token {} (Secret {})", actor, id, it->name);
+  return Status::ok();
+}
+
+json ClusterApi::list_tokens() {
+  json list = json::array();
+  Result<std::vector<TokenSecret>> tokens = token_secrets();
+  for (const TokenSecret& token : tokens.is_ok() ? *tokens : std::vector<TokenSecret>{}) {
+    list.push_back(token_view(token));
+  }
+  return list;
+}
+
+}  // namespace flotilla::cluster
