@@ -328,6 +328,46 @@ EndpointPlan plan_endpoint(const nlohmann::json& serving_endpoint,
                            const std::optional<control::Scale>& scale,
                            const ReplicaTemplate& replica, const Clock& clock);
 
+// ---- Replica usage, for the vertical autoscaler -------------------------------------------------
+
+// A ready replica pod to read: its name, version label and where its replica listens.
+struct PodTarget {
+  std::string name;
+  std::string version;
+  std::string host;
+  uint16_t port = 0;
+};
+// The ready (and not terminating) pods of a pod list, with an IP and a container port.
+std::vector<PodTarget> ready_pod_targets(const nlohmann::json& pod_list);
+
+// The vertical autoscaler's readings in Kubernetes mode: the controller reads each ready pod's
+// own /metrics (process_cpu_seconds_total, flotilla_replica_queue_wait_seconds_total), as
+// `flotilla up`'s orchestrator reads its replica processes, and keeps each pod's last reading
+// for the rates. The NetworkPolicy lets the controller reach replica pods. Not thread-safe: the
+// leader's thread owns it.
+class PodUsage {
+ public:
+  struct Reading {
+    control::ReplicaUsage usage;
+    int64_t replicas_read = 0;  // pods whose /metrics answered in time
+  };
+
+  // `client` must outlive it. `deadline`: how long one read() may block, whatever the pods.
+  PodUsage(kube::Client& client, std::chrono::milliseconds deadline);
+
+  // `endpoint`'s ready pods' usage since each one's previous reading. `cores_of_version`: the
+  // cores a version's pods may use (its resources.cpus; a version without is counted as one
+  // core, since the node's size is not known here).
+  Reading read(const std::string& endpoint, const std::map<std::string, double>& cores_of_version);
+  // Forgets the endpoints not named.
+  void retain(const std::vector<std::string>& endpoints);
+
+ private:
+  kube::Client& client_;
+  const std::chrono::milliseconds deadline_;
+  std::map<std::string, std::map<std::string, control::UsageCounters>> previous_;  // endpoint, pod
+};
+
 // ---- The controller ---------------------------------------------------------------------------
 
 // `flotilla controller`: while it holds the Lease (one leader among its replicas), mirrors the
@@ -341,8 +381,8 @@ EndpointPlan plan_endpoint(const nlohmann::json& serving_endpoint,
 // over the fleet (add_report): each endpoint's replica count and per-replica target, split
 // across its versions. A new leader starts each endpoint at the replicas its Deployments ask
 // for and at the target the status recorded (status.autoscaler), so a takeover scales nothing
-// down. The vertical policy learns nothing yet: it needs the replicas' CPU and engine queue,
-// which no gateway sees (docs/kubernetes.md).
+// down. The vertical policy reads the replicas' CPU and engine queue from the pods themselves
+// (PodUsage), and what it read last goes into status.usage.
 class Controller {
  public:
   struct Options {
@@ -395,6 +435,8 @@ class Controller {
   // The leader thread's own, made anew at each term: each endpoint's scaler and decision.
   std::map<std::string, std::unique_ptr<control::EndpointScaler>> scalers_;
   std::map<std::string, control::Scale> scales_;
+  std::map<std::string, PodUsage::Reading> usage_read_;  // the last reading of each endpoint
+  PodUsage pod_usage_;
 };
 
 }  // namespace flotilla::cluster

@@ -12,6 +12,9 @@ namespace {
 using kube::field;
 using nlohmann::json;
 
+// How long the vertical autoscaler's read of an endpoint's pods may hold the leader's thread.
+constexpr std::chrono::milliseconds kUsageDeadline{500};
+
 std::string name_of(const json& object) {
   return kube::string_field(field(object, "metadata"), "name");
 }
@@ -41,7 +44,8 @@ Controller::Controller(kube::Client& client, Options options)
     : client_(client),
       options_(std::move(options)),
       elector_(client, options_.election, real_clock()),
-      samples_(options_.sample_settle) {}
+      samples_(options_.sample_settle),
+      pod_usage_(client, kUsageDeadline) {}
 
 Controller::~Controller() {
   stop();
@@ -205,6 +209,8 @@ bool Controller::autoscale(const kube::Reflector::Objects& endpoints,
   }
   std::erase_if(scalers_, [&](const auto& entry) { return !endpoints.contains(entry.first); });
   std::erase_if(scales_, [&](const auto& entry) { return !endpoints.contains(entry.first); });
+  std::erase_if(usage_read_, [&](const auto& entry) { return !endpoints.contains(entry.first); });
+  pod_usage_.retain(names);
   bool changed = false;
   for (const auto& [name, endpoint] : endpoints) {
     Result<control::EndpointSpec> spec = spec_of(endpoint);
@@ -239,10 +245,14 @@ bool Controller::autoscale(const kube::Reflector::Objects& endpoints,
     }
     scaler->add_samples(samples[name], ready);
     std::vector<std::string> changes =
-        scaler->tick(now, ready, std::max<int64_t>(0, asked - ready), /*failures=*/0, [] {
-          // Unknown, not zero: the vertical policy decides nothing without the replicas' own
-          // readings.
-          return control::ReplicaUsage{0, std::nullopt};
+        scaler->tick(now, ready, std::max<int64_t>(0, asked - ready), /*failures=*/0, [&] {
+          std::map<std::string, double> cores;
+          for (const control::ServedModelSpec& served : spec->served_models) {
+            cores[served.name] = served.resources.cpus;
+          }
+          PodUsage::Reading reading = pod_usage_.read(name, cores);
+          usage_read_[name] = reading;
+          return reading.usage;
         });
     if (capacity.contains(name) && scaler->request_capacity()) {
       changes.push_back("scale from zero: 0 -> 1 replica, a request is waiting");
@@ -285,6 +295,12 @@ void Controller::reconcile_all() {
     if (const auto scaler = scalers_.find(name); scaler != scalers_.end()) {
       plan.status["autoscaler"] =
           json::parse(control::learned_target_to_json(scaler->second->learned()));
+    }
+    if (const auto read = usage_read_.find(name); read != usage_read_.end()) {
+      const control::ReplicaUsage& usage = read->second.usage;
+      plan.status["usage"] = {{"replicasRead", read->second.replicas_read},
+                              {"cpuUtilization", usage.cpu_utilization},
+                              {"queued", usage.queued ? json(*usage.queued) : json(nullptr)}};
     }
     apply(endpoint, plan, owned, services);
   }

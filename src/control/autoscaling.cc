@@ -187,4 +187,39 @@ bool EndpointScaler::request_capacity() {
   return autoscaler_->request_capacity();
 }
 
+ReplicaUsage usage_from_changes(const std::vector<UsageChange>& changes) {
+  double cpu_sum = 0;
+  double queued_sum = 0;
+  int cpu_measured = 0;
+  int queue_measured = 0;
+  int queue_unknown = 0;  // replicas that report a queue, read once so far
+  for (const UsageChange& change : changes) {
+    const UsageCounters& now = change.now;
+    if (now.queue_wait_seconds && !(change.before && change.before->queue_wait_seconds)) {
+      queue_unknown += 1;
+    }
+    if (!change.before) {
+      continue;
+    }
+    const UsageCounters& before = *change.before;
+    const double wall = std::chrono::duration<double>(now.at - before.at).count();
+    if (wall > 0 && now.cpu_seconds >= 0 && before.cpu_seconds >= 0 && now.cores > 0) {
+      cpu_sum += (now.cpu_seconds - before.cpu_seconds) / wall / now.cores;
+      cpu_measured += 1;
+    }
+    if (wall > 0 && now.queue_wait_seconds && before.queue_wait_seconds) {
+      queued_sum += std::max(0.0, *now.queue_wait_seconds - *before.queue_wait_seconds) / wall;
+      queue_measured += 1;
+    }
+  }
+  ReplicaUsage usage;
+  usage.cpu_utilization = cpu_measured > 0 ? std::clamp(cpu_sum / cpu_measured, 0.0, 1.0) : 0.0;
+  if (queue_measured > 0) {
+    usage.queued = queued_sum / queue_measured;
+  } else if (queue_unknown > 0) {
+    usage.queued = std::nullopt;
+  }
+  return usage;
+}
+
 }  // namespace flotilla::control

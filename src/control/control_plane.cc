@@ -421,11 +421,6 @@ void ControlPlaneImpl::request_capacity(const std::string& endpoint) {
 
 ReplicaUsage ControlPlaneImpl::replica_usage(const std::vector<orchestrator::Replica>& replicas) {
   const double machine_cores = std::max(1u, std::thread::hardware_concurrency());
-  double cpu_sum = 0;
-  double queued_sum = 0;
-  int cpu_measured = 0;
-  int queue_measured = 0;
-  int queue_unknown = 0;  // replicas that report a queue, read once so far
   std::vector<std::string> ids;
   ids.reserve(replicas.size());
   for (const orchestrator::Replica& replica : replicas) {
@@ -437,43 +432,25 @@ ReplicaUsage ControlPlaneImpl::replica_usage(const std::vector<orchestrator::Rep
     std::string id = reading.replica_id;
     readings.emplace(std::move(id), std::move(reading));
   }
+  std::vector<UsageChange> changes;
   for (const orchestrator::Replica& replica : replicas) {
     auto found = readings.find(replica.id);
     if (found == readings.end()) {
       continue;  // gone since the list was read
     }
     const orchestrator::UsageReading& reading = found->second;
-    auto previous = usage_readings_.find(replica.id);
-    if (reading.queue_wait_seconds &&
-        (previous == usage_readings_.end() || !previous->second.queue_wait_seconds)) {
-      queue_unknown += 1;
+    UsageChange change;
+    change.now = {reading.cpu_seconds, reading.queue_wait_seconds,
+                  replica.deployment.cpus > 0 ? std::min(replica.deployment.cpus, machine_cores)
+                                              : machine_cores,
+                  reading.at};
+    if (auto previous = usage_readings_.find(replica.id); previous != usage_readings_.end()) {
+      change.before = previous->second;
     }
-    if (previous != usage_readings_.end()) {
-      const orchestrator::UsageReading& before = previous->second;
-      const double wall = std::chrono::duration<double>(reading.at - before.at).count();
-      const double cores = replica.deployment.cpus > 0
-                               ? std::min(replica.deployment.cpus, machine_cores)
-                               : machine_cores;
-      if (wall > 0 && reading.cpu_seconds >= 0 && before.cpu_seconds >= 0) {
-        cpu_sum += (reading.cpu_seconds - before.cpu_seconds) / wall / cores;
-        cpu_measured += 1;
-      }
-      if (wall > 0 && reading.queue_wait_seconds && before.queue_wait_seconds) {
-        queued_sum +=
-            std::max(0.0, *reading.queue_wait_seconds - *before.queue_wait_seconds) / wall;
-        queue_measured += 1;
-      }
-    }
-    usage_readings_[replica.id] = reading;
+    usage_readings_[replica.id] = change.now;
+    changes.push_back(std::move(change));
   }
-  ReplicaUsage usage;
-  usage.cpu_utilization = cpu_measured > 0 ? std::clamp(cpu_sum / cpu_measured, 0.0, 1.0) : 0.0;
-  if (queue_measured > 0) {
-    usage.queued = queued_sum / queue_measured;
-  } else if (queue_unknown > 0) {
-    usage.queued = std::nullopt;
-  }
-  return usage;
+  return usage_from_changes(changes);
 }
 
 void ControlPlaneImpl::autoscale(const std::vector<orchestrator::Replica>& replicas) {

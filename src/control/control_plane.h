@@ -133,7 +133,7 @@ class ControlPlaneImpl final : public ControlPlane,
   // reconciler thread only after start().
   std::map<std::string, LearnedTarget> learned_;
   // Each replica's previous usage reading, by replica id; reconciler thread only.
-  std::map<std::string, orchestrator::UsageReading> usage_readings_;
+  std::map<std::string, UsageCounters> usage_readings_;
   // Every deployment ensured with replicas, by key (reconciler thread only).
   std::map<std::string, orchestrator::Deployment> ensured_;
   std::string new_admin_token_;

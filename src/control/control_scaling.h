@@ -77,6 +77,26 @@ std::string learned_for(const EndpointSpec& spec);
 // Replicas that report no queue (an external server) count as 0.
 using ReplicaUsage = autoscaler::ReplicaUsage;
 
+// One replica's counters as read at one moment: what its usage over an interval is made of.
+struct UsageCounters {
+  double cpu_seconds = -1;  // CPU time used (user + system); -1: unknown
+  // Seconds requests waited inside the replica for its engine, summed
+  // (flotilla_replica_queue_wait_seconds_total); nullopt: not reported or not read.
+  std::optional<double> queue_wait_seconds;
+  double cores = 1;  // the cores the replica may use
+  std::chrono::steady_clock::time_point at{};
+};
+// One replica's reading now and its previous one (nullopt: read for the first time).
+struct UsageChange {
+  std::optional<UsageCounters> before;
+  UsageCounters now;
+};
+// An endpoint's usage from its replicas' changes: the mean CPU utilization (of the cores each
+// may use, clamped to 0..1) and the mean engine queue (the rate of the queue-wait counter) over
+// the replicas read twice. `queued` is nullopt (unknown, not zero) while the only replicas that
+// report a queue have been read once.
+ReplicaUsage usage_from_changes(const std::vector<UsageChange>& changes);
+
 // An endpoint's autoscaler::EndpointAutoscaler on its spec: the replica range and the per-replica
 // bounds follow the spec, and the learned target and baseline are kept across restarts.
 class EndpointScaler {

@@ -152,5 +152,20 @@ TEST(EndpointViewTest, AGenerationTheControllerHasNotSeenIsNotReadyYet) {
   EXPECT_EQ(view["versions"][0]["role"], "previous");
 }
 
+TEST(ReadyPodTargetsTest, OnlyReadyPodsNotTerminatingWithAnAddressAndAPort) {
+  json no_ip = pod("fraud-v1-c", "v1", true, false);
+  no_ip["status"].erase("podIP");
+  const json list = {{"items",
+                      {pod("fraud-v1-a", "v1", true, false), pod("fraud-v1-b", "v1", false, false),
+                       pod("fraud-v2-a", "v2", true, true), no_ip}}};
+  const std::vector<PodTarget> targets = ready_pod_targets(list);
+  ASSERT_EQ(targets.size(), 1u);
+  EXPECT_EQ(targets[0].name, "fraud-v1-a");
+  EXPECT_EQ(targets[0].version, "v1");
+  EXPECT_EQ(targets[0].host, "10.0.0.7");
+  EXPECT_EQ(targets[0].port, 8000);
+  EXPECT_TRUE(ready_pod_targets(json::object()).empty());
+}
+
 }  // namespace
 }  // namespace flotilla::cluster

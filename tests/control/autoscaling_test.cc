@@ -72,6 +72,31 @@ TEST(ReplicasMatchingTest, ReproducesTheRunningSplitWithoutGrowingIt) {
   EXPECT_EQ(replicas_matching(endpoint({served(1, 64, 100)}), {0}), 0);
 }
 
+TEST(UsageFromChangesTest, RatesOverTheReplicasReadTwiceAndAQueueUnknownUntilThen) {
+  const auto t0 = std::chrono::steady_clock::time_point{} + std::chrono::seconds(100);
+  const auto t1 = t0 + std::chrono::seconds(2);
+  // Two cores, 2 CPU seconds in 2 s: half of them; 3 s of waiting in 2 s: 1.5 queued.
+  const UsageChange busy{UsageCounters{10, 4.0, 2, t0}, UsageCounters{12, 7.0, 2, t1}};
+  // One core, fully used; its queue counter went back (a restarted process): counted as 0.
+  const UsageChange restarted{UsageCounters{5, 9.0, 1, t0}, UsageCounters{7, 1.0, 1, t1}};
+  ReplicaUsage usage = usage_from_changes({busy, restarted});
+  EXPECT_DOUBLE_EQ(usage.cpu_utilization, 0.75);
+  ASSERT_TRUE(usage.queued.has_value());
+  EXPECT_DOUBLE_EQ(*usage.queued, 0.75);
+
+  // Read once only: no rate yet; its queue is unknown rather than empty.
+  const UsageChange first{std::nullopt, UsageCounters{3, 1.0, 1, t1}};
+  usage = usage_from_changes({first});
+  EXPECT_DOUBLE_EQ(usage.cpu_utilization, 0);
+  EXPECT_FALSE(usage.queued.has_value());
+  // A replica that reports no queue at all (an external server) counts as none queued.
+  usage = usage_from_changes(
+      {{UsageCounters{1, std::nullopt, 1, t0}, UsageCounters{1.5, std::nullopt, 1, t1}}});
+  EXPECT_DOUBLE_EQ(usage.cpu_utilization, 0.25);
+  ASSERT_TRUE(usage.queued.has_value());
+  EXPECT_DOUBLE_EQ(*usage.queued, 0);
+}
+
 TEST(EndpointScalerTest, AdoptedFleetLargerThanTheDefaultRangeIsKept) {
   EndpointScaler scaler(endpoint({served(1, 256)}), fast_options(), 40, Millis(0));
   EXPECT_EQ(scaler.scale().replicas, 40);  // 256 / 16 = 16 would cut 24 at once

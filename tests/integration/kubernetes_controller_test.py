@@ -337,8 +337,9 @@ class EndToEndTest(FakeClusterCase):
     """The real loop on the fake cluster: a ServingEndpoint applied → the controller's
     Deployment → the fake kubelet's real `flotilla replica` processes and EndpointSlices → the
     gateway routes → load → the gateway's samples at the controller → a scale-up through the
-    scale subresource; a killed replica process is restarted; a rollout under load; nothing
-    failed throughout."""
+    scale subresource; a killed replica process is restarted; a rollout under load that a
+    second controller finishes after the first is killed in the middle; nothing failed
+    throughout."""
 
     def setUp(self):
         super().setUp()
@@ -363,9 +364,10 @@ class EndToEndTest(FakeClusterCase):
                                         "service_time: {dist: fixed, mean_ms: 50}\ncpu_us: 0\n"
                                         "saturation: 100000\nseed: 1\n")
 
-    def served(self, version):
+    def served(self, version, model=None):
         # 50 ms a request and a fixed per-replica target of 4: 16 clients need 4 replicas.
-        return {"served_models": [{"name": version, "model": self.model, "runtime": "synthetic",
+        return {"served_models": [{"name": version, "model": model or self.model,
+                                   "runtime": "synthetic",
                                    "concurrency": {"min": 1, "max": 64},
                                    "per_replica_concurrency": {"min": 4, "max": 4}}]}
 
@@ -380,12 +382,15 @@ class EndToEndTest(FakeClusterCase):
         self.addCleanup(load.stop)
         return load
 
+    def start_autoscaling_controller(self, identity):
+        """A controller with 1 s autoscaler periods and no scale-down within the test."""
+        return self.start_controller(
+            identity, extra=["--autoscale-period-ms", "1000", "--scale-up-window-ms", "5000",
+                             "--scale-down-window-ms", "600000", "--vertical-period-ms", "1000"])
+
     def start_fleet(self):
-        """A controller (leading, a 1 s autoscaler period, no scale-down within the test) and
-        a gateway; returns the controller."""
-        controller = self.start_controller(
-            "controller-a", extra=["--autoscale-period-ms", "1000", "--scale-up-window-ms",
-                                   "5000", "--scale-down-window-ms", "600000"])
+        """A controller (leading) and a gateway; returns the controller."""
+        controller = self.start_autoscaling_controller("controller-a")
         wait_until(lambda: self.leading(controller), DEADLINE_S, what="the controller leading")
         self.gateway = harness.start_process(
             self, [FLOTILLA_BIN, "gateway", "--kubernetes", "--kubeconfig", self.kubeconfig,
@@ -419,6 +424,11 @@ class EndToEndTest(FakeClusterCase):
         status = self.endpoint_status()
         self.assertEqual(status["versions"][0]["targetConcurrencyPerReplica"], 4)
         self.assertEqual(status["autoscaler"]["target"], 4)
+        # The vertical policy's readings come from the pods' own /metrics.
+        wait_until(lambda: self.endpoint_status().get("usage", {}).get("replicasRead", 0) >= 4,
+                   DEADLINE_S, what="the controller reading the 4 pods' usage")
+        usage = self.endpoint_status()["usage"]
+        self.assertTrue(0 <= usage["cpuUtilization"] <= 1, usage)
 
         # A replica process killed under load: restarted by the kubelet, nothing failed.
         victim = self.ready_pods("fraud-v1")[0]
@@ -427,9 +437,23 @@ class EndToEndTest(FakeClusterCase):
                                p["restart_count"] >= 1 for p in self.kubelet.pods()),
                    30, what="the killed replica restarted and ready")
 
-        # A rollout under load: v2 at the same scale, then v1 scaled to zero and deleted.
-        self.api.patch("servingendpoints", NS, "fraud", {"spec": self.served("v2")})
+        # A rollout under load, the controller killed in the middle (SIGKILL: its Lease is not
+        # released): v2's replicas take 3 s to load, so v1 still has the traffic when it dies.
+        # The second controller takes over once the Lease runs out and finishes the rollout:
+        # v2 at the same scale, then v1 scaled to zero and deleted.
+        slow_model = harness.write_yaml(self.tmp, "model-v2.yaml",
+                                        "service_time: {dist: fixed, mean_ms: 50}\ncpu_us: 0\n"
+                                        "saturation: 100000\nseed: 2\nload_ms: 3000\n")
+        self.api.patch("servingendpoints", NS, "fraud", {"spec": self.served("v2", slow_model)})
+        wait_until(lambda: self.deployment("fraud-v2") is not None, DEADLINE_S,
+                   what="the v2 Deployment")
+        controller.kill()
+        self.assertEqual(self.traffic().get("v1"), 100, "the rollout ended before the kill")
+        successor = self.start_autoscaling_controller("controller-b")
+        wait_until(lambda: self.leading(successor), DEADLINE_S, what="the successor leading")
         wait_until(lambda: self.traffic() == {"v2": 100}, 60, what="traffic on v2")
+        self.assertEqual(self.api.get("leases", NS, "flotilla-controller")["spec"]
+                         ["holderIdentity"], "controller-b")
         self.assertGreaterEqual(len(self.ready_pods("fraud-v2")), 4,
                                 "v2 took the traffic before it had the scale")
         wait_until(lambda: self.deployment("fraud-v1") is None, 60, what="v1 deleted")
