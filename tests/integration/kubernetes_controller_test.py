@@ -337,9 +337,9 @@ class EndToEndTest(FakeClusterCase):
     """The real loop on the fake cluster: a ServingEndpoint applied → the controller's
     Deployment → the fake kubelet's real `flotilla replica` processes and EndpointSlices → the
     gateway routes → load → the gateway's samples at the controller → a scale-up through the
-    scale subresource; a killed replica process is restarted; a rollout under load that a
-    second controller finishes after the first is killed in the middle; nothing failed
-    throughout."""
+    scale subresource; a killed replica process is restarted; two controllers, one leading; a
+    rollout under load that the standby finishes after the leader is killed in the middle;
+    nothing failed throughout."""
 
     def setUp(self):
         super().setUp()
@@ -403,6 +403,7 @@ class EndToEndTest(FakeClusterCase):
 
     def test_apply_route_scale_up_repair_and_roll_out_under_load(self):
         controller = self.start_fleet()
+        standby = self.start_autoscaling_controller("controller-b")
         self.api.create({"apiVersion": "flotilla.dev/v1", "kind": "ServingEndpoint",
                          "metadata": {"name": "fraud", "namespace": NS},
                          "spec": self.served("v1")})
@@ -430,6 +431,8 @@ class EndToEndTest(FakeClusterCase):
         usage = self.endpoint_status()["usage"]
         self.assertTrue(0 <= usage["cpuUtilization"] <= 1, usage)
 
+        self.assertFalse(self.leading(standby), "two controllers lead")
+
         # A replica process killed under load: restarted by the kubelet, nothing failed.
         victim = self.ready_pods("fraud-v1")[0]
         self.assertIsNotNone(self.kubelet.kill_pod_process(victim["name"], NS))
@@ -437,9 +440,9 @@ class EndToEndTest(FakeClusterCase):
                                p["restart_count"] >= 1 for p in self.kubelet.pods()),
                    30, what="the killed replica restarted and ready")
 
-        # A rollout under load, the controller killed in the middle (SIGKILL: its Lease is not
+        # A rollout under load, the leader killed in the middle (SIGKILL: its Lease is not
         # released): v2's replicas take 3 s to load, so v1 still has the traffic when it dies.
-        # The second controller takes over once the Lease runs out and finishes the rollout:
+        # The standby takes over once the Lease runs out and finishes the rollout:
         # v2 at the same scale, then v1 scaled to zero and deleted.
         slow_model = harness.write_yaml(self.tmp, "model-v2.yaml",
                                         "service_time: {dist: fixed, mean_ms: 50}\ncpu_us: 0\n"
@@ -449,8 +452,7 @@ class EndToEndTest(FakeClusterCase):
                    what="the v2 Deployment")
         controller.kill()
         self.assertEqual(self.traffic().get("v1"), 100, "the rollout ended before the kill")
-        successor = self.start_autoscaling_controller("controller-b")
-        wait_until(lambda: self.leading(successor), DEADLINE_S, what="the successor leading")
+        wait_until(lambda: self.leading(standby), DEADLINE_S, what="the standby leading")
         wait_until(lambda: self.traffic() == {"v2": 100}, 60, what="traffic on v2")
         self.assertEqual(self.api.get("leases", NS, "flotilla-controller")["spec"]
                          ["holderIdentity"], "controller-b")
