@@ -354,9 +354,15 @@ void Controller::apply(const json& serving_endpoint, const EndpointPlan& plan,
     }
   }
   if (field(serving_endpoint, "status") != plan.status) {
-    check(client_.patch(kube::object_path(kube::kServingEndpoints, ns, endpoint, "status"),
-                        {{"status", plan.status}}),
-          "writing the status of ServingEndpoint " + endpoint);
+    Result<kube::Reply> written =
+        client_.patch(kube::object_path(kube::kServingEndpoints, ns, endpoint, "status"),
+                      {{"status", plan.status}});
+    if (written.is_ok() && written->status == 404) {
+      // Deleted since the mirror was read: the watch brings the deletion next.
+      spdlog::debug("ServingEndpoint {} was deleted before its status was written", endpoint);
+    } else {
+      check(std::move(written), "writing the status of ServingEndpoint " + endpoint);
+    }
   }
 }
 
