@@ -1,6 +1,6 @@
 // The control plane's implementation class (control_plane.cc): operations, tokens and events
-// over the store, the reconciler, and the service behind the REST API (api.h). Private to the
-// control module.
+// over the store, the reconciler, and the service behind the REST API (control_api.h). Private to
+// the control module.
 #pragma once
 
 #include <map>
@@ -59,7 +59,7 @@ class ControlPlaneImpl final : public ControlPlane,
     EndpointRecord record;
   };
 
-  // ApiService: what the REST API's routes call (api.h), on the API server's worker.
+  // ApiService: what the REST API's routes call (control_api.h), on the API server's worker.
   auth::AuthResult check_admin(std::string_view authorization, std::string* token_id) override;
   auth::AuthResult check_token(std::string_view authorization,
                                std::vector<std::string>* scope) override;
