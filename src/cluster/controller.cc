@@ -244,14 +244,16 @@ bool Controller::autoscale(const kube::Reflector::Objects& endpoints,
       scaler->update_spec(*spec);
     }
     scaler->add_samples(samples[name], ready);
+    std::map<std::string, double> cores;  // of each version's pods
+    for (const control::ServedModelSpec& served : spec->served_models) {
+      cores[served.name] = served.resources.cpus;
+    }
+    // Not the structured binding itself: clang 14 refuses a lambda that captures one.
+    const std::string& endpoint_name = name;
     std::vector<std::string> changes =
         scaler->tick(now, ready, std::max<int64_t>(0, asked - ready), /*failures=*/0, [&] {
-          std::map<std::string, double> cores;
-          for (const control::ServedModelSpec& served : spec->served_models) {
-            cores[served.name] = served.resources.cpus;
-          }
-          PodUsage::Reading reading = pod_usage_.read(name, cores);
-          usage_read_[name] = reading;
+          PodUsage::Reading reading = pod_usage_.read(endpoint_name, cores);
+          usage_read_[endpoint_name] = reading;
           return reading.usage;
         });
     if (capacity.contains(name) && scaler->request_capacity()) {

@@ -122,7 +122,7 @@ PodUsage::Reading PodUsage::read(const std::string& endpoint,
       change.before = before->second;
     }
     now[targets[i].name] = readings[i];
-    changes.push_back(std::move(change));
+    changes.push_back(change);
   }
   previous = std::move(now);  // pods gone, or not answering, start afresh
   result.usage = control::usage_from_changes(changes);

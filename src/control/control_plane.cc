@@ -448,7 +448,7 @@ ReplicaUsage ControlPlaneImpl::replica_usage(const std::vector<orchestrator::Rep
       change.before = previous->second;
     }
     usage_readings_[replica.id] = change.now;
-    changes.push_back(std::move(change));
+    changes.push_back(change);
   }
   return usage_from_changes(changes);
 }
