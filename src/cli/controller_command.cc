@@ -93,6 +93,10 @@ int run_controller(const ControllerFlags& flags) {
   control::ApiRoutes::configure_server(server_options);
   // A gateway's report carries up to five seconds of samples per endpoint.
   server_options.max_body_bytes = 4 * 1024 * 1024;
+  // Each API call waits on the Kubernetes API server: more workers than `flotilla up`'s one,
+  // so that a slow call does not hold up the gateways' reports and /health. ClusterApi keeps
+  // no state of its own and the controller's report intake locks.
+  server_options.workers = 4;
   auto server = http::Server::create(server_options, [&](http::Request&& request,
                                                          http::Responder&& responder) {
     const std::string path = request.target.substr(0, request.target.find('?'));

@@ -146,9 +146,10 @@ Result<SampleReport> parse_sample_report(std::string_view body);
 // second of the fleet is what all its gateways measured in it. A gateway sends its last few
 // seconds again with every report, so a lost report costs nothing: a second of one gateway
 // counts once, as its latest copy says. Gateways' seconds end at different moments; each is
-// counted in the wall-clock second nearest its end. A second is taken once it ended `settle`
-// ago (every gateway has reported it by then); copies that come later are dropped. Not
-// thread-safe.
+// counted in the wall-clock second nearest its end (two of one gateway's samples that land in
+// one second both count: counts summed, gauges averaged). A second is taken once it ended
+// `settle` ago (every gateway has reported it by then); copies that come later are dropped, and
+// so are seconds more than a minute ahead of the controller's clock. Not thread-safe.
 class FleetSamples {
  public:
   explicit FleetSamples(std::chrono::milliseconds settle = std::chrono::milliseconds(2'500))
@@ -166,7 +167,8 @@ class FleetSamples {
  private:
   struct Seconds {
     int64_t taken_until = 0;  // seconds up to here were taken
-    std::map<int64_t, std::map<std::string, LoadSample>> by_second;  // second → gateway → sample
+    // second → gateway → the sample's own end → sample
+    std::map<int64_t, std::map<std::string, std::map<int64_t, LoadSample>>> by_second;
   };
   const std::chrono::milliseconds settle_;
   std::map<std::string, Seconds> endpoints_;
@@ -263,8 +265,9 @@ class ClusterApi : public control::ApiService {
   nlohmann::json list_tokens() override;
 
  private:
-  // The token Secrets that hold valid tokens (the others are skipped, as the gateways skip them).
-  Result<std::vector<TokenSecret>> token_secrets();
+  // The token Secrets that hold valid tokens (the others are skipped, as the gateways skip
+  // them); with `first_of_each_id`, only the one of each id the gateways use (by Secret name).
+  Result<std::vector<TokenSecret>> token_secrets(bool first_of_each_id = true);
   Status ensure_admin_token(const std::vector<TokenSecret>& tokens);
   Result<nlohmann::json> get_endpoint(const std::string& name);
 

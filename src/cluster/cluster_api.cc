@@ -104,6 +104,18 @@ json token_view(const TokenSecret& token) {
           {"secret", token.name}};
 }
 
+// A reply as a Status for the API's callers: the API server refusing the controller itself
+// (401, 403: its service account or RBAC) is the controller's fault, not the caller's.
+Status api_server_status(const kube::Reply& reply) {
+  if (reply.status == 401 || reply.status == 403) {
+    return Status(
+        StatusCode::kInternal,
+        "the Kubernetes API server refused the controller (" + std::to_string(reply.status) +
+            "): check its service account and RBAC: " + kube::reply_status(reply).message());
+  }
+  return kube::reply_status(reply);
+}
+
 // A Secret name for a token id: DNS-1123 (lower case; ends with a letter or digit).
 std::string token_secret_name(const std::string& id) {
   std::string name = "flotilla-token-";
@@ -213,12 +225,12 @@ json endpoint_view_of(const json& serving_endpoint, const kube::Reflector::Objec
 ClusterApi::ClusterApi(kube::Client& client, Options options)
     : client_(client), options_(std::move(options)) {}
 
-Result<std::vector<TokenSecret>> ClusterApi::token_secrets() {
+Result<std::vector<TokenSecret>> ClusterApi::token_secrets(bool first_of_each_id) {
   FLOTILLA_ASSIGN_OR_RETURN(
       kube::Reply reply,
       client_.get(kube::collection_path(kube::kSecrets, client_.config().namespace_name),
                   "labelSelector=" + kube::query_escape(std::string(kTokenLabel) + "=true")));
-  FLOTILLA_RETURN_IF_ERROR(kube::reply_status(reply));
+  FLOTILLA_RETURN_IF_ERROR(api_server_status(reply));
   // As the gateways read them: by Secret name, the first of a duplicated id wins.
   kube::Reflector::Objects secrets;
   const json& items = field(reply.body, "items");
@@ -230,10 +242,11 @@ Result<std::vector<TokenSecret>> ClusterApi::token_secrets() {
   std::vector<TokenSecret> tokens;
   for (const auto& [name, secret] : secrets) {
     Result<TokenSecret> token = token_from_secret(name, secret);
-    const bool taken = token.is_ok() && std::any_of(tokens.begin(), tokens.end(),
-                                                    [&token](const TokenSecret& other) {
-                                                      return other.record.id == token->record.id;
-                                                    });
+    const bool taken =
+        token.is_ok() && first_of_each_id &&
+        std::any_of(tokens.begin(), tokens.end(), [&token](const TokenSecret& other) {
+          return other.record.id == token->record.id;
+        });
     if (token.is_ok() && !taken) {
       tokens.push_back(std::move(token).value());
     }
@@ -260,7 +273,7 @@ Status ClusterApi::ensure_admin_token(const std::vector<TokenSecret>& tokens) {
   if (reply.reason() == "AlreadyExists") {
     return Status::ok();  // another controller made it first
   }
-  FLOTILLA_RETURN_IF_ERROR(kube::reply_status(reply));
+  FLOTILLA_RETURN_IF_ERROR(api_server_status(reply));
   spdlog::info("minted the admin token into the Secret {} (data.token)", kAdminTokenSecret);
   return Status::ok();
 }
@@ -356,7 +369,7 @@ Result<json> ClusterApi::get_endpoint(const std::string& name) {
   if (reply.status == 404) {
     return not_found("endpoint '" + name + "' does not exist");
   }
-  FLOTILLA_RETURN_IF_ERROR(kube::reply_status(reply));
+  FLOTILLA_RETURN_IF_ERROR(api_server_status(reply));
   return std::move(reply.body);
 }
 
@@ -378,7 +391,7 @@ Result<json> ClusterApi::create_endpoint(std::string_view body, const std::strin
   if (reply.reason() == "AlreadyExists") {
     return Status(StatusCode::kFailedPrecondition, "endpoint '" + spec.name + "' already exists");
   }
-  FLOTILLA_RETURN_IF_ERROR(kube::reply_status(reply));
+  FLOTILLA_RETURN_IF_ERROR(api_server_status(reply));
   return endpoint_view_of(reply.body, {});
 }
 
@@ -406,7 +419,7 @@ Result<json> ClusterApi::update_endpoint(const std::string& name, std::string_vi
     if (reply.status == 404) {
       return not_found("endpoint '" + name + "' does not exist");
     }
-    FLOTILLA_RETURN_IF_ERROR(kube::reply_status(reply));
+    FLOTILLA_RETURN_IF_ERROR(api_server_status(reply));
     return endpoint_view(name);
   }
   return Status(StatusCode::kUnavailable,
@@ -420,7 +433,7 @@ Status ClusterApi::delete_endpoint(const std::string& name, const std::string& a
   if (reply.status == 404) {
     return not_found("endpoint '" + name + "' does not exist");
   }
-  FLOTILLA_RETURN_IF_ERROR(kube::reply_status(reply));
+  FLOTILLA_RETURN_IF_ERROR(api_server_status(reply));
   spdlog::info("api: {} deleted endpoint {}", actor, name);
   return Status::ok();
 }
@@ -495,25 +508,29 @@ Result<json> ClusterApi::create_token(const std::string& id, std::vector<std::st
     return Status(StatusCode::kFailedPrecondition,
                   "token '" + id + "': the Secret " + token.name + " already exists");
   }
-  FLOTILLA_RETURN_IF_ERROR(kube::reply_status(reply));
+  FLOTILLA_RETURN_IF_ERROR(api_server_status(reply));
   spdlog::info("api: {} created token {} (Secret {})", actor, id, token.name);
   return json{{"token", minted.token}, {"token_info", token_view(token)}};
 }
 
 Status ClusterApi::revoke_token(const std::string& id, const std::string& actor) {
-  FLOTILLA_ASSIGN_OR_RETURN(std::vector<TokenSecret> tokens, token_secrets());
-  const auto it = std::find_if(tokens.begin(), tokens.end(),
-                               [&id](const TokenSecret& token) { return token.record.id == id; });
-  if (it == tokens.end()) {
+  // Every Secret holding the id, not only the one the gateways use now: a second one would
+  // take its place.
+  FLOTILLA_ASSIGN_OR_RETURN(std::vector<TokenSecret> holding,
+                            token_secrets(/*first_of_each_id=*/false));
+  std::erase_if(holding, [&id](const TokenSecret& token) { return token.record.id != id; });
+  if (holding.empty()) {
     return not_found("token '" + id + "' does not exist");
   }
-  FLOTILLA_ASSIGN_OR_RETURN(
-      kube::Reply reply,
-      client_.remove(kube::object_path(kube::kSecrets, client_.config().namespace_name, it->name)));
-  if (reply.status != 404) {
-    FLOTILLA_RETURN_IF_ERROR(kube::reply_status(reply));
+  for (const TokenSecret& token : holding) {
+    FLOTILLA_ASSIGN_OR_RETURN(kube::Reply reply,
+                              client_.remove(kube::object_path(
+                                  kube::kSecrets, client_.config().namespace_name, token.name)));
+    if (reply.status != 404) {
+      FLOTILLA_RETURN_IF_ERROR(api_server_status(reply));
+    }
+    spdlog::info("api: {} revoked token {} (Secret {})", actor, id, token.name);
   }
-  spdlog::info("api: {} revoked token {} (Secret {})", actor, id, it->name);
   return Status::ok();
 }
 

@@ -89,8 +89,8 @@ void Controller::add_report(const SampleReport& report) {
     for (const auto& [endpoint, samples] : report.endpoints) {
       samples_.add(report.gateway, endpoint, samples);
     }
-    if (report.capacity.empty()) {
-      return;
+    if (report.capacity.empty() || !options_.autoscaling.enabled) {
+      return;  // without the autoscaler, nothing takes capacity requests
     }
     capacity_.insert(report.capacity.begin(), report.capacity.end());
   }
@@ -149,8 +149,10 @@ void Controller::lead() {
     {
       MutexLock lock(mu_);
       const auto until = std::min(next_resync, next_tick);
-      while (!stopping_ && leading_ && !(dirty_ && synced_ == 3) && capacity_.empty() &&
-             wake_.wait_until(mu_, until)) {
+      // A capacity request wakes the loop only once the mirrors have listed: until then
+      // nothing can take it, and waking for it would spin.
+      while (!stopping_ && leading_ && !(dirty_ && synced_ == 3) &&
+             (capacity_.empty() || synced_ != 3) && wake_.wait_until(mu_, until)) {
       }
       if (stopping_ || !leading_) {
         break;

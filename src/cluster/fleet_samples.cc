@@ -1,6 +1,7 @@
 // Load samples from a fleet of gateways: the report's wire form and the controller's per-second
 // sums over the gateways.
 #include <algorithm>
+#include <cmath>
 
 #include "cluster/cluster.h"
 
@@ -8,6 +9,12 @@ namespace flotilla::cluster {
 namespace {
 
 using nlohmann::json;
+
+// Beyond any clock's reading (2286-11-20): so that second_of() cannot overflow.
+constexpr int64_t kLatestUnixMs = 9'999'999'999'999;
+// A second further ahead of the controller's clock than this is dropped, not kept until it
+// settles: a gateway's clock is that wrong, or the report is not a gateway's.
+constexpr int64_t kFutureLimitMs = 60'000;
 
 // The wall-clock second nearest a sample's end.
 int64_t second_of(int64_t unix_ms) {
@@ -30,8 +37,8 @@ Result<LoadSample> sample_from_json(const json& object, const std::string& where
     const json& value = kube::field(object, key);
     using Into = std::decay_t<decltype(into)>;
     if constexpr (std::is_floating_point_v<Into>) {
-      if (!value.is_number() || value.get<double>() < 0) {
-        return invalid_argument(where + "." + key + ": not a number >= 0");
+      if (!value.is_number() || !std::isfinite(value.get<double>()) || value.get<double>() < 0) {
+        return invalid_argument(where + "." + key + ": not a finite number >= 0");
       }
       into = value.get<double>();
     } else {
@@ -43,6 +50,9 @@ Result<LoadSample> sample_from_json(const json& object, const std::string& where
     return Status::ok();
   };
   FLOTILLA_RETURN_IF_ERROR(number("unix_ms", sample.unix_ms));
+  if (sample.unix_ms > kLatestUnixMs) {
+    return invalid_argument(where + ".unix_ms: past the year 2286");
+  }
   FLOTILLA_RETURN_IF_ERROR(number("concurrency", sample.concurrency));
   FLOTILLA_RETURN_IF_ERROR(number("queued", sample.queued));
   FLOTILLA_RETURN_IF_ERROR(number("arrivals", sample.arrivals));
@@ -111,7 +121,9 @@ void FleetSamples::add(const std::string& gateway, const std::string& endpoint,
   for (const LoadSample& sample : samples) {
     const int64_t second = second_of(sample.unix_ms);
     if (second > seconds.taken_until) {
-      seconds.by_second[second][gateway] = sample;
+      // Keyed by the sample's own end too: a resent sample replaces its copy, and two
+      // samples of one gateway that round to the same second (its ticks drift) both count.
+      seconds.by_second[second][gateway][sample.unix_ms] = sample;
     }
   }
 }
@@ -123,19 +135,26 @@ std::vector<LoadSample> FleetSamples::take(const std::string& endpoint, int64_t 
     return taken;
   }
   Seconds& seconds = found->second;
+  seconds.by_second.erase(seconds.by_second.upper_bound(now_unix_ms + kFutureLimitMs),
+                          seconds.by_second.end());
   const int64_t settled = now_unix_ms - settle_.count();
   while (!seconds.by_second.empty() && seconds.by_second.begin()->first <= settled) {
     const auto& [second, by_gateway] = *seconds.by_second.begin();
     LoadSample sum;
     sum.unix_ms = second;
     double latency_weighted = 0;
-    for (const auto& [gateway, sample] : by_gateway) {
-      sum.concurrency += sample.concurrency;
-      sum.queued += sample.queued;
-      sum.arrivals += sample.arrivals;
-      sum.completions += sample.completions;
-      sum.rejected += sample.rejected;
-      latency_weighted += sample.latency_ms * static_cast<double>(sample.completions);
+    for (const auto& [gateway, samples] : by_gateway) {
+      // One gateway's second: its counts summed, its gauges (in flight, queued) the mean of
+      // its samples in the second.
+      const auto count = static_cast<double>(samples.size());
+      for (const auto& [end, sample] : samples) {
+        sum.concurrency += sample.concurrency / count;
+        sum.queued += sample.queued / count;
+        sum.arrivals += sample.arrivals;
+        sum.completions += sample.completions;
+        sum.rejected += sample.rejected;
+        latency_weighted += sample.latency_ms * static_cast<double>(sample.completions);
+      }
     }
     sum.latency_ms =
         sum.completions > 0 ? latency_weighted / static_cast<double>(sum.completions) : 0;

@@ -3,6 +3,7 @@
 // orchestrator reads its replica processes.
 #include <algorithm>
 #include <charconv>
+#include <cmath>
 #include <thread>
 
 #include "cluster/cluster.h"
@@ -96,9 +97,14 @@ PodUsage::Reading PodUsage::read(const std::string& endpoint,
           return;
         }
         control::UsageCounters& reading = readings[i];
-        reading.cpu_seconds = metric_value(response.body, "process_cpu_seconds_total").value_or(-1);
+        // A value that is not a finite count (a replica of another make) is unknown.
+        const auto finite = [](std::optional<double> value) {
+          return value && std::isfinite(*value) && *value >= 0 ? value : std::nullopt;
+        };
+        reading.cpu_seconds =
+            finite(metric_value(response.body, "process_cpu_seconds_total")).value_or(-1);
         reading.queue_wait_seconds =
-            metric_value(response.body, "flotilla_replica_queue_wait_seconds_total");
+            finite(metric_value(response.body, "flotilla_replica_queue_wait_seconds_total"));
         reading.at = std::chrono::steady_clock::now();
         answered[i] = 1;
       });

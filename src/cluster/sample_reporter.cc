@@ -1,4 +1,5 @@
 // A gateway's load samples and capacity requests, posted to the leading controller.
+#include <algorithm>
 #include <charconv>
 
 #include <spdlog/spdlog.h>
@@ -55,7 +56,13 @@ void SampleReporter::run() {
     if (std::chrono::steady_clock::now() >= next) {
       next = std::chrono::steady_clock::now() + options_.period;
     }
-    unsent_capacity_.insert(unsent_capacity_.end(), capacity.begin(), capacity.end());
+    for (const std::string& endpoint : capacity) {
+      // Once each: requests keep asking while the controller cannot be reached.
+      if (std::find(unsent_capacity_.begin(), unsent_capacity_.end(), endpoint) ==
+          unsent_capacity_.end()) {
+        unsent_capacity_.push_back(endpoint);
+      }
+    }
     if (report(unsent_capacity_)) {
       unsent_capacity_.clear();
     }

@@ -203,7 +203,10 @@ ReplicaUsage usage_from_changes(const std::vector<UsageChange>& changes) {
     }
     const UsageCounters& before = *change.before;
     const double wall = std::chrono::duration<double>(now.at - before.at).count();
-    if (wall > 0 && now.cpu_seconds >= 0 && before.cpu_seconds >= 0 && now.cores > 0) {
+    // A counter that went back is a restarted process (a container keeps its pod's name):
+    // no rate from it this time.
+    if (wall > 0 && now.cpu_seconds >= before.cpu_seconds && before.cpu_seconds >= 0 &&
+        now.cores > 0) {
       cpu_sum += (now.cpu_seconds - before.cpu_seconds) / wall / now.cores;
       cpu_measured += 1;
     }

@@ -55,6 +55,28 @@ TEST(FleetSamplesTest, AResentSecondCountsOnceAndALateOneNotAtAll) {
   EXPECT_DOUBLE_EQ(taken[0].concurrency, 1);
 }
 
+TEST(FleetSamplesTest, TwoSamplesOfOneGatewayInOneSecondBothCount) {
+  FleetSamples fleet(std::chrono::milliseconds(2'000));
+  // A gateway's ticks drift: 9.55 s and 10.45 s both round to 10 s. Counts add up, the gauges
+  // are the mean of the two; a resend of either changes nothing.
+  fleet.add("gw-a", "fraud", {sample(9'550, 2, 100, 10), sample(10'450, 4, 300, 30)});
+  fleet.add("gw-a", "fraud", {sample(10'450, 4, 300, 30)});
+  fleet.add("gw-b", "fraud", {sample(10'000, 5, 100, 10)});
+  const std::vector<LoadSample> taken = fleet.take("fraud", 12'500);
+  ASSERT_EQ(taken.size(), 1u);
+  EXPECT_DOUBLE_EQ(taken[0].concurrency, 3 + 5);
+  EXPECT_EQ(taken[0].completions, 500u);
+  EXPECT_EQ(taken[0].rejected, 3u);
+  EXPECT_DOUBLE_EQ(taken[0].latency_ms, (100 * 10 + 300 * 30 + 100 * 10) / 500.0);
+}
+
+TEST(FleetSamplesTest, SecondsFarAheadOfTheClockAreDropped) {
+  FleetSamples fleet(std::chrono::milliseconds(0));
+  fleet.add("gw-a", "fraud", {sample(10'000, 1, 1, 1), sample(500'000, 9, 9, 9)});
+  ASSERT_EQ(fleet.take("fraud", 10'000).size(), 1u);
+  EXPECT_TRUE(fleet.take("fraud", 600'000).empty()) << "the future second was kept";
+}
+
 TEST(FleetSamplesTest, RetainForgetsDeletedEndpoints) {
   FleetSamples fleet(std::chrono::milliseconds(0));
   fleet.add("gw-a", "fraud", {sample(10'000, 3, 100, 10)});
@@ -97,6 +119,8 @@ TEST(SampleReportTest, BadReportsAreRefusedNamingWhatIsWrong) {
       {R"({"gateway": "g", "endpoints": {"e": [{"unix_ms": 1, "concurrency": -1}]}})",
        "concurrency"},
       {R"({"gateway": "g", "endpoints": {"e": [{"unix_ms": 1.5}]}})", "unix_ms"},
+      {R"({"gateway": "g", "endpoints": {"e": [{"unix_ms": 9223372036854775807}]}})",
+       "unix_ms: past the year 2286"},
       {R"({"gateway": "g", "capacity": "e"})", "capacity"},
       {R"({"gateway": "g", "capacity": [1]})", "capacity"},
   };

@@ -95,6 +95,10 @@ TEST(UsageFromChangesTest, RatesOverTheReplicasReadTwiceAndAQueueUnknownUntilThe
   EXPECT_DOUBLE_EQ(usage.cpu_utilization, 0.25);
   ASSERT_TRUE(usage.queued.has_value());
   EXPECT_DOUBLE_EQ(*usage.queued, 0);
+  // A CPU counter that went back (a container restarted under the same pod name) gives no
+  // rate, rather than a negative one.
+  usage = usage_from_changes({busy, {UsageCounters{50, 1.0, 1, t0}, UsageCounters{1, 1.0, 1, t1}}});
+  EXPECT_DOUBLE_EQ(usage.cpu_utilization, 0.5);
 }
 
 TEST(EndpointScalerTest, AdoptedFleetLargerThanTheDefaultRangeIsKept) {
