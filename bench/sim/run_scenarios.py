@@ -19,7 +19,7 @@ BIN = os.environ.get("FLOTILLA_BIN", os.path.join(REPO, "build", "release", "flo
 TRACE = os.path.join(os.path.dirname(REPO), "shared", "traces", "AzureLLMInferenceTrace_conv.csv")
 SCENARIOS = ["spike", "diurnal", "ramp", "zero", "unknown-capacity", "hetero", "batched",
              "crashes"]
-POLICIES = ["apa", "hpa", "kpa", "ray", "static"]
+POLICIES = ["apa", "hpa", "kpa", "kpa-default", "ray", "ray-auto", "static"]
 
 
 def run(args, csv_path):

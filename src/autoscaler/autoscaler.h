@@ -324,14 +324,26 @@ struct KpaOptions {
 };
 std::unique_ptr<Policy> make_kpa_policy(const KpaOptions& options);
 
+// Ray Serve's request-based autoscaler, as python/ray/serve/autoscaling_policy.py
+// (replica_queue_length_autoscaling_policy and the _apply_* steps around it) and
+// python/ray/serve/config.py (AutoscalingConfig) have it on Ray's master branch of 2026. The
+// defaults are AutoscalingConfig's: one replica at most, which never scales; ray_auto_options()
+// is what `num_replicas="auto"` sets.
 struct RayOptions {
-  Millis period{1'000};
+  Millis period{100};  // CONTROL_LOOP_INTERVAL_S: the controller decides every 0.1 s
   double target_ongoing_requests = 2;
-  Millis look_back{30'000};
+  Millis look_back{30'000};  // look_back_period_s: the mean of ongoing + queued over it
   Millis upscale_delay{30'000};
   Millis downscale_delay{600'000};
-  ReplicaRange range;
+  std::optional<Millis> downscale_to_zero_delay;  // 1 -> 0; unset: downscale_delay
+  double upscaling_factor = 1;                    // unset in the config: 1
+  double downscaling_factor = 1;
+  ReplicaRange range{1, 1, false};  // min_replicas 1, max_replicas 1
 };
+// doc/source/serve/autoscaling-guide.md: num_replicas="auto" is target_ongoing_requests 2 with
+// min_replicas 1 and max_replicas 100 (and max_ongoing_requests 5, which the simulator's
+// per-replica cap stands for).
+RayOptions ray_auto_options();
 std::unique_ptr<Policy> make_ray_policy(const RayOptions& options);
 
 // Always `replicas` (provisioned for the peak).

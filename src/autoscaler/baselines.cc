@@ -1,5 +1,7 @@
-// The autoscalers Flotilla is compared with, at their published defaults: Kubernetes HPA v2,
-// Knative KPA, Ray Serve, and static provisioning.
+// The autoscalers Flotilla is compared with, as their sources have them (each rule cites the
+// file it comes from): Kubernetes HPA v2, Knative KPA, Ray Serve, and static provisioning. The
+// options default to each one's published defaults; the simulator also runs each configured as
+// a user would for the endpoint (src/sim/sim.h).
 #include <algorithm>
 #include <cmath>
 #include <deque>
@@ -16,9 +18,18 @@ using detail::ceil_replicas;
 using detail::clamp_to;
 using detail::current_of;
 
-// Kubernetes HPA v2 (pkg/controller/podautoscaler): every 15 s, desired = ceil(ratio x ready)
-// unless the ratio is within the tolerance; scale-up at once, bounded by max(+4 pods, +100%)
-// per period; scale-down to the highest recommendation of the last 300 s.
+// Kubernetes HPA v2 (kubernetes/kubernetes, master as read in 2026), one step per rule:
+// - the sync period: --horizontal-pod-autoscaler-sync-period, 15 s;
+// - the recommendation (pkg/controller/podautoscaler/replica_calculator.go,
+//   GetMetricReplicas / calcPlainMetricReplicas for a Pods metric with an AverageValue
+//   target): ratio = mean usage per ready pod / target; within the 10% tolerance
+//   (--horizontal-pod-autoscaler-tolerance) keep the count, else ceil(ratio x ready);
+// - the stabilization (horizontal.go, stabilizeRecommendationWithBehaviors): up, the least
+//   recommendation of the scale-up window (0 s by default: the newest); down, the greatest of
+//   the scale-down window (300 s);
+// - the rate limits (horizontal.go, convertDesiredReplicasWithBehaviorRate, with the default
+//   behaviors of pkg/apis/autoscaling/v2/defaults.go): up by at most max(4 pods, 100%) per
+//   15 s, down by at most 100% per 15 s.
 class HpaPolicy final : public Policy {
  public:
   explicit HpaPolicy(const HpaOptions& options) : options_(options) {}
@@ -71,10 +82,16 @@ class HpaPolicy final : public Policy {
   std::deque<std::pair<Millis, int64_t>> recommendations_;
 };
 
-// Knative KPA (pkg/autoscaler/scaling/autoscaler.go): every 2 s, stable (60 s) and panic (6 s)
-// averages against a target of 0.7 x container concurrency; panic mode when the panic window
-// wants >= 2x the ready replicas, during which the count never goes down, left 60 s after the
-// last tick over the threshold; rates bounded to x1000 up and /2 down; zero after 30 s idle.
+// Knative KPA (knative/serving, master as read in 2026: pkg/autoscaler/scaling/autoscaler.go,
+// with the config-autoscaler defaults of pkg/autoscaler/config/config.go; not modelled: the
+// activator's target-burst-capacity): every tick-interval (2 s), the stable
+// (stable-window, 60 s) and panic (panic-window-percentage 10%: 6 s) averages of concurrency
+// against a target of container-concurrency-target-percentage (70%) of the container
+// concurrency (container-concurrency-target-default, 100, when the revision sets none); panic
+// when the panic window wants >= panic-threshold-percentage (200%) of the ready pods, during
+// which the count never goes down, left a stable window after the last tick over the
+// threshold; bounded to max-scale-up-rate (x1000) up and max-scale-down-rate (/2) down; zero
+// after scale-to-zero-grace-period (30 s) with no demand.
 class KpaPolicy final : public Policy {
  public:
   explicit KpaPolicy(const KpaOptions& options) : options_(options) {}
@@ -126,8 +143,20 @@ class KpaPolicy final : public Policy {
   std::optional<Millis> idle_since_;
 };
 
-// Ray Serve (serve/autoscaling_policy.py): desired = (ongoing + queued) / target over a 30 s
-// look-back, applied only when wanted continuously for 30 s (up) or 600 s (down).
+// Ray Serve (python/ray/serve/autoscaling_policy.py, master of 2026), one step per rule:
+// - the cold start fast path (_get_cold_start_scale_up_replicas): with no running replica and
+//   requests waiting, max(ceil(1 x upscaling_factor), the current target) at once, no delay;
+// - the core policy (_core_replica_queue_length_policy): desired = running x (requests /
+//   (target_ongoing_requests x running)), requests being ongoing + queued averaged over
+//   look_back_period_s;
+// - the scaling factors (_apply_scaling_factors): ceil(running + factor x (desired - running)),
+//   one less when a scale-down would otherwise be stuck at the running count;
+// - the bounds (_apply_bounds): [min_replicas, max_replicas];
+// - the delays (_apply_delay_logic): a decision counter, +1 per control loop that wants more
+//   than the current target and -1 per loop that wants fewer (reset when the direction
+//   changes or nothing is wanted); the new count applies once the counter passes
+//   upscale_delay_s / CONTROL_LOOP_INTERVAL_S (downscale_delay_s, or
+//   downscale_to_zero_delay_s for 1 -> 0; below 1 only from 1).
 class RayPolicy final : public Policy {
  public:
   explicit RayPolicy(const RayOptions& options) : options_(options) {}
@@ -135,41 +164,62 @@ class RayPolicy final : public Policy {
   Millis period() const override { return options_.period; }
 
   Decision decide(Millis now, const SampleWindow& samples, const Fleet& fleet) override {
-    const int64_t current = current_of(fleet);
-    const auto demand = samples.mean_demand(now, options_.look_back);
-    if (!demand) {
-      return {clamp_to(options_.range, current), "no metrics: keep"};
+    const int64_t target = current_of(fleet);
+    const int64_t running = fleet.ready;
+    const auto requests = samples.mean_demand(now, options_.look_back);
+    if (!requests) {
+      return {target, "no metrics: keep"};
     }
-    const int64_t wanted =
-        clamp_to(options_.range, ceil_replicas(*demand / options_.target_ongoing_requests));
-    int64_t desired = current;
-    if (wanted > current) {
-      down_since_.reset();
-      up_since_ = up_since_.value_or(now);
-      if (now - *up_since_ >= options_.upscale_delay) {
-        desired = wanted;
-        up_since_.reset();
+    if (running == 0) {
+      const int64_t desired =
+          *requests > 0 ? std::max(ceil_replicas(options_.upscaling_factor), target) : target;
+      counter_ = 0;
+      return {desired, fmt::format("cold start: {:.1f} requests, no running replica: {}", *requests,
+                                   desired)};
+    }
+    const double wanted = *requests / options_.target_ongoing_requests;
+    const double delta = wanted - static_cast<double>(running);
+    const double factor = delta > 0 ? options_.upscaling_factor : options_.downscaling_factor;
+    int64_t scaled = ceil_replicas(static_cast<double>(running) + factor * delta);
+    if (ceil_replicas(wanted) < running && scaled == running) {
+      scaled -= 1;
+    }
+    int64_t bounded =
+        std::clamp(scaled, options_.range.min, std::max(options_.range.min, options_.range.max));
+    int64_t desired = target;
+    if (bounded > target) {
+      counter_ = std::max<int64_t>(counter_, 0) + 1;
+      if (counter_ > loops(options_.upscale_delay)) {
+        counter_ = 0;
+        desired = bounded;
       }
-    } else if (wanted < current) {
-      up_since_.reset();
-      down_since_ = down_since_.value_or(now);
-      if (now - *down_since_ >= options_.downscale_delay) {
-        desired = wanted;
-        down_since_.reset();
+    } else if (bounded < target) {
+      counter_ = std::min<int64_t>(counter_, 0) - 1;
+      Millis delay = options_.downscale_delay;
+      if (target == 1) {
+        delay = options_.downscale_to_zero_delay.value_or(options_.downscale_delay);
+      } else {
+        bounded = std::max<int64_t>(bounded, 1);
+      }
+      if (counter_ < -loops(delay)) {
+        counter_ = 0;
+        desired = bounded;
       }
     } else {
-      up_since_.reset();
-      down_since_.reset();
+      counter_ = 0;
     }
-    return {clamp_to(options_.range, desired),
-            fmt::format("demand {:.1f} / {:.1f} per replica = {}, desired {}", *demand,
-                        options_.target_ongoing_requests, wanted, desired)};
+    return {desired, fmt::format("{:.1f} requests / {:.1f} per replica on {} running: {}, "
+                                 "counter {}, desired {}",
+                                 *requests, options_.target_ongoing_requests, running, bounded,
+                                 counter_, desired)};
   }
 
  private:
+  // int(delay_s / CONTROL_LOOP_INTERVAL_S): the control loops a decision must last.
+  int64_t loops(Millis delay) const { return delay.count() / options_.period.count(); }
+
   RayOptions options_;
-  std::optional<Millis> up_since_;
-  std::optional<Millis> down_since_;
+  int64_t counter_ = 0;
 };
 
 class StaticPolicy final : public Policy {
@@ -192,6 +242,12 @@ std::unique_ptr<Policy> make_hpa_policy(const HpaOptions& options) {
 }
 std::unique_ptr<Policy> make_kpa_policy(const KpaOptions& options) {
   return std::make_unique<KpaPolicy>(options);
+}
+RayOptions ray_auto_options() {
+  RayOptions options;
+  options.target_ongoing_requests = 2;
+  options.range = {1, 100, false};
+  return options;
 }
 std::unique_ptr<Policy> make_ray_policy(const RayOptions& options) {
   return std::make_unique<RayPolicy>(options);

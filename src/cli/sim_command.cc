@@ -154,7 +154,8 @@ std::function<int()> add_sim_command(CLI::App& app) {
   cmd->add_option("--policy", flags->policy,
                   "apa, hpa, kpa, ray or static; or oracle: knows the load to come and keeps "
                   "APA's scale-up limits (a bound on any policy within them, not a policy)")
-      ->check(CLI::IsMember({"apa", "hpa", "kpa", "ray", "static", "oracle"}))
+      ->check(CLI::IsMember(
+          {"apa", "hpa", "kpa", "kpa-default", "ray", "ray-auto", "static", "oracle"}))
       ->capture_default_str();
   cmd->add_option("--trace", flags->trace,
                   "Replay a CSV trace (first column: request timestamps) instead of a scenario");

@@ -252,14 +252,18 @@ Result<PolicyKind> parse_policy_kind(std::string_view name) {
     return PolicyKind::kHpa;
   if (name == "kpa")
     return PolicyKind::kKpa;
+  if (name == "kpa-default")
+    return PolicyKind::kKpaDefault;
   if (name == "ray")
     return PolicyKind::kRay;
+  if (name == "ray-auto")
+    return PolicyKind::kRayAuto;
   if (name == "static")
     return PolicyKind::kStatic;
   if (name == "oracle")
     return PolicyKind::kOracle;
   return invalid_argument("unknown policy '" + std::string(name) +
-                          "' (use apa, hpa, kpa, ray, static or oracle)");
+                          "' (use apa, hpa, kpa, kpa-default, ray, ray-auto, static or oracle)");
 }
 
 std::string_view policy_name(PolicyKind kind) {
@@ -270,8 +274,12 @@ std::string_view policy_name(PolicyKind kind) {
       return "hpa";
     case PolicyKind::kKpa:
       return "kpa";
+    case PolicyKind::kKpaDefault:
+      return "kpa-default";
     case PolicyKind::kRay:
       return "ray";
+    case PolicyKind::kRayAuto:
+      return "ray-auto";
     case PolicyKind::kStatic:
       return "static";
     case PolicyKind::kOracle:

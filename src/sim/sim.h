@@ -95,10 +95,15 @@ Result<Scenario> trace_scenario(const std::string& path, double rate_scale);
 // Multiplies the offered load, and the starting and maximum replica counts with it.
 void scale_rate(Scenario& scenario, double factor);
 
+// The baselines run two ways: configured as a user would for the endpoint (kHpa, kKpa, kRay: the
+// endpoint's per-replica target and replica range), and at their published defaults (kKpaDefault:
+// Knative's container-concurrency-target-default of 100 at 70%, from zero and unbounded;
+// kRayAuto: Ray Serve's num_replicas="auto", 2 ongoing requests a replica in [1, 100]). HPA has
+// no default target for a custom metric, so it runs the first way only.
 // kOracle is not a production policy: it sees the scenario's load a cold start plus a period
 // ahead and sizes the fleet for it within APA's scale-up limits (period and cap), to bound what
 // a policy that only reacts to measurements can reach under those limits.
-enum class PolicyKind { kApa, kHpa, kKpa, kRay, kStatic, kOracle };
+enum class PolicyKind { kApa, kHpa, kKpa, kKpaDefault, kRay, kRayAuto, kStatic, kOracle };
 Result<PolicyKind> parse_policy_kind(std::string_view name);
 std::string_view policy_name(PolicyKind kind);
 

@@ -306,12 +306,25 @@ class Simulator {
         policy_ = autoscaler::make_kpa_policy(options);
         break;
       }
+      case PolicyKind::kKpaDefault: {
+        // config-autoscaler's defaults with containerConcurrency unset: a target of 100 x 70%,
+        // min-scale 0 (scale to zero on), max-scale 0 (no bound).
+        autoscaler::KpaOptions options;
+        options.container_concurrency = 100;
+        options.range = {0, 1'000'000, true};
+        policy_ = autoscaler::make_kpa_policy(options);
+        break;
+      }
       case PolicyKind::kRay: {
-        autoscaler::RayOptions options;
+        autoscaler::RayOptions options = autoscaler::ray_auto_options();
+        options.target_ongoing_requests = per_replica;
         options.range = range;
         policy_ = autoscaler::make_ray_policy(options);
         break;
       }
+      case PolicyKind::kRayAuto:
+        policy_ = autoscaler::make_ray_policy(autoscaler::ray_auto_options());
+        break;
       case PolicyKind::kStatic: {
         int64_t replicas = options_.static_replicas;
         if (replicas <= 0) {

@@ -476,37 +476,94 @@ TEST(KpaPolicyTest, ScalesToZeroAfterTheGracePeriod) {
 
 // ---- Ray Serve -------------------------------------------------------------------------------
 
-TEST(RayPolicyTest, ScalesUpOnlyAfterThirtySecondsOfWanting) {
-  auto policy = make_ray_policy(RayOptions{});
-  SampleWindow window;
-  fill_constant(window, 1, 30, 20);  // 20 / 2 = 10 wanted
-  EXPECT_EQ(policy->decide(sec(30), window, Fleet{1, 0, 1}).desired, 1);
-  fill_constant(window, 31, 59, 20);
-  EXPECT_EQ(policy->decide(sec(59), window, Fleet{1, 0, 1}).desired, 1);
-  fill_constant(window, 60, 60, 20);
-  EXPECT_EQ(policy->decide(sec(60), window, Fleet{1, 0, 1}).desired, 10);
+// Decides every control loop (0.1 s) from `from` up to `to` (ms), on `fleet` (its desired count
+// following the decisions); returns the time of the first decision other than `fleet.desired`
+// and that count, or {-1, desired} when none.
+std::pair<int64_t, int64_t> run_loops(Policy& policy, const SampleWindow& window, int64_t from,
+                                      int64_t to, Fleet fleet) {
+  for (int64_t t = from; t < to; t += policy.period().count()) {
+    const int64_t desired = policy.decide(Millis(t), window, fleet).desired;
+    if (desired != fleet.desired) {
+      return {t, desired};
+    }
+  }
+  return {-1, fleet.desired};
 }
 
-TEST(RayPolicyTest, AnInterruptedWishStartsOver) {
+TEST(RayPolicyTest, ItsDefaultsNeverScale) {
+  // AutoscalingConfig's min_replicas = max_replicas = 1.
   auto policy = make_ray_policy(RayOptions{});
+  EXPECT_EQ(policy->period(), Millis(100));
   SampleWindow window;
-  fill_constant(window, 1, 30, 20);
-  policy->decide(sec(30), window, Fleet{1, 0, 1});
-  fill_constant(window, 31, 61, 2);  // now wants exactly 1: the wish to go up ended
-  EXPECT_EQ(policy->decide(sec(61), window, Fleet{1, 0, 1}).desired, 1);
-  fill_constant(window, 62, 92, 20);
-  EXPECT_EQ(policy->decide(sec(92), window, Fleet{1, 0, 1}).desired, 1);  // a fresh 30 s
+  fill_constant(window, 1, 200, 50);
+  EXPECT_EQ(run_loops(*policy, window, 30'000, 120'000, Fleet{1, 0, 1}).first, -1);
 }
 
-TEST(RayPolicyTest, ScalesDownOnlyAfterTenMinutes) {
-  auto policy = make_ray_policy(RayOptions{});
+TEST(RayPolicyTest, ScalesUpOnceThirtySecondsOfControlLoopsWantedIt) {
+  // upscale_delay_s 30: the decision counter must pass 30 / 0.1 = 300 loops.
+  auto policy = make_ray_policy(ray_auto_options());
   SampleWindow window;
-  fill_constant(window, 1, 30, 2);
-  EXPECT_EQ(policy->decide(sec(30), window, Fleet{10, 0, 10}).desired, 10);
-  fill_constant(window, 31, 629, 2);
-  EXPECT_EQ(policy->decide(sec(629), window, Fleet{10, 0, 10}).desired, 10);
-  fill_constant(window, 630, 630, 2);
-  EXPECT_EQ(policy->decide(sec(630), window, Fleet{10, 0, 10}).desired, 1);
+  fill_constant(window, 1, 200, 20);  // 20 requests / 2 per replica = 10
+  const auto [at, desired] = run_loops(*policy, window, 30'000, 120'000, Fleet{1, 0, 1});
+  EXPECT_EQ(at, 30'000 + 300 * 100);
+  EXPECT_EQ(desired, 10);
+}
+
+TEST(RayPolicyTest, AChangeOfDirectionStartsTheCountAgain) {
+  auto policy = make_ray_policy(ray_auto_options());
+  SampleWindow up;
+  fill_constant(up, 1, 200, 20);
+  SampleWindow same;
+  fill_constant(same, 1, 200, 2);  // wants exactly the 1 there is
+  EXPECT_EQ(run_loops(*policy, up, 30'000, 50'000, Fleet{1, 0, 1}).first, -1);
+  EXPECT_EQ(run_loops(*policy, same, 50'000, 50'100, Fleet{1, 0, 1}).first, -1);  // reset
+  // 20 s counted before the reset do not count: another full 30 s.
+  EXPECT_EQ(run_loops(*policy, up, 50'100, 120'000, Fleet{1, 0, 1}).first, 50'100 + 300 * 100);
+}
+
+TEST(RayPolicyTest, ScalesDownAfterTenMinutesAndToZeroOnlyFromOne) {
+  RayOptions options = ray_auto_options();
+  options.range = {0, 100, true};
+  options.downscale_to_zero_delay = Millis(60'000);
+  auto policy = make_ray_policy(options);
+  SampleWindow idle;
+  fill_constant(idle, 1, 900, 0);
+  // downscale_delay_s 600 from 10; a scale-down other than 1 -> 0 stops at 1.
+  auto [at, desired] = run_loops(*policy, idle, 30'000, 900'000, Fleet{10, 0, 10});
+  EXPECT_EQ(at, 30'000 + 6'000 * 100);
+  EXPECT_EQ(desired, 1);
+  // Then 1 -> 0 after downscale_to_zero_delay_s.
+  std::tie(at, desired) = run_loops(*policy, idle, 700'000, 900'000, Fleet{1, 0, 1});
+  EXPECT_EQ(at, 700'000 + 600 * 100);
+  EXPECT_EQ(desired, 0);
+}
+
+TEST(RayPolicyTest, NoRunningReplicaAndRequestsWaitingScalesAtOnce) {
+  RayOptions options = ray_auto_options();
+  options.range = {0, 100, true};
+  auto policy = make_ray_policy(options);
+  SampleWindow window;
+  fill_constant(window, 1, 40, 3);
+  const Decision decision = policy->decide(sec(40), window, Fleet{0, 0, 0});
+  EXPECT_EQ(decision.desired, 1) << decision.reason;  // the cold start path: no delay
+  EXPECT_NE(decision.reason.find("cold start"), std::string::npos);
+}
+
+TEST(RayPolicyTest, TheUpscalingFactorTakesPartOfTheStep) {
+  RayOptions options = ray_auto_options();
+  options.upscale_delay = Millis(0);
+  options.upscaling_factor = 0.5;
+  auto policy = make_ray_policy(options);
+  SampleWindow window;
+  fill_constant(window, 1, 40, 40);  // 20 wanted on 4 running: 4 + 0.5 x 16 = 12
+  EXPECT_EQ(policy->decide(sec(40), window, Fleet{4, 0, 4}).desired, 12);
+  // A scale-down the factor would leave stuck at the running count still takes one.
+  options.downscale_delay = Millis(0);
+  options.downscaling_factor = 0.1;
+  policy = make_ray_policy(options);
+  SampleWindow lower;
+  fill_constant(lower, 1, 40, 14);  // 7 wanted on 8: 8 - 0.1 rounds up to 8, so 7
+  EXPECT_EQ(policy->decide(sec(40), lower, Fleet{8, 0, 8}).desired, 7);
 }
 
 TEST(StaticPolicyTest, AlwaysTheSameCount) {

@@ -181,7 +181,8 @@ TEST(SimulatorTest, KnowsItsScenariosAndPolicies) {
     EXPECT_TRUE(find_scenario(name).has_value()) << name;
   }
   EXPECT_FALSE(find_scenario("nope").has_value());
-  for (const char* name : {"apa", "hpa", "kpa", "ray", "static", "oracle"}) {
+  for (const char* name :
+       {"apa", "hpa", "kpa", "kpa-default", "ray", "ray-auto", "static", "oracle"}) {
     auto kind = parse_policy_kind(name);
     ASSERT_TRUE(kind.is_ok());
     EXPECT_EQ(policy_name(*kind), name);
