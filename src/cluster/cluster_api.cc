@@ -8,6 +8,7 @@
 #include <spdlog/spdlog.h>
 
 #include "cluster/cluster.h"
+#include "common/common_sha256.h"
 
 namespace flotilla::cluster {
 namespace {
@@ -116,14 +117,19 @@ Status api_server_status(const kube::Reply& reply) {
   return kube::reply_status(reply);
 }
 
-// A Secret name for a token id: DNS-1123 (lower case; ends with a letter or digit).
+// A Secret name for a token id: DNS-1123 (lower case; ends with a letter or digit). An id that
+// lower-casing would change (or that ends with '-') gets a digest of itself appended, so that
+// ids differing only in case name different Secrets.
 std::string token_secret_name(const std::string& id) {
   std::string name = "flotilla-token-";
+  bool changed = id.empty() || id.back() == '-';
   for (char c : id) {
-    name += static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+    const char lower = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+    changed = changed || lower != c;
+    name += lower;
   }
-  if (name.back() == '-') {
-    name += "0";
+  if (changed) {
+    name += "-" + sha256_hex(id).substr(0, 8);
   }
   return name;
 }

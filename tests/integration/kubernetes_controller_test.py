@@ -303,6 +303,11 @@ served_models:
         self.assertNotIn(token.split("_")[-1], json.dumps(secret))
         self.assertEqual(secret["metadata"]["annotations"]["flotilla.dev/comment"], "the CI job")
         self.assertEqual(self.call("POST", "/api/2.0/tokens", {"id": "ci"}).status, 409)
+        # Another id that differs only in case is another token, in a Secret of its own.
+        other = self.call("POST", "/api/2.0/tokens", {"id": "CI"})
+        self.assertEqual(other.status, 200, other.body)
+        self.assertNotEqual(other.json()["token_info"]["secret"], "flotilla-token-ci")
+        self.assertEqual(self.call("DELETE", "/api/2.0/tokens/CI").status, 200)
         self.assertEqual(self.call("POST", "/api/2.0/tokens", {"id": "bad id!"}).status, 400)
 
         # Not an admin: the API refuses it; /metrics shows it only its endpoint's series.
