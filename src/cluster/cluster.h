@@ -243,9 +243,10 @@ class ClusterApi : public control::ApiService {
   // server was away at start. Errors: kUnavailable (the API server), or the token's.
   Status ensure_admin_token();
 
-  auth::AuthResult check_admin(std::string_view authorization, std::string* token_id) override;
-  auth::AuthResult check_token(std::string_view authorization,
-                               std::vector<std::string>* scope) override;
+  Result<auth::AuthResult> check_admin(std::string_view authorization,
+                                       std::string* token_id) override;
+  Result<auth::AuthResult> check_token(std::string_view authorization,
+                                       std::vector<std::string>* scope) override;
   std::string render_metrics() override;
   nlohmann::json info() override;
   // create and update return once the API server holds the object; `flotilla deploy` then
@@ -255,14 +256,14 @@ class ClusterApi : public control::ApiService {
                                          const std::string& actor) override;
   Status delete_endpoint(const std::string& name, const std::string& actor) override;
   Result<nlohmann::json> endpoint_view(const std::string& name) override;
-  std::vector<std::string> endpoint_names() override;
+  Result<std::vector<std::string>> endpoint_names() override;
   Result<std::vector<control::EventRow>> list_events(const std::string& endpoint,
                                                      size_t limit) override;
   Result<nlohmann::json> create_token(const std::string& id, std::vector<std::string> endpoints,
                                       bool admin, const std::string& comment,
                                       const std::string& actor) override;
   Status revoke_token(const std::string& id, const std::string& actor) override;
-  nlohmann::json list_tokens() override;
+  Result<nlohmann::json> list_tokens() override;
 
  private:
   // The token Secrets that hold valid tokens (the others are skipped, as the gateways skip

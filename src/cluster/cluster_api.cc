@@ -284,11 +284,11 @@ Status ClusterApi::ensure_admin_token(const std::vector<TokenSecret>& tokens) {
   return Status::ok();
 }
 
-auth::AuthResult ClusterApi::check_admin(std::string_view authorization, std::string* token_id) {
+Result<auth::AuthResult> ClusterApi::check_admin(std::string_view authorization,
+                                                 std::string* token_id) {
   Result<std::vector<TokenSecret>> tokens = token_secrets();
   if (!tokens.is_ok()) {
-    spdlog::warn("api: cannot read the token Secrets: {}", tokens.status().message());
-    return authorization.empty() ? auth::AuthResult::kMissing : auth::AuthResult::kInvalid;
+    return tokens.status().with_context("reading the token Secrets");
   }
   if (Status minted = ensure_admin_token(*tokens); !minted.is_ok()) {
     spdlog::warn("api: no admin token, and minting one failed: {}", minted.message());
@@ -312,12 +312,11 @@ auth::AuthResult ClusterApi::check_admin(std::string_view authorization, std::st
   return result;
 }
 
-auth::AuthResult ClusterApi::check_token(std::string_view authorization,
-                                         std::vector<std::string>* scope) {
+Result<auth::AuthResult> ClusterApi::check_token(std::string_view authorization,
+                                                 std::vector<std::string>* scope) {
   Result<std::vector<TokenSecret>> tokens = token_secrets();
   if (!tokens.is_ok()) {
-    spdlog::warn("api: cannot read the token Secrets: {}", tokens.status().message());
-    return authorization.empty() ? auth::AuthResult::kMissing : auth::AuthResult::kInvalid;
+    return tokens.status().with_context("reading the token Secrets");
   }
   std::vector<auth::TokenRecord> records;
   for (const TokenSecret& token : *tokens) {
@@ -460,11 +459,13 @@ Result<json> ClusterApi::endpoint_view(const std::string& name) {
   return endpoint_view_of(object, pods);
 }
 
-std::vector<std::string> ClusterApi::endpoint_names() {
+Result<std::vector<std::string>> ClusterApi::endpoint_names() {
+  FLOTILLA_ASSIGN_OR_RETURN(
+      kube::Reply reply,
+      client_.get(kube::collection_path(kube::kServingEndpoints, client_.config().namespace_name)));
+  FLOTILLA_RETURN_IF_ERROR(api_server_status(reply));
   std::vector<std::string> names;
-  Result<kube::Reply> reply =
-      client_.get(kube::collection_path(kube::kServingEndpoints, client_.config().namespace_name));
-  const json& items = reply.is_ok() && reply->ok() ? field(reply->body, "items") : json();
+  const json& items = field(reply.body, "items");
   if (items.is_array()) {
     for (const json& item : items) {
       names.push_back(kube::string_field(field(item, "metadata"), "name"));
@@ -540,10 +541,10 @@ Status ClusterApi::revoke_token(const std::string& id, const std::string& actor)
   return Status::ok();
 }
 
-json ClusterApi::list_tokens() {
+Result<json> ClusterApi::list_tokens() {
+  FLOTILLA_ASSIGN_OR_RETURN(std::vector<TokenSecret> tokens, token_secrets());
   json list = json::array();
-  Result<std::vector<TokenSecret>> tokens = token_secrets();
-  for (const TokenSecret& token : tokens.is_ok() ? *tokens : std::vector<TokenSecret>{}) {
+  for (const TokenSecret& token : tokens) {
     list.push_back(token_view(token));
   }
   return list;

@@ -119,8 +119,12 @@ http::Response ApiRoutes::handle(const http::Request& request) const {
     // `--open-routes metrics`), one scoped to endpoints seeing only theirs.
     std::vector<std::string> scope;
     if (!metrics_open_) {
-      const auth::AuthResult result =
+      Result<auth::AuthResult> checked =
           service_.check_token(http::find_header(request.headers, "authorization"), &scope);
+      if (!checked.is_ok()) {
+        return error_response(checked.status());
+      }
+      const auth::AuthResult result = *checked;
       if (result == auth::AuthResult::kMissing) {
         return error_response(401, "UNAUTHENTICATED",
                               "missing Authorization: Bearer <token> (any token; one scoped to "
@@ -136,7 +140,12 @@ http::Response ApiRoutes::handle(const http::Request& request) const {
     return response;
   }
   std::string actor;
-  switch (service_.check_admin(http::find_header(request.headers, "authorization"), &actor)) {
+  Result<auth::AuthResult> admin =
+      service_.check_admin(http::find_header(request.headers, "authorization"), &actor);
+  if (!admin.is_ok()) {
+    return error_response(admin.status());
+  }
+  switch (*admin) {
     case auth::AuthResult::kAllowed:
       break;
     case auth::AuthResult::kMissing:
@@ -172,8 +181,12 @@ http::Response ApiRoutes::handle_endpoints(const http::Request& request, std::st
   rest = rest.substr(0, question);
   if (rest.empty() || rest == "/") {
     if (request.method == http::Method::kGet) {
+      Result<std::vector<std::string>> names = service_.endpoint_names();
+      if (!names.is_ok()) {
+        return error_response(names.status());
+      }
       nlohmann::json list = nlohmann::json::array();
-      for (const std::string& name : service_.endpoint_names()) {
+      for (const std::string& name : *names) {
         if (Result<nlohmann::json> view = service_.endpoint_view(name); view.is_ok()) {
           list.push_back(std::move(view).value());
         }
@@ -268,7 +281,9 @@ http::Response ApiRoutes::handle_tokens(const http::Request& request, std::strin
                                         const std::string& actor) const {
   if (rest.empty() || rest == "/") {
     if (request.method == http::Method::kGet) {
-      return json_response(200, {{"tokens", service_.list_tokens()}});
+      Result<nlohmann::json> tokens = service_.list_tokens();
+      return tokens.is_ok() ? json_response(200, {{"tokens", *tokens}})
+                            : error_response(tokens.status());
     }
     if (request.method != http::Method::kPost) {
       return method_not_allowed("GET, POST");

@@ -39,11 +39,13 @@ class ApiService {
   virtual ~ApiService() = default;
 
   // kAllowed for an admin token (its id in *token_id), kForbidden for a valid non-admin one,
-  // kMissing or kInvalid as auth::Authenticator says.
-  virtual auth::AuthResult check_admin(std::string_view authorization, std::string* token_id) = 0;
+  // kMissing or kInvalid as auth::Authenticator says. An error (kUnavailable: where the tokens
+  // are kept cannot be read now) is the API's 503, not a verdict on the token.
+  virtual Result<auth::AuthResult> check_admin(std::string_view authorization,
+                                               std::string* token_id) = 0;
   // Any valid token; on kAllowed, *scope is the endpoints it may see (empty: all).
-  virtual auth::AuthResult check_token(std::string_view authorization,
-                                       std::vector<std::string>* scope) = 0;
+  virtual Result<auth::AuthResult> check_token(std::string_view authorization,
+                                               std::vector<std::string>* scope) = 0;
   // The control plane's metrics in the Prometheus text format, every series.
   virtual std::string render_metrics() = 0;
   // GET /api/2.0/info: where the gateway and the API listen, the data directory, the version.
@@ -59,7 +61,7 @@ class ApiService {
                                                  const std::string& actor) = 0;
   virtual Status delete_endpoint(const std::string& name, const std::string& actor) = 0;
   virtual Result<nlohmann::json> endpoint_view(const std::string& name) = 0;
-  virtual std::vector<std::string> endpoint_names() = 0;
+  virtual Result<std::vector<std::string>> endpoint_names() = 0;
   // The newest `limit` events of `endpoint`, newest first; those of a deleted endpoint too.
   virtual Result<std::vector<EventRow>> list_events(const std::string& endpoint, size_t limit) = 0;
 
@@ -69,7 +71,7 @@ class ApiService {
                                               const std::string& comment,
                                               const std::string& actor) = 0;
   virtual Status revoke_token(const std::string& id, const std::string& actor) = 0;
-  virtual nlohmann::json list_tokens() = 0;
+  virtual Result<nlohmann::json> list_tokens() = 0;
 };
 
 // The API's error body for errors the HTTP server answers itself (413, 431, ...), in the

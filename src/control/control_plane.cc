@@ -809,7 +809,7 @@ Result<nlohmann::json> ControlPlaneImpl::endpoint_view(const std::string& name) 
   return view;
 }
 
-std::vector<std::string> ControlPlaneImpl::endpoint_names() {
+Result<std::vector<std::string>> ControlPlaneImpl::endpoint_names() {
   MutexLock lock(mu_);
   std::vector<std::string> names;
   for (const auto& [name, stored] : endpoints_) {
@@ -856,7 +856,7 @@ nlohmann::json ControlPlaneImpl::token_view(const TokenRow& row) {
           {"creation_timestamp", row.created_unix_ms}};
 }
 
-nlohmann::json ControlPlaneImpl::list_tokens() {
+Result<nlohmann::json> ControlPlaneImpl::list_tokens() {
   MutexLock lock(mu_);
   nlohmann::json list = nlohmann::json::array();
   for (const TokenRow& row : tokens_) {
@@ -865,8 +865,8 @@ nlohmann::json ControlPlaneImpl::list_tokens() {
   return list;
 }
 
-auth::AuthResult ControlPlaneImpl::check_token(std::string_view authorization,
-                                               std::vector<std::string>* scope) {
+Result<auth::AuthResult> ControlPlaneImpl::check_token(std::string_view authorization,
+                                                       std::vector<std::string>* scope) {
   MutexLock lock(mu_);
   std::vector<auth::TokenRecord> records;
   for (const TokenRow& row : tokens_) {
@@ -882,8 +882,8 @@ nlohmann::json ControlPlaneImpl::info() {
           {"version", FLOTILLA_VERSION}};
 }
 
-auth::AuthResult ControlPlaneImpl::check_admin(std::string_view authorization,
-                                               std::string* token_id) {
+Result<auth::AuthResult> ControlPlaneImpl::check_admin(std::string_view authorization,
+                                                       std::string* token_id) {
   std::shared_ptr<const auth::Authenticator> admins;
   {
     MutexLock lock(mu_);

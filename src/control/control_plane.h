@@ -60,9 +60,10 @@ class ControlPlaneImpl final : public ControlPlane,
   };
 
   // ApiService: what the REST API's routes call (control_api.h), on the API server's worker.
-  auth::AuthResult check_admin(std::string_view authorization, std::string* token_id) override;
-  auth::AuthResult check_token(std::string_view authorization,
-                               std::vector<std::string>* scope) override;
+  Result<auth::AuthResult> check_admin(std::string_view authorization,
+                                       std::string* token_id) override;
+  Result<auth::AuthResult> check_token(std::string_view authorization,
+                                       std::vector<std::string>* scope) override;
   std::string render_metrics() override { return registry_.render(); }
   nlohmann::json info() override;
   Result<nlohmann::json> create_endpoint(std::string_view body, const std::string& actor) override;
@@ -70,7 +71,7 @@ class ControlPlaneImpl final : public ControlPlane,
                                          const std::string& actor) override;
   Status delete_endpoint(const std::string& name, const std::string& actor) override;
   Result<nlohmann::json> endpoint_view(const std::string& name) override;
-  std::vector<std::string> endpoint_names() override;
+  Result<std::vector<std::string>> endpoint_names() override;
   Result<std::vector<EventRow>> list_events(const std::string& endpoint, size_t limit) override {
     return store_->list_events(endpoint, limit);
   }
@@ -78,7 +79,7 @@ class ControlPlaneImpl final : public ControlPlane,
                                       bool admin, const std::string& comment,
                                       const std::string& actor) override;
   Status revoke_token(const std::string& id, const std::string& actor) override;
-  nlohmann::json list_tokens() override;
+  Result<nlohmann::json> list_tokens() override;
   static nlohmann::json token_view(const TokenRow& row);
 
   // Before any other thread exists (from start()), so without mu_.

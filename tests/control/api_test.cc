@@ -20,7 +20,11 @@ constexpr std::string_view kUser = "Bearer user";
 // Two tokens: "admin" and "user" (scoped to "fraud"); endpoints in a map; calls recorded.
 class FakeService final : public ApiService {
  public:
-  auth::AuthResult check_admin(std::string_view authorization, std::string* token_id) override {
+  Result<auth::AuthResult> check_admin(std::string_view authorization,
+                                       std::string* token_id) override {
+    if (tokens_unavailable_) {
+      return Status(StatusCode::kUnavailable, "the token store is away");
+    }
     if (authorization.empty()) {
       return auth::AuthResult::kMissing;
     }
@@ -30,8 +34,11 @@ class FakeService final : public ApiService {
     }
     return authorization == kUser ? auth::AuthResult::kForbidden : auth::AuthResult::kInvalid;
   }
-  auth::AuthResult check_token(std::string_view authorization,
-                               std::vector<std::string>* scope) override {
+  Result<auth::AuthResult> check_token(std::string_view authorization,
+                                       std::vector<std::string>* scope) override {
+    if (tokens_unavailable_) {
+      return Status(StatusCode::kUnavailable, "the token store is away");
+    }
     if (authorization.empty()) {
       return auth::AuthResult::kMissing;
     }
@@ -72,7 +79,7 @@ class FakeService final : public ApiService {
     }
     return it->second;
   }
-  std::vector<std::string> endpoint_names() override {
+  Result<std::vector<std::string>> endpoint_names() override {
     std::vector<std::string> names;
     for (const auto& [name, view] : endpoints_) {
       names.push_back(name);
@@ -102,9 +109,12 @@ class FakeService final : public ApiService {
     revoked_.push_back(id);
     return Status::ok();
   }
-  nlohmann::json list_tokens() override { return nlohmann::json::array({{{"id", "admin"}}}); }
+  Result<nlohmann::json> list_tokens() override {
+    return nlohmann::json::array({{{"id", "admin"}}});
+  }
 
   std::map<std::string, nlohmann::json> endpoints_;
+  bool tokens_unavailable_ = false;
   size_t last_events_limit_ = 0;
   std::vector<std::string> revoked_;
 };
@@ -157,6 +167,16 @@ TEST_F(ApiTest, AnswersHealthWithoutATokenAndTheRestOnlyToAdmins) {
   const http::Response unknown = call(http::Method::kGet, "/api/2.0/nothing", kAdmin);
   EXPECT_EQ(unknown.status, 404);
   EXPECT_EQ(json(unknown)["error_code"], "ENDPOINT_NOT_FOUND");
+}
+
+TEST_F(ApiTest, TokensThatCannotBeCheckedNowAre503NotAVerdictOnTheToken) {
+  service_.tokens_unavailable_ = true;
+  for (const char* target : {"/api/2.0/serving-endpoints", "/metrics"}) {
+    const http::Response answer = call(http::Method::kGet, target, kAdmin);
+    EXPECT_EQ(answer.status, 503) << target;
+    EXPECT_EQ(json(answer)["error_code"], "TEMPORARILY_UNAVAILABLE") << target;
+    EXPECT_THAT(json(answer)["message"].get<std::string>(), HasSubstr("token store")) << target;
+  }
 }
 
 TEST_F(ApiTest, MetricsTakeAnyTokenAndShowOnlyItsScope) {

@@ -258,6 +258,12 @@ served_models:
         self.assertIn("kubectl get secret flotilla-admin-token", missing.json()["message"])
         self.assertEqual(self.call("GET", "/api/2.0/serving-endpoints",
                                    token="flt_admin_" + "0" * 64).status, 401)
+        # The API server failing the token list: a 503 to retry, not a verdict on the token.
+        self.api.fail_next(1, code=503, match=r"/secrets")
+        unavailable = self.call("GET", "/api/2.0/serving-endpoints")
+        self.assertEqual(unavailable.status, 503, unavailable.body)
+        self.assertEqual(unavailable.json()["error_code"], "TEMPORARILY_UNAVAILABLE")
+        self.assertEqual(self.call("GET", "/api/2.0/serving-endpoints").status, 200)
         cases = [
             (b"{not json", "INVALID_PARAMETER_VALUE"),
             ({"name": "fraud", "served_models": []}, "INVALID_PARAMETER_VALUE"),
