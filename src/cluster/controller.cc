@@ -136,6 +136,8 @@ void Controller::lead() {
 
   scalers_.clear();
   scales_.clear();
+  usage_read_.clear();
+  pod_usage_.retain({});  // a new term reads every pod afresh
   // The autoscaler ticks every second: its policies run when due, and a scale from zero waits
   // for no period.
   const auto tick = std::chrono::milliseconds(1'000);
