@@ -81,13 +81,8 @@ class Cluster:
 
     def __init__(self, workdir):
         self.apiserver = fake_apiserver.FakeApiServer(port=0)
-        port = self.apiserver.start()
-        kubeconfig = os.path.join(workdir, "kubeconfig")
-        with open(kubeconfig, "w") as f:
-            f.write(f"""current-context: b
-clusters: [{{name: fake, cluster: {{server: "http://127.0.0.1:{port}"}}}}]
-contexts: [{{name: b, context: {{cluster: fake, namespace: {NS}}}}}]
-""")
+        self.apiserver.start()
+        kubeconfig = self.apiserver.write_kubeconfig(os.path.join(workdir, "kubeconfig"), NS)
         # probe_period_s=None: the template's probe periods, as a kubelet runs them.
         self.kubelet = fake_kubelet.FakeKubelet(self.apiserver, {"flotilla": FLOTILLA},
                                                 probe_period_s=None,

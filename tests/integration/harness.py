@@ -9,6 +9,7 @@ process stopped by the test that started it, no bare sleeps: wait_until() polls 
 with a deadline.
 """
 
+import base64
 import http.client
 import json
 import os
@@ -567,3 +568,26 @@ def label_of(body):
     if isinstance(p, list) and len(p) == 3 and all(isinstance(x, float) for x in p):
         return "proba"
     return None
+
+
+def mint_token_secret(apiserver, namespace, token_id, endpoints=None, name=None):
+    """Mints a token with `flotilla gateway mint-token` and stores it as a token Secret (its
+    salted hash, as the gateways read it) in the fake API server `apiserver`; returns the
+    token."""
+    argv = [FLOTILLA_BIN, "gateway", "mint-token", "--id", token_id]
+    for endpoint in endpoints or []:
+        argv += ["--endpoint", endpoint]
+    minted = run_to_exit(argv)
+    assert minted.returncode == 0, minted
+    out = minted.stdout.decode()
+    b64 = lambda text: base64.b64encode(text.encode()).decode()  # noqa: E731
+    data = {"id": b64(token_id),
+            "salt": b64(re.search(r'salt: "([0-9a-f]+)"', out).group(1)),
+            "sha256": b64(re.search(r'sha256: "([0-9a-f]+)"', out).group(1))}
+    if endpoints:
+        data["endpoints"] = b64(",".join(endpoints))
+    apiserver.create({"apiVersion": "v1", "kind": "Secret",
+                      "metadata": {"name": name or f"token-{token_id}", "namespace": namespace,
+                                   "labels": {"flotilla.dev/token": "true"}},
+                      "type": "Opaque", "data": data})
+    return re.search(r"token: (\S+)", out).group(1)

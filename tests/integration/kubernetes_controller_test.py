@@ -10,7 +10,6 @@ second takes over a rollout the first left half done.
 import base64
 import json
 import os
-import re
 import sys
 import tempfile
 import types
@@ -48,12 +47,7 @@ class FakeClusterCase(unittest.TestCase):
         self.api = fake_apiserver.FakeApiServer(port=0)
         self.port = self.api.start()
         self.addCleanup(self.api.stop)
-        self.kubeconfig = os.path.join(self.tmp, "kubeconfig")
-        with open(self.kubeconfig, "w") as f:
-            f.write(f"""current-context: t
-clusters: [{{name: fake, cluster: {{server: "http://127.0.0.1:{self.port}"}}}}]
-contexts: [{{name: t, context: {{cluster: fake, namespace: {NS}}}}}]
-""")
+        self.kubeconfig = self.api.write_kubeconfig(os.path.join(self.tmp, "kubeconfig"), NS)
 
     def start_controller(self, identity, lease_ms=1500, extra=()):
         return harness.start_process(
@@ -358,19 +352,7 @@ class EndToEndTest(FakeClusterCase):
                                                 log_dir=os.path.join(self.tmp, "pods"))
         self.kubelet.start()
         self.addCleanup(self.kubelet.stop)
-        minted = harness.run_to_exit([FLOTILLA_BIN, "gateway", "mint-token", "--id", "ci"])
-        self.assertEqual(minted.returncode, 0, minted)
-        out = minted.stdout.decode()
-        self.token = re.search(r"token: (\S+)", out).group(1)
-        b64 = lambda text: base64.b64encode(text.encode()).decode()  # noqa: E731
-        self.api.create({
-            "apiVersion": "v1", "kind": "Secret",
-            "metadata": {"name": "token-ci", "namespace": NS,
-                         "labels": {"flotilla.dev/token": "true"}},
-            "type": "Opaque",
-            "data": {"id": b64("ci"),
-                     "salt": b64(re.search(r'salt: "([0-9a-f]+)"', out).group(1)),
-                     "sha256": b64(re.search(r'sha256: "([0-9a-f]+)"', out).group(1))}})
+        self.token = harness.mint_token_secret(self.api, NS, "ci")
         self.model = harness.write_yaml(self.tmp, "model.yaml",
                                         "service_time: {dist: fixed, mean_ms: 50}\ncpu_us: 0\n"
                                         "saturation: 100000\nseed: 1\n")

@@ -9,7 +9,6 @@ addresses) and a token Secret, and checks what the gateway routes, through broke
 a relist after 410 Gone.
 """
 
-import base64
 import json
 import os
 import re
@@ -32,10 +31,6 @@ DEADLINE_S = 20.0
 
 def setUpModule():
     harness.require_binary("kubernetes_test.py")
-
-
-def b64(text):
-    return base64.b64encode(text.encode()).decode()
 
 
 class Api:
@@ -114,33 +109,8 @@ class GatewayKubernetesTest(unittest.TestCase):
                                         "--port", "0", "--workers", "1"], cls_level=True)
             for _ in range(2)]
 
-        minted = harness.run_to_exit([FLOTILLA_BIN, "gateway", "mint-token", "--id", "ci",
-                                      "--endpoint", "fraud"])
-        assert minted.returncode == 0, minted
-        out = minted.stdout.decode()
-        cls.token = re.search(r"token: (\S+)", out).group(1)
-        salt = re.search(r'salt: "([0-9a-f]+)"', out).group(1)
-        digest = re.search(r'sha256: "([0-9a-f]+)"', out).group(1)
-        cls.api.create(f"/api/v1/namespaces/{NS}/secrets", {
-            "apiVersion": "v1", "kind": "Secret",
-            "metadata": {"name": "token-ci", "namespace": NS,
-                         "labels": {"flotilla.dev/token": "true"}},
-            "type": "Opaque",
-            "data": {"id": b64("ci"), "salt": b64(salt), "sha256": b64(digest),
-                     "endpoints": b64("fraud")}})
-
-        kubeconfig = os.path.join(cls.tmp, "kubeconfig")
-        with open(kubeconfig, "w") as f:
-            f.write(f"""apiVersion: v1
-kind: Config
-current-context: test
-clusters:
-- name: fake
-  cluster: {{server: "http://127.0.0.1:{cls.api_port}"}}
-contexts:
-- name: test
-  context: {{cluster: fake, namespace: {NS}}}
-""")
+        cls.token = harness.mint_token_secret(cls.apiserver, NS, "ci", endpoints=["fraud"])
+        kubeconfig = cls.apiserver.write_kubeconfig(os.path.join(cls.tmp, "kubeconfig"), NS)
         cls.gateway = harness.start_process(
             cls, [FLOTILLA_BIN, "gateway", "--kubernetes", "--kubeconfig", kubeconfig,
                   "--listen", "127.0.0.1:0", "--workers", "1", "--cold-start-timeout-ms", "200"],

@@ -711,6 +711,22 @@ class FakeApiServer:
     def url(self):
         return f"{'https' if self.tls_cert else 'http'}://{self.host}:{self.port}"
 
+    def write_kubeconfig(self, path, namespace):
+        """A kubeconfig at `path` for this server (plain http only; TLS tests write their own)
+        with `namespace` as its context's namespace. Returns the path."""
+        with open(path, "w") as f:
+            f.write(f"""apiVersion: v1
+kind: Config
+current-context: test
+clusters:
+- name: fake
+  cluster: {{server: "{self.url}"}}
+contexts:
+- name: test
+  context: {{cluster: fake, namespace: {namespace}}}
+""")
+        return path
+
     def stop(self):
         if self._httpd is None:
             return
