@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <limits>
 #include <optional>
+#include <thread>
 #include <type_traits>
 #include <vector>
 
@@ -424,6 +425,37 @@ UpstreamFailure BlockingConnection::failure() const {
 
 bool BlockingConnection::local_failure() const {
   return impl_->local_failure;
+}
+
+std::vector<ClientResponse> fetch_each(const std::vector<std::pair<std::string, uint16_t>>& origins,
+                                       const std::string& target,
+                                       std::chrono::milliseconds deadline, size_t parallel) {
+  const auto until = std::chrono::steady_clock::now() + deadline;
+  std::vector<ClientResponse> responses(origins.size());
+  parallel = std::max<size_t>(parallel, 1);
+  for (size_t begin = 0; begin < origins.size(); begin += parallel) {
+    std::vector<std::thread> fetchers;
+    for (size_t i = begin; i < std::min(origins.size(), begin + parallel); ++i) {
+      // Each thread writes its own element only.
+      fetchers.emplace_back([&, i] {
+        const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+            until - std::chrono::steady_clock::now());
+        if (left.count() <= 0) {
+          responses[i].failure = UpstreamFailure::kTimeout;
+          responses[i].error = "the deadline passed before this fetch's turn";
+          return;
+        }
+        ClientRequest request;
+        request.method = Method::kGet;
+        request.target = target;
+        responses[i] = fetch(origins[i].first, origins[i].second, std::move(request), left);
+      });
+    }
+    for (std::thread& fetcher : fetchers) {
+      fetcher.join();
+    }
+  }
+  return responses;
 }
 
 ClientResponse fetch(const std::string& host, uint16_t port, ClientRequest request,

@@ -394,4 +394,12 @@ class BlockingConnection {
 ClientResponse fetch(const std::string& host, uint16_t port, ClientRequest request,
                      std::chrono::milliseconds timeout);
 
+// GET `target` from each of `origins` (plain http), up to `parallel` at once on threads of their
+// own, every fetch ending by `deadline` from the call: a slow or hung origin costs the deadline
+// once, not once per origin. For control loops that read many replicas' /metrics. The answers
+// come in the origins' order; one whose turn came after the deadline is kTimeout.
+std::vector<ClientResponse> fetch_each(const std::vector<std::pair<std::string, uint16_t>>& origins,
+                                       const std::string& target,
+                                       std::chrono::milliseconds deadline, size_t parallel = 64);
+
 }  // namespace flotilla::http

@@ -187,40 +187,26 @@ class LocalOrchestrator final : public Orchestrator {
         }
       }
     }
-    // A bound on this call's blocking, in real time whatever the clock. Every replica's
-    // /metrics is fetched on a thread of its own and each fetch ends by the deadline, so a
-    // slow or hung replica costs the deadline once, not once per replica.
-    const auto until = std::chrono::steady_clock::now() + deadline;
-    constexpr size_t kParallel = 64;
+    // A bound on this call's blocking, in real time whatever the clock: every replica's
+    // /metrics within one deadline (fetch_each).
+    std::vector<std::pair<std::string, uint16_t>> origins;
+    origins.reserve(targets.size());
+    for (const Target& target : targets) {
+      origins.emplace_back(target.host, target.port);
+    }
+    const std::vector<http::ClientResponse> responses =
+        http::fetch_each(origins, "/metrics", deadline);
     std::vector<UsageReading> readings(targets.size());
-    for (size_t begin = 0; begin < targets.size(); begin += kParallel) {
-      std::vector<std::thread> readers;
-      for (size_t i = begin; i < std::min(targets.size(), begin + kParallel); ++i) {
-        readers.emplace_back([&, i] {
-          const Target& target = targets[i];
-          UsageReading& reading = readings[i];
-          reading.replica_id = target.id;
-          const auto left =
-              std::chrono::duration_cast<milliseconds>(until - std::chrono::steady_clock::now());
-          if (left.count() > 0) {
-            http::ClientRequest request;
-            request.method = http::Method::kGet;
-            request.target = "/metrics";
-            const http::ClientResponse response =
-                http::fetch(target.host, target.port, std::move(request), left);
-            if (response.failure == http::UpstreamFailure::kNone && response.status == 200) {
-              reading.queue_wait_seconds =
-                  metric_value(response.body, "flotilla_replica_queue_wait_seconds_total");
-            }
-          }
-          reading.cpu_seconds = process_cpu_seconds(target.pid);
-          reading.memory_bytes = process_resident_bytes(target.pid);
-          reading.at = clock_.now();
-        });
+    for (size_t i = 0; i < targets.size(); ++i) {
+      UsageReading& reading = readings[i];
+      reading.replica_id = targets[i].id;
+      if (responses[i].failure == http::UpstreamFailure::kNone && responses[i].status == 200) {
+        reading.queue_wait_seconds =
+            metric_value(responses[i].body, "flotilla_replica_queue_wait_seconds_total");
       }
-      for (std::thread& reader : readers) {
-        reader.join();
-      }
+      reading.cpu_seconds = process_cpu_seconds(targets[i].pid);
+      reading.memory_bytes = process_resident_bytes(targets[i].pid);
+      reading.at = clock_.now();
     }
     return readings;
   }
