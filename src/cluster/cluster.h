@@ -341,6 +341,8 @@ struct PodTarget {
   std::string host;
   uint16_t port = 0;
 };
+// A pod that is not terminating and whose Ready condition is true.
+bool pod_ready(const nlohmann::json& pod);
 // The ready (and not terminating) pods of a pod list, with an IP and a container port.
 std::vector<PodTarget> ready_pod_targets(const nlohmann::json& pod_list);
 

@@ -41,23 +41,6 @@ int64_t unix_ms_of(const std::string& text) {
   return ms;
 }
 
-const json& condition_of(const json& status, std::string_view type) {
-  const json& conditions = field(status, "conditions");
-  if (conditions.is_array()) {
-    for (const json& condition : conditions) {
-      if (kube::string_field(condition, "type") == type) {
-        return condition;
-      }
-    }
-  }
-  static const json kNone;
-  return kNone;
-}
-
-std::string label_of(const json& object, std::string_view key) {
-  return kube::string_field(field(field(object, "metadata"), "labels"), key);
-}
-
 // One pod of a version in the shape of `flotilla up`'s replicas.
 json replica_view(const json& pod) {
   const json& status = field(pod, "status");
@@ -72,7 +55,7 @@ json replica_view(const json& pod) {
   std::string state = "starting";
   if (!kube::string_field(field(pod, "metadata"), "deletionTimestamp").empty()) {
     state = "draining";
-  } else if (kube::string_field(condition_of(status, "Ready"), "status") == "True") {
+  } else if (pod_ready(pod)) {
     state = "ready";
   }
   std::string reason;
@@ -87,7 +70,7 @@ json replica_view(const json& pod) {
     }
   }
   return {{"id", kube::string_field(field(pod, "metadata"), "name")},
-          {"version", label_of(pod, kVersionLabel)},
+          {"version", kube::label(pod, kVersionLabel)},
           {"address", address},
           {"state", state},
           {"pid", 0},
@@ -115,6 +98,26 @@ Status api_server_status(const kube::Reply& reply) {
             "): check its service account and RBAC: " + kube::reply_status(reply).message());
   }
   return kube::reply_status(reply);
+}
+
+// The objects of `resource` in the client's namespace that match `label_selector` ("": all), by
+// name.
+Result<kube::Reflector::Objects> list_objects(kube::Client& client, const kube::Resource& resource,
+                                              const std::string& label_selector = "") {
+  FLOTILLA_ASSIGN_OR_RETURN(
+      kube::Reply reply,
+      client.get(
+          kube::collection_path(resource, client.config().namespace_name),
+          label_selector.empty() ? "" : "labelSelector=" + kube::query_escape(label_selector)));
+  FLOTILLA_RETURN_IF_ERROR(api_server_status(reply));
+  kube::Reflector::Objects objects;
+  const json& items = field(reply.body, "items");
+  if (items.is_array()) {
+    for (const json& item : items) {
+      objects[kube::string_field(field(item, "metadata"), "name")] = item;
+    }
+  }
+  return objects;
 }
 
 // A Secret name for a token id: DNS-1123 (lower case; ends with a letter or digit). An id that
@@ -196,7 +199,7 @@ json endpoint_view_of(const json& serving_endpoint, const kube::Reflector::Objec
   json view;
   view["name"] = name;
   const bool ready =
-      observed && kube::string_field(condition_of(status, "Ready"), "status") == "True";
+      observed && kube::string_field(kube::condition(status, "Ready"), "status") == "True";
   view["state"] = {{"ready", ready ? "READY" : "NOT_READY"},
                    {"config_update", !observed || rolling ? "IN_PROGRESS" : "NOT_UPDATING"}};
   view["config"] = spec.is_ok() ? control::to_json(*spec) : field(serving_endpoint, "spec");
@@ -204,7 +207,7 @@ json endpoint_view_of(const json& serving_endpoint, const kube::Reflector::Objec
   view["versions"] = std::move(versions);
   json replicas = json::array();
   for (const auto& [pod_name, pod] : pods) {
-    if (label_of(pod, kEndpointLabel) == name) {
+    if (kube::label(pod, kEndpointLabel) == name) {
       replicas.push_back(replica_view(pod));
     }
   }
@@ -232,19 +235,10 @@ ClusterApi::ClusterApi(kube::Client& client, Options options)
     : client_(client), options_(std::move(options)) {}
 
 Result<std::vector<TokenSecret>> ClusterApi::token_secrets(bool first_of_each_id) {
-  FLOTILLA_ASSIGN_OR_RETURN(
-      kube::Reply reply,
-      client_.get(kube::collection_path(kube::kSecrets, client_.config().namespace_name),
-                  "labelSelector=" + kube::query_escape(std::string(kTokenLabel) + "=true")));
-  FLOTILLA_RETURN_IF_ERROR(api_server_status(reply));
   // As the gateways read them: by Secret name, the first of a duplicated id wins.
-  kube::Reflector::Objects secrets;
-  const json& items = field(reply.body, "items");
-  if (items.is_array()) {
-    for (const json& item : items) {
-      secrets[kube::string_field(field(item, "metadata"), "name")] = item;
-    }
-  }
+  FLOTILLA_ASSIGN_OR_RETURN(
+      kube::Reflector::Objects secrets,
+      list_objects(client_, kube::kSecrets, std::string(kTokenLabel) + "=true"));
   std::vector<TokenSecret> tokens;
   for (const auto& [name, secret] : secrets) {
     Result<TokenSecret> token = token_from_secret(name, secret);
@@ -331,14 +325,11 @@ std::string ClusterApi::render_metrics() {
     registry.gauge("flotilla_controller_leading", "1 while this controller holds the Lease")
         .set(options_.leading() ? 1 : 0);
   }
-  Result<kube::Reply> reply =
-      client_.get(kube::collection_path(kube::kServingEndpoints, client_.config().namespace_name));
+  Result<kube::Reflector::Objects> listed = list_objects(client_, kube::kServingEndpoints);
   registry.gauge("flotilla_controller_api_server_up", "1 when the API server answered the list")
-      .set(reply.is_ok() && reply->ok() ? 1 : 0);
-  const json& items = reply.is_ok() && reply->ok() ? field(reply->body, "items") : json();
-  if (items.is_array()) {
-    for (const json& item : items) {
-      const std::string endpoint = kube::string_field(field(item, "metadata"), "name");
+      .set(listed.is_ok() ? 1 : 0);
+  if (listed.is_ok()) {
+    for (const auto& [endpoint, item] : *listed) {
       const json& versions = field(field(item, "status"), "versions");
       for (const json& version : versions.is_array() ? versions : json::array()) {
         const Labels labels = {{"endpoint", endpoint},
@@ -460,18 +451,12 @@ Result<json> ClusterApi::endpoint_view(const std::string& name) {
 }
 
 Result<std::vector<std::string>> ClusterApi::endpoint_names() {
-  FLOTILLA_ASSIGN_OR_RETURN(
-      kube::Reply reply,
-      client_.get(kube::collection_path(kube::kServingEndpoints, client_.config().namespace_name)));
-  FLOTILLA_RETURN_IF_ERROR(api_server_status(reply));
-  std::vector<std::string> names;
-  const json& items = field(reply.body, "items");
-  if (items.is_array()) {
-    for (const json& item : items) {
-      names.push_back(kube::string_field(field(item, "metadata"), "name"));
-    }
+  FLOTILLA_ASSIGN_OR_RETURN(kube::Reflector::Objects endpoints,
+                            list_objects(client_, kube::kServingEndpoints));
+  std::vector<std::string> names;  // in order: the map's
+  for (const auto& [name, endpoint] : endpoints) {
+    names.push_back(name);
   }
-  std::sort(names.begin(), names.end());
   return names;
 }
 

@@ -234,7 +234,7 @@ bool Controller::autoscale(const kube::Reflector::Objects& endpoints,
     }
     int64_t ready = 0;
     for (const auto& [deployment_name, deployment] : deployments) {
-      if (field(field(field(deployment, "metadata"), "labels"), kEndpointLabel) == name) {
+      if (kube::label(deployment, kEndpointLabel) == name) {
         ready += kube::integer_field(field(deployment, "status"), "readyReplicas", 0);
       }
     }
@@ -289,7 +289,7 @@ void Controller::reconcile_all() {
   for (const auto& [name, endpoint] : endpoints) {
     kube::Reflector::Objects owned;
     for (const auto& [deployment_name, deployment] : deployments) {
-      if (field(field(field(deployment, "metadata"), "labels"), kEndpointLabel) == name) {
+      if (kube::label(deployment, kEndpointLabel) == name) {
         owned.emplace(deployment_name, deployment);
       }
     }

@@ -13,10 +13,6 @@ using Objects = kube::Reflector::Objects;
 using kube::field;
 using nlohmann::json;
 
-std::string label(const json& object, std::string_view key) {
-  return kube::string_field(field(field(object, "metadata"), "labels"), key);
-}
-
 // A condition of an EndpointSlice endpoint: absent means `otherwise` (the API: ready unset is
 // ready, terminating unset is not).
 bool condition(const json& endpoint, const char* key, bool otherwise) {
@@ -130,7 +126,7 @@ gateway::EndpointTable table_from_objects(const Objects& serving_endpoints,
                                           std::vector<std::string>* problems) {
   std::map<std::string, std::vector<const json*>> slices_by_service;
   for (const auto& [name, slice] : endpoint_slices) {
-    slices_by_service[label(slice, kServiceNameLabel)].push_back(&slice);
+    slices_by_service[kube::label(slice, kServiceNameLabel)].push_back(&slice);
   }
   gateway::EndpointTable table;
   for (const auto& [name, object] : serving_endpoints) {

@@ -2,9 +2,7 @@
 // read by the controller (the NetworkPolicy lets it reach replica pods), as `flotilla up`'s
 // orchestrator reads its replica processes.
 #include <algorithm>
-#include <charconv>
 #include <cmath>
-#include <thread>
 
 #include "cluster/cluster.h"
 #include "http/http.h"
@@ -15,22 +13,12 @@ namespace {
 using kube::field;
 using nlohmann::json;
 
-bool pod_ready(const json& pod) {
-  if (!kube::string_field(field(pod, "metadata"), "deletionTimestamp").empty()) {
-    return false;
-  }
-  const json& conditions = field(field(pod, "status"), "conditions");
-  if (conditions.is_array()) {
-    for (const json& condition : conditions) {
-      if (kube::string_field(condition, "type") == "Ready") {
-        return kube::string_field(condition, "status") == "True";
-      }
-    }
-  }
-  return false;
-}
-
 }  // namespace
+
+bool pod_ready(const json& pod) {
+  return kube::string_field(field(pod, "metadata"), "deletionTimestamp").empty() &&
+         kube::string_field(kube::condition(field(pod, "status"), "Ready"), "status") == "True";
+}
 
 std::vector<PodTarget> ready_pod_targets(const json& pod_list) {
   std::vector<PodTarget> targets;
@@ -51,8 +39,7 @@ std::vector<PodTarget> ready_pod_targets(const json& pod_list) {
       continue;
     }
     targets.push_back({kube::string_field(field(pod, "metadata"), "name"),
-                       kube::string_field(field(field(pod, "metadata"), "labels"), kVersionLabel),
-                       host, static_cast<uint16_t>(port)});
+                       kube::label(pod, kVersionLabel), host, static_cast<uint16_t>(port)});
   }
   return targets;
 }
@@ -72,62 +59,38 @@ PodUsage::Reading PodUsage::read(const std::string& endpoint,
     return result;
   }
   const std::vector<PodTarget> targets = ready_pod_targets(reply->body);
-  // Every pod's /metrics on a thread of its own, each fetch ending by the deadline: a slow
-  // pod costs the deadline once, not once per pod.
-  const auto until = std::chrono::steady_clock::now() + deadline_;
-  std::vector<control::UsageCounters> readings(targets.size());
-  // One byte each (not vector<bool>'s bits): the readers write them concurrently.
-  std::vector<char> answered(targets.size(), 0);
-  constexpr size_t kParallel = 64;
-  for (size_t begin = 0; begin < targets.size(); begin += kParallel) {
-    std::vector<std::thread> readers;
-    for (size_t i = begin; i < std::min(targets.size(), begin + kParallel); ++i) {
-      readers.emplace_back([&, i] {
-        const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
-            until - std::chrono::steady_clock::now());
-        if (left.count() <= 0) {
-          return;
-        }
-        http::ClientRequest request;
-        request.method = http::Method::kGet;
-        request.target = "/metrics";
-        const http::ClientResponse response =
-            http::fetch(targets[i].host, targets[i].port, std::move(request), left);
-        if (response.failure != http::UpstreamFailure::kNone || response.status != 200) {
-          return;
-        }
-        control::UsageCounters& reading = readings[i];
-        // A value that is not a finite count (a replica of another make) is unknown.
-        const auto finite = [](std::optional<double> value) {
-          return value && std::isfinite(*value) && *value >= 0 ? value : std::nullopt;
-        };
-        reading.cpu_seconds =
-            finite(metric_value(response.body, "process_cpu_seconds_total")).value_or(-1);
-        reading.queue_wait_seconds =
-            finite(metric_value(response.body, "flotilla_replica_queue_wait_seconds_total"));
-        reading.at = std::chrono::steady_clock::now();
-        answered[i] = 1;
-      });
-    }
-    for (std::thread& reader : readers) {
-      reader.join();
-    }
+  std::vector<std::pair<std::string, uint16_t>> origins;
+  origins.reserve(targets.size());
+  for (const PodTarget& target : targets) {
+    origins.emplace_back(target.host, target.port);
   }
+  const std::vector<http::ClientResponse> responses =
+      http::fetch_each(origins, "/metrics", deadline_);
+  const auto at = std::chrono::steady_clock::now();
+  // A value that is not a finite count (a replica of another make) is unknown.
+  const auto finite = [](std::optional<double> value) {
+    return value && std::isfinite(*value) && *value >= 0 ? value : std::nullopt;
+  };
   std::map<std::string, control::UsageCounters>& previous = previous_[endpoint];
   std::map<std::string, control::UsageCounters> now;
   std::vector<control::UsageChange> changes;
   for (size_t i = 0; i < targets.size(); ++i) {
-    if (answered[i] == 0) {
+    const http::ClientResponse& response = responses[i];
+    if (response.failure != http::UpstreamFailure::kNone || response.status != 200) {
       continue;
     }
     const auto cores = cores_of_version.find(targets[i].version);
-    readings[i].cores = cores != cores_of_version.end() && cores->second > 0 ? cores->second : 1;
     control::UsageChange change;
-    change.now = readings[i];
+    change.now.cpu_seconds =
+        finite(metric_value(response.body, "process_cpu_seconds_total")).value_or(-1);
+    change.now.queue_wait_seconds =
+        finite(metric_value(response.body, "flotilla_replica_queue_wait_seconds_total"));
+    change.now.cores = cores != cores_of_version.end() && cores->second > 0 ? cores->second : 1;
+    change.now.at = at;
     if (const auto before = previous.find(targets[i].name); before != previous.end()) {
       change.before = before->second;
     }
-    now[targets[i].name] = readings[i];
+    now[targets[i].name] = change.now;
     changes.push_back(change);
   }
   previous = std::move(now);  // pods gone, or not answering, start afresh

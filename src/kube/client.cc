@@ -76,6 +76,23 @@ std::string string_field(const nlohmann::json& object, std::string_view key) {
   return value.is_string() ? value.get<std::string>() : "";
 }
 
+std::string label(const nlohmann::json& object, std::string_view key) {
+  return string_field(field(field(object, "metadata"), "labels"), key);
+}
+
+const nlohmann::json& condition(const nlohmann::json& status, std::string_view type) {
+  const nlohmann::json& conditions = field(status, "conditions");
+  if (conditions.is_array()) {
+    for (const nlohmann::json& entry : conditions) {
+      if (string_field(entry, "type") == type) {
+        return entry;
+      }
+    }
+  }
+  static const nlohmann::json kNone;
+  return kNone;
+}
+
 int64_t integer_field(const nlohmann::json& object, std::string_view key, int64_t otherwise) {
   const nlohmann::json& value = field(object, key);
   return value.is_number_integer() ? value.get<int64_t>() : otherwise;

@@ -98,6 +98,11 @@ const nlohmann::json& field(const nlohmann::json& object, std::string_view key);
 // field() as a string ("" when missing or not a string) and as an integer (`otherwise`).
 std::string string_field(const nlohmann::json& object, std::string_view key);
 int64_t integer_field(const nlohmann::json& object, std::string_view key, int64_t otherwise);
+// The object's metadata.labels[key] ("" when it has none).
+std::string label(const nlohmann::json& object, std::string_view key);
+// The entry of `status`.conditions whose type is `type` (conditions are keyed by type), null
+// when there is none.
+const nlohmann::json& condition(const nlohmann::json& status, std::string_view type);
 
 // ---- The client ---------------------------------------------------------------------------------
 
