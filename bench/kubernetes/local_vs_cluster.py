@@ -32,13 +32,15 @@ import sys
 import tempfile
 import time
 import urllib.error
-import urllib.request
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 FLOTILLA = os.path.abspath(os.environ.get("FLOTILLA_BIN",
                                           os.path.join(ROOT, "build/release/flotilla")))
 sys.path.insert(0, os.path.join(ROOT, "tests", "fakes", "kubernetes"))
 
+sys.path.insert(0, os.path.join(ROOT, "bench", "control"))
+
+import cold_start  # noqa: E402  (its `flotilla up` wrapper)
 import fake_apiserver  # noqa: E402
 import fake_kubelet  # noqa: E402
 
@@ -54,30 +56,17 @@ def listening_port(process, what):
     return int(match.group(1))
 
 
-class Local:
+class Local(cold_start.Up):
+    """`flotilla up` with a warm pool of one, as bench/control/cold_start.py starts it."""
     name = "local (flotilla up)"
 
     def __init__(self, workdir):
-        data_dir = os.path.join(workdir, "up")
-        self.process = subprocess.Popen(
-            [FLOTILLA, "up", "--data-dir", data_dir, "--gateway-addr", "127.0.0.1:0",
-             "--api-addr", "127.0.0.1:0", "--warm-pool", "1", "--log-level", "warn",
-             "--no-autoscale"], stdout=subprocess.PIPE, text=True, start_new_session=True)
-        line = self.process.stdout.readline()
-        match = re.search(r"gateway (http://[0-9.:]+), api (http://[0-9.:]+)", line)
-        if not match:
-            raise RuntimeError("flotilla up did not start: " + line)
-        self.gateway, self.api = match.group(1), match.group(2)
-        with open(os.path.join(data_dir, "admin.token")) as f:
-            self.token = f.read().strip()
-
-    def stop(self):
-        self.process.send_signal(signal.SIGTERM)
-        self.process.wait(timeout=60)
+        super().__init__(workdir, warm_pool=1)
 
 
 class Cluster:
     name = "cluster (controller + gateway --kubernetes, fake kubelet)"
+    call = cold_start.Up.call  # the same API calls, to the controller
 
     def __init__(self, workdir):
         self.apiserver = fake_apiserver.FakeApiServer(port=0)
@@ -120,19 +109,11 @@ class Cluster:
         self.apiserver.stop()
 
 
-def call(mode, method, path, body=None):
-    request = urllib.request.Request(
-        mode.api + path, method=method, data=None if body is None else json.dumps(body).encode(),
-        headers={"Authorization": "Bearer " + mode.token, "Content-Type": "application/json"})
-    with urllib.request.urlopen(request, timeout=30) as response:
-        return json.loads(response.read())
-
-
 def wait(mode, name, predicate, timeout=120):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         try:
-            if predicate(call(mode, "GET", "/api/2.0/serving-endpoints/" + name)):
+            if predicate(mode.call("GET", "/api/2.0/serving-endpoints/" + name)):
                 return
         except urllib.error.HTTPError as e:
             if e.code != 404:
@@ -170,7 +151,7 @@ def ready_replicas(view, version):
 def run_once(mode, model, index, workdir):
     name = f"bench{index}"
     start = time.monotonic()
-    call(mode, "POST", "/api/2.0/serving-endpoints", spec(name, model))
+    mode.call("POST", "/api/2.0/serving-endpoints", spec(name, model))
     while infer(mode, name) != 200:
         if time.monotonic() - start > 120:
             raise RuntimeError(f"{mode.name}: {name} never answered")
@@ -178,7 +159,7 @@ def run_once(mode, model, index, workdir):
     first_ok = time.monotonic() - start
 
     start = time.monotonic()
-    call(mode, "PUT", f"/api/2.0/serving-endpoints/{name}/config",
+    mode.call("PUT", f"/api/2.0/serving-endpoints/{name}/config",
          spec(name, model, min_concurrency=16))
     wait(mode, name, lambda v: ready_replicas(v, "v1") >= 4)
     scaled = time.monotonic() - start
@@ -191,7 +172,7 @@ def run_once(mode, model, index, workdir):
         stdout=subprocess.PIPE, text=True)
     time.sleep(0.5)
     start = time.monotonic()
-    call(mode, "PUT", f"/api/2.0/serving-endpoints/{name}/config",
+    mode.call("PUT", f"/api/2.0/serving-endpoints/{name}/config",
          spec(name, model, version="v2", min_concurrency=16))
     wait(mode, name, lambda v: v["state"]["config_update"] == "NOT_UPDATING" and
          ready_replicas(v, "v2") >= 4)
@@ -199,7 +180,7 @@ def run_once(mode, model, index, workdir):
     time.sleep(0.5)
     open(stop_file, "w").close()
     counts = json.loads(load.communicate(timeout=60)[0])
-    call(mode, "DELETE", f"/api/2.0/serving-endpoints/{name}")
+    mode.call("DELETE", f"/api/2.0/serving-endpoints/{name}")
     return first_ok, scaled, switched, counts["requests"], counts["failed"]
 
 
