@@ -166,11 +166,12 @@ Status decode_logit_bias(element value, SamplingParams& sampling) {
   }
   for (auto entry : object) {
     const std::string_view key = entry.key;
+    // At most 10 digits, checked before accumulating so a long key cannot overflow `id`.
     int64_t id = 0;
     bool ok = !key.empty() && key.size() <= 10;
-    for (char c : key) {
-      ok = ok && c >= '0' && c <= '9';
-      id = id * 10 + (c - '0');
+    for (size_t i = 0; ok && i < key.size(); ++i) {
+      ok = key[i] >= '0' && key[i] <= '9';
+      id = id * 10 + (key[i] - '0');
     }
     if (!ok || id > INT32_MAX) {
       return field_error("logit_bias", "keys must be token ids, such as \"50256\"; got '" +

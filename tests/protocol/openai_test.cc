@@ -178,11 +178,15 @@ TEST(OpenAiDecodeTest, LogitBiasMapsTokenIdsToBiases) {
             (std::vector<std::pair<int32_t, float>>{{50256, -100.0f}, {7, 2.5f}}));
   EXPECT_TRUE(
       decode(R"({"prompt":"x","logit_bias":null})")->generation.sampling.logit_bias.empty());
-  for (const char* bad :
-       {R"({"prompt":"x","logit_bias":{"a":1}})", R"({"prompt":"x","logit_bias":{"-1":1}})",
-        R"({"prompt":"x","logit_bias":{"":1}})", R"({"prompt":"x","logit_bias":{"99999999999":1}})",
-        R"({"prompt":"x","logit_bias":{"5":-100.5}})", R"({"prompt":"x","logit_bias":{"5":"up"}})",
-        R"({"prompt":"x","logit_bias":[5]})"}) {
+  for (
+      const char* bad :
+      {R"({"prompt":"x","logit_bias":{"a":1}})", R"({"prompt":"x","logit_bias":{"-1":1}})",
+       R"({"prompt":"x","logit_bias":{"":1}})", R"({"prompt":"x","logit_bias":{"99999999999":1}})",
+       R"({"prompt":"x","logit_bias":{"5":-100.5}})", R"({"prompt":"x","logit_bias":{"5":"up"}})",
+       R"({"prompt":"x","logit_bias":[5]})",
+       // Longer than any token id: refused without accumulating (UBSan once caught an overflow).
+       R"({"prompt":"x","logit_bias":{"12345678901234567890123":1}})",
+       R"({"prompt":"x","logit_bias":{"inbl&&&&&&&&&&&&&&&&&&&&&&&&&&&&&&&&&&&&&&&&&&&&&&":1}})"}) {
     EXPECT_THAT(error_of(bad), HasSubstr("'logit_bias'")) << bad;
   }
 }
