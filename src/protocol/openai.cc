@@ -1,5 +1,6 @@
 // OpenAI-compatible completions and chat completions (PROTOCOLS.md §3), as vLLM serves them.
 #include <algorithm>
+#include <charconv>
 #include <cmath>
 #include <initializer_list>
 
@@ -166,14 +167,11 @@ Status decode_logit_bias(element value, SamplingParams& sampling) {
   }
   for (auto entry : object) {
     const std::string_view key = entry.key;
-    // At most 10 digits, checked before accumulating so a long key cannot overflow `id`.
-    int64_t id = 0;
-    bool ok = !key.empty() && key.size() <= 10;
-    for (size_t i = 0; ok && i < key.size(); ++i) {
-      ok = key[i] >= '0' && key[i] <= '9';
-      id = id * 10 + (key[i] - '0');
-    }
-    if (!ok || id > INT32_MAX) {
+    // Digits only (unsigned from_chars takes no sign), at most 10 of them, within int32.
+    uint32_t id = 0;
+    const char* end = key.data() + key.size();
+    const auto [parsed_to, error] = std::from_chars(key.data(), end, id);
+    if (key.size() > 10 || error != std::errc() || parsed_to != end || id > INT32_MAX) {
       return field_error("logit_bias", "keys must be token ids, such as \"50256\"; got '" +
                                            std::string(key.substr(0, 32)) + "'");
     }
