@@ -25,7 +25,7 @@ class ApaPolicy final : public Policy {
 
   Decision decide(Millis now, const SampleWindow& samples, const Fleet& fleet) override {
     const int64_t current = current_of(fleet);
-    const double target = std::max(*target_, 1e-6);
+    const double target = std::max(*target_ * options_.utilization, 1e-6);
     const auto recent = samples.max_offered(now, options_.up_window);
     if (!recent) {
       return {clamp_to(options_.range, current), "no samples yet: keep"};

@@ -124,6 +124,9 @@ struct ApaOptions {
   // A queue that held this long (at most up_window) without shrinking, with nothing starting,
   // is demand. Not the period: a shorter period must not read a one-second queue as standing.
   Millis standing_window{5'000};
+  // The share of the per-replica target the fleet is sized for: 1 sizes at the target (which is
+  // also the gateway's cap); below 1 keeps headroom. The knob a cost-versus-misses sweep turns.
+  double utilization = 1.0;
   ReplicaRange range;
 };
 

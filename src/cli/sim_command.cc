@@ -1,7 +1,9 @@
 // `flotilla sim`: runs a fleet simulation of one scenario (or trace) under one policy.
+#include <algorithm>
 #include <fstream>
 #include <iostream>
 #include <memory>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -22,6 +24,15 @@ struct SimFlags {
   double queue_timeout_s = 0;
   int64_t apa_period_ms = 0;
   double apa_max_up_factor = 0;
+  double utilization = 0;
+  bool bound = false;
+  // Replica model and SLO overrides (a trace's own model: 0 or unset keeps the scenario's).
+  double service_ms = 0;
+  double service_sigma = -1;
+  double saturation = 0;
+  double slo_ms = 0;
+  double cold_start_s = -1;
+  int64_t min_replicas = -1;
   int64_t gateways = 1;
   double gateway_sample_ms = 0;
   bool gateway_own_view = false;
@@ -70,6 +81,26 @@ int run_sim(const SimFlags& flags) {
   if (flags.queue_timeout_s > 0) {
     scenario.queue_timeout_s = flags.queue_timeout_s;
   }
+  if (flags.service_ms > 0) {
+    scenario.replica.service_ms = flags.service_ms;
+  }
+  if (flags.service_sigma >= 0) {
+    scenario.replica.service_sigma = flags.service_sigma;
+  }
+  if (flags.saturation > 0) {
+    scenario.replica.saturation = flags.saturation;
+    scenario.configured_concurrency = flags.saturation;
+  }
+  if (flags.slo_ms > 0) {
+    scenario.slo_ms = flags.slo_ms;
+  }
+  if (flags.cold_start_s >= 0) {
+    scenario.replica.cold_start_s = flags.cold_start_s;
+  }
+  if (flags.min_replicas >= 0) {
+    scenario.min_replicas = flags.min_replicas;
+    scenario.initial_replicas = std::max(flags.min_replicas, int64_t{0});
+  }
   // The gateway-fleet figures are printed only when asked for, so the other runs print as before.
   const bool fleet = flags.gateways_given;
   scenario.gateways = flags.gateways;
@@ -82,7 +113,17 @@ int run_sim(const SimFlags& flags) {
   options.seed = flags.seed;
   options.round_robin = flags.round_robin;
   options.static_replicas = flags.static_replicas;
+  options.utilization = flags.utilization;
   const sim::SimResult result = sim::simulate(scenario, options);
+  std::vector<sim::BoundPoint> bound;
+  if (flags.bound) {
+    std::vector<uint64_t> arrivals;
+    arrivals.reserve(result.seconds.size());
+    for (const sim::SecondStats& second : result.seconds) {
+      arrivals.push_back(second.arrivals);
+    }
+    bound = sim::offline_bound(sim::bound_input(scenario, arrivals));
+  }
   if (!flags.csv.empty()) {
     std::ofstream out(flags.csv);
     out << sim::to_csv(result);
@@ -106,6 +147,14 @@ int run_sim(const SimFlags& flags) {
                               {"final_target_concurrency", s.final_target},
                               {"events", s.events},
                               {"wall_seconds", s.wall_seconds}};
+    if (flags.bound) {
+      nlohmann::json points = nlohmann::json::array();
+      for (const sim::BoundPoint& point : bound) {
+        points.push_back({point.replica_seconds, point.bad_pct});
+      }
+      summary["bound"] = points;  // [replica-seconds, bad %], cheapest first
+      summary["bound_bad_pct_at_cost"] = sim::bound_bad_pct_at(bound, s.replica_seconds);
+    }
     if (fleet) {
       summary["gateways"] = scenario.gateways;
       summary["gateway_sample_ms"] = scenario.gateway_sample_ms;
@@ -137,6 +186,10 @@ int run_sim(const SimFlags& flags) {
           s.p999_ms, static_cast<unsigned long long>(s.queued),
           static_cast<unsigned long long>(s.over_cap));
     }
+    if (flags.bound) {
+      std::printf(", the offline bound at this cost: %.3f%% bad",
+                  sim::bound_bad_pct_at(bound, s.replica_seconds));
+    }
     std::printf(" (%llu events in %.2f s)\n", static_cast<unsigned long long>(s.events),
                 s.wall_seconds);
   }
@@ -152,10 +205,9 @@ std::function<int()> add_sim_command(CLI::App& app) {
   cmd->add_option("scenario", flags->scenario, "Scenario name (--list shows them)");
   cmd->add_flag("--list", flags->list, "List the scenarios");
   cmd->add_option("--policy", flags->policy,
-                  "apa, hpa, kpa, ray or static; or oracle: knows the load to come and keeps "
-                  "APA's scale-up limits (a bound on any policy within them, not a policy)")
-      ->check(CLI::IsMember(
-          {"apa", "hpa", "kpa", "kpa-default", "ray", "ray-auto", "static", "oracle"}))
+                  "apa, hpa, kpa, ray or static (configured for the scenario's model), or "
+                  "kpa-default and ray-auto (their published defaults)")
+      ->check(CLI::IsMember({"apa", "hpa", "kpa", "kpa-default", "ray", "ray-auto", "static"}))
       ->capture_default_str();
   cmd->add_option("--trace", flags->trace,
                   "Replay a CSV trace (first column: request timestamps) instead of a scenario");
@@ -179,6 +231,28 @@ std::function<int()> add_sim_command(CLI::App& app) {
   cmd->add_option("--apa-max-up-factor", flags->apa_max_up_factor,
                   "APA's scale-up cap per decision instead of DESIGN.md's x2")
       ->check(CLI::Range(1.0, 1e6));
+  cmd->add_option("--utilization", flags->utilization,
+                  "The share of the per-replica target each policy sizes for (a frontier "
+                  "sweep's knob; default: each policy's own)")
+      ->check(CLI::Range(0.01, 10.0));
+  cmd->add_flag("--bound", flags->bound,
+                "Also compute the offline bound on this run's arrivals (the fewest bad "
+                "requests any schedule can have at each cost)");
+  cmd->add_option("--service-ms", flags->service_ms, "A replica's mean service time")
+      ->check(CLI::Range(0.001, 1e7));
+  cmd->add_option("--service-sigma", flags->service_sigma,
+                  "The lognormal spread of service times (0: fixed)")
+      ->check(CLI::Range(0.0, 5.0));
+  cmd->add_option("--saturation", flags->saturation,
+                  "Requests a replica runs at once without slowing (also the configured "
+                  "per-replica concurrency)")
+      ->check(CLI::Range(1.0, 1e6));
+  cmd->add_option("--slo-ms", flags->slo_ms, "The latency SLO")->check(CLI::Range(0.001, 1e8));
+  cmd->add_option("--cold-start-s", flags->cold_start_s, "A replica's mean cold start")
+      ->check(CLI::Range(0.0, 3600.0));
+  cmd->add_option("--min-replicas", flags->min_replicas,
+                  "The endpoint's minimum (0: scale to zero); also the starting count")
+      ->check(CLI::Range(int64_t{0}, int64_t{1'000'000}));
   // The gateway-fleet study (docs/fleet.md, bench/sim/fleet.py).
   cmd->add_option("--gateways", flags->gateways,
                   "Gateways in front, each on its own view (prints the fleet figures)")

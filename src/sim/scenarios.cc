@@ -260,10 +260,8 @@ Result<PolicyKind> parse_policy_kind(std::string_view name) {
     return PolicyKind::kRayAuto;
   if (name == "static")
     return PolicyKind::kStatic;
-  if (name == "oracle")
-    return PolicyKind::kOracle;
   return invalid_argument("unknown policy '" + std::string(name) +
-                          "' (use apa, hpa, kpa, kpa-default, ray, ray-auto, static or oracle)");
+                          "' (use apa, hpa, kpa, kpa-default, ray, ray-auto or static)");
 }
 
 std::string_view policy_name(PolicyKind kind) {
@@ -282,8 +280,6 @@ std::string_view policy_name(PolicyKind kind) {
       return "ray-auto";
     case PolicyKind::kStatic:
       return "static";
-    case PolicyKind::kOracle:
-      return "oracle";
   }
   return "";
 }

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -100,10 +101,8 @@ void scale_rate(Scenario& scenario, double factor);
 // Knative's container-concurrency-target-default of 100 at 70%, from zero and unbounded;
 // kRayAuto: Ray Serve's num_replicas="auto", 2 ongoing requests a replica in [1, 100]). HPA has
 // no default target for a custom metric, so it runs the first way only.
-// kOracle is not a production policy: it sees the scenario's load a cold start plus a period
-// ahead and sizes the fleet for it within APA's scale-up limits (period and cap), to bound what
-// a policy that only reacts to measurements can reach under those limits.
-enum class PolicyKind { kApa, kHpa, kKpa, kKpaDefault, kRay, kRayAuto, kStatic, kOracle };
+// What bounds them all is not a policy: offline_bound() below.
+enum class PolicyKind { kApa, kHpa, kKpa, kKpaDefault, kRay, kRayAuto, kStatic };
 Result<PolicyKind> parse_policy_kind(std::string_view name);
 std::string_view policy_name(PolicyKind kind);
 
@@ -113,9 +112,15 @@ struct SimOptions {
   uint64_t seed = 1;
   int64_t static_replicas = 0;  // for kStatic; 0: provision for the scenario's peak
   // What-if overrides of APA's scale-up limits (0: DESIGN.md §4's 5 s period and x2 cap), to
-  // measure what each costs; never the defaults. kOracle obeys them too.
+  // measure what each costs; never the defaults.
   int64_t apa_period_ms = 0;
   double apa_max_up_factor = 0;
+  // The knob a cost-versus-misses sweep turns, the share of the per-replica target each policy
+  // sizes the fleet for: APA's ApaOptions::utilization; HPA's and Ray's target, this share of the
+  // configured concurrency; KPA's target utilization; static: provisioned for the peak at this
+  // share. 0: each as configured by default (APA 1, HPA 0.7, KPA 0.7, Ray 1, static 0.7). The
+  // published-defaults runs (kKpaDefault, kRayAuto) ignore it: they are what they are.
+  double utilization = 0;
 };
 
 // One simulated second.
@@ -167,6 +172,33 @@ SimResult simulate(const Scenario& scenario, const SimOptions& options);
 // tests that feed it the same samples as the control plane's.
 std::unique_ptr<autoscaler::EndpointAutoscaler> make_apa_autoscaler(const Scenario& scenario,
                                                                     const SimOptions& options);
+
+// ---- The offline bound -------------------------------------------------------------------------
+
+// What no policy can do better than, on the arrivals of one run (every policy meets the same
+// arrivals for a seed): for each cost, the fewest bad requests (over the SLO, rejected or failed)
+// of any replica schedule that knows the arrivals in advance, under the scenario's cold start and
+// replica range. A fluid relaxation, optimistic at each step (bound.cc), so it lies below every
+// policy's (cost, bad) point; solved by dynamic programming over the per-second ready count.
+struct BoundInput {
+  std::vector<double> arrivals;  // per second
+  double rate = 0;               // requests one ready replica serves within the SLO in a second
+  double cold_start_s = 0;       // from asking for a replica to its being ready, and its cost
+  int64_t min_replicas = 0;
+  int64_t max_replicas = 0;
+  int64_t initial_replicas = 0;  // ready at 0
+};
+BoundInput bound_input(const Scenario& scenario, std::span<const uint64_t> arrivals);
+
+struct BoundPoint {
+  double replica_seconds = 0;
+  double bad_requests = 0;
+  double bad_pct = 0;  // of all arrivals
+};
+// The frontier's lower convex hull, cheapest first (bad falling as the cost rises).
+std::vector<BoundPoint> offline_bound(const BoundInput& input);
+// The hull's bad % at `replica_seconds` (linear between its points; flat past its ends).
+double bound_bad_pct_at(const std::vector<BoundPoint>& frontier, double replica_seconds);
 
 // The per-second rows as CSV (with a header line).
 std::string to_csv(const SimResult& result);

@@ -144,47 +144,6 @@ double throughput_per_replica(const ReplicaModel& model, double concurrency) {
   return concurrency * 1000 / (model.service_ms * std::max(1.0, concurrency / model.saturation));
 }
 
-// Knows the replicas' true capacity and the load to come (the scenario's shape) as far ahead as
-// a decision acts on it, and sizes the fleet for the busiest moment that replicas asked for now
-// will serve: from their cold start to the cold start of those the next decision asks for. It
-// keeps APA's scale-up limits (a decision per period, at most x max_up_factor or +min_up_step
-// a decision) and scales down freely. Not a production policy: a bound on what a policy that
-// reacts to measurements (and so sees nothing ahead) can reach within those limits.
-class OraclePolicy final : public autoscaler::Policy {
- public:
-  OraclePolicy(const Scenario& scenario, const autoscaler::ApaOptions& limits)
-      : scenario_(scenario),
-        limits_(limits),
-        per_replica_(throughput_per_replica(scenario.replica, scenario.replica.saturation)) {}
-
-  std::string_view name() const override { return "oracle"; }
-  autoscaler::Millis period() const override { return limits_.period; }
-
-  autoscaler::Decision decide(autoscaler::Millis now, const autoscaler::SampleWindow&,
-                              const autoscaler::Fleet& fleet) override {
-    const double from = static_cast<double>(now.count()) / 1000 + scenario_.replica.cold_start_s;
-    const double to = from + static_cast<double>(limits_.period.count()) / 1000;
-    double peak = 0;
-    for (double t = from; t <= to; t += 0.1) {
-      peak = std::max(peak, scenario_.load.rate_at(t));
-    }
-    const auto needed = static_cast<int64_t>(std::ceil(peak / per_replica_));
-    const int64_t current = std::max(fleet.desired, fleet.ready + fleet.pending);
-    const int64_t limit = std::max(
-        static_cast<int64_t>(std::ceil(static_cast<double>(current) * limits_.max_up_factor)),
-        current + limits_.min_up_step);
-    const int64_t desired =
-        std::clamp(std::min(needed, limit), limits_.range.min, limits_.range.max);
-    return {desired, fmt::format("peak {:.0f} req/s in [{:.0f}, {:.0f}] s needs {}", peak, from, to,
-                                 needed)};
-  }
-
- private:
-  const Scenario& scenario_;
-  autoscaler::ApaOptions limits_;
-  double per_replica_;
-};
-
 }  // namespace
 
 std::unique_ptr<autoscaler::EndpointAutoscaler> make_apa_autoscaler(const Scenario& scenario,
@@ -197,6 +156,9 @@ std::unique_ptr<autoscaler::EndpointAutoscaler> make_apa_autoscaler(const Scenar
   }
   if (options.apa_max_up_factor > 0) {
     apa.max_up_factor = options.apa_max_up_factor;
+  }
+  if (options.utilization > 0) {
+    apa.utilization = options.utilization;
   }
   autoscaler::VerticalOptions vertical;
   vertical.initial_target = scenario.configured_concurrency;
@@ -214,6 +176,7 @@ class Simulator {
       : scenario_(scenario),
         options_(options),
         random_(options.seed),
+        arrival_random_(options.seed ^ 0x9e3779b97f4a7c15ULL),
         stale_(scenario.gateways > 1 &&
                (scenario.gateway_sample_ms > 0 || scenario.gateway_own_view)) {
     const auto count = static_cast<size_t>(std::max<int64_t>(scenario.gateways, 1));
@@ -277,25 +240,18 @@ class Simulator {
     const autoscaler::ReplicaRange range{scenario_.min_replicas, scenario_.max_replicas,
                                          scenario_.min_replicas == 0};
     const double per_replica = scenario_.configured_concurrency;
-    autoscaler::ApaOptions apa;
-    apa.range = range;
-    if (options_.apa_period_ms > 0) {
-      apa.period = Millis(options_.apa_period_ms);
-    }
-    if (options_.apa_max_up_factor > 0) {
-      apa.max_up_factor = options_.apa_max_up_factor;
-    }
+    // The sweep's knob (SimOptions::utilization), or each policy's configured default.
+    const auto utilization = [this](double configured) {
+      return options_.utilization > 0 ? options_.utilization : configured;
+    };
     switch (options_.policy) {
       case PolicyKind::kApa:
         autoscaler_ = make_apa_autoscaler(scenario_, options_);
         break;
-      case PolicyKind::kOracle:
-        policy_ = std::make_unique<OraclePolicy>(scenario_, apa);
-        break;
       case PolicyKind::kHpa: {
         autoscaler::HpaOptions options;
         options.range = range;
-        options.target_per_replica = 0.7 * per_replica;
+        options.target_per_replica = utilization(0.7) * per_replica;
         policy_ = autoscaler::make_hpa_policy(options);
         break;
       }
@@ -303,6 +259,7 @@ class Simulator {
         autoscaler::KpaOptions options;
         options.range = range;
         options.container_concurrency = per_replica;
+        options.target_utilization = utilization(0.7);
         policy_ = autoscaler::make_kpa_policy(options);
         break;
       }
@@ -317,7 +274,7 @@ class Simulator {
       }
       case PolicyKind::kRay: {
         autoscaler::RayOptions options = autoscaler::ray_auto_options();
-        options.target_ongoing_requests = per_replica;
+        options.target_ongoing_requests = utilization(1.0) * per_replica;
         options.range = range;
         policy_ = autoscaler::make_ray_policy(options);
         break;
@@ -328,8 +285,8 @@ class Simulator {
       case PolicyKind::kStatic: {
         int64_t replicas = options_.static_replicas;
         if (replicas <= 0) {
-          // Provisioned for the peak at 70% of what a replica serves at the configured
-          // concurrency.
+          // Provisioned for the peak at 70% (or the knob's share) of what a replica serves at the
+          // configured concurrency.
           double peak = 0;
           for (const auto& [t, rate] : scenario_.load.points) {
             peak = std::max(peak, rate);
@@ -338,8 +295,9 @@ class Simulator {
             peak = std::max(peak, rate);
           }
           replicas = std::max<int64_t>(
-              1, static_cast<int64_t>(std::ceil(
-                     peak / (0.7 * throughput_per_replica(scenario_.replica, per_replica)))));
+              1, static_cast<int64_t>(
+                     std::ceil(peak / (utilization(0.7) *
+                                       throughput_per_replica(scenario_.replica, per_replica)))));
         }
         static_replicas_ = replicas;
         policy_ = autoscaler::make_static_policy(replicas);
@@ -353,9 +311,10 @@ class Simulator {
     events_.push(Event{time, sequence_++, kind, replica, request, stamp});
   }
 
-  double uniform() {
-    return (static_cast<double>(random_.next() >> 11) + 0.5) / 9007199254740992.0;
+  static double uniform(SeededRandom& random) {
+    return (static_cast<double>(random.next() >> 11) + 0.5) / 9007199254740992.0;
   }
+  double uniform() { return uniform(random_); }
   double exponential(double mean) { return -std::log(uniform()) * mean; }
   double normal() {
     return std::sqrt(-2 * std::log(uniform())) * std::cos(2 * 3.141592653589793 * uniform());
@@ -430,8 +389,9 @@ class Simulator {
     if (request) {
       ++arrivals_;
       ++second_arrivals_;
-      const auto g = gateways_.size() > 1 ? static_cast<uint32_t>(random_.uniform(gateways_.size()))
-                                          : uint32_t{0};
+      const auto g = gateways_.size() > 1
+                         ? static_cast<uint32_t>(arrival_random_.uniform(gateways_.size()))
+                         : uint32_t{0};
       auto& queue = gateways_[g].queue;
       // Behind a non-empty queue there is no free slot (freed slots go to waiters at once).
       const bool has_waiters = queue.size() > 0;
@@ -451,7 +411,7 @@ class Simulator {
     }
     const double rate = scenario_.load.rate_at(now_);
     if (rate > 0) {
-      schedule(now_ + exponential(1 / rate), EventKind::kArrival);
+      schedule(now_ - std::log(uniform(arrival_random_)) / rate, EventKind::kArrival);
     } else {
       schedule(std::floor(now_) + 1, EventKind::kArrival, /*replica=*/1);  // look again
     }
@@ -1046,6 +1006,9 @@ class Simulator {
   const Scenario& scenario_;
   SimOptions options_;
   SeededRandom random_;
+  // Arrivals (their times and gateways) draw from a stream of their own, so every policy meets
+  // the same arrivals for a seed: the offline bound (sim.h) is computed on them.
+  SeededRandom arrival_random_;
   // One gateway in front of the fleet, or several (Scenario::gateways).
   struct Gateway {
     Gateway(std::unique_ptr<gateway::Balancer> balancer, size_t queue_capacity)

@@ -1,5 +1,6 @@
 #include <cstdio>
 #include <fstream>
+#include <vector>
 
 #include <gtest/gtest.h>
 
@@ -81,26 +82,124 @@ TEST(SimulatorTest, ApaWhatIfOverridesLoosenItsScaleUpLimits) {
   EXPECT_LT(simulate(scenario, options).summary.over_slo_pct, design);
 }
 
-// The oracle knows the load to come but keeps APA's scale-up limits: it never more than
-// doubles (or adds 4) at a decision, misses no more than APA within the same limits, and
-// misses less once the cap is lifted (behind a queue that sheds at the SLO, where a backlog
-// cannot blur the comparison).
-TEST(SimulatorTest, OracleKeepsApasLimitsAndBoundsIt) {
-  Scenario scenario = small_spike();
-  scenario.queue_timeout_s = scenario.slo_ms / 1000;
+// Every policy meets the same arrivals for a seed (they draw from their own stream), so one
+// offline bound serves them all.
+TEST(SimulatorTest, EveryPolicyMeetsTheSameArrivals) {
+  const Scenario scenario = small_spike();
   SimOptions options;
-  options.policy = PolicyKind::kOracle;
-  const SimResult oracle = simulate(scenario, options);
-  for (size_t i = 1; i < oracle.seconds.size(); ++i) {
-    const int64_t before = oracle.seconds[i - 1].ready + oracle.seconds[i - 1].pending;
-    const int64_t after = oracle.seconds[i].ready + oracle.seconds[i].pending;
-    EXPECT_LE(after, std::max(2 * before, before + 4)) << "second " << i;
+  options.policy = PolicyKind::kHpa;
+  const SimResult hpa = simulate(scenario, options);
+  options.policy = PolicyKind::kRay;
+  const SimResult ray = simulate(scenario, options);
+  ASSERT_EQ(hpa.seconds.size(), ray.seconds.size());
+  for (size_t i = 0; i < hpa.seconds.size(); ++i) {
+    EXPECT_EQ(hpa.seconds[i].arrivals, ray.seconds[i].arrivals) << "second " << i;
   }
-  options.policy = PolicyKind::kApa;
-  EXPECT_LE(oracle.summary.over_slo_pct, simulate(scenario, options).summary.over_slo_pct);
-  options.policy = PolicyKind::kOracle;
-  options.apa_max_up_factor = 100;
-  EXPECT_LT(simulate(scenario, options).summary.over_slo_pct, oracle.summary.over_slo_pct);
+}
+
+// Worked by hand: a replica serves 10 a second; 1 ready at 0, a cold start of 1 s.
+TEST(OfflineBoundTest, CheapestAndMissFreeSchedulesOfAWorkedExample) {
+  BoundInput in;
+  in.arrivals = {10, 10, 30, 30, 10};
+  in.rate = 10;
+  in.cold_start_s = 1;
+  in.min_replicas = 1;
+  in.max_replicas = 5;
+  in.initial_replicas = 1;
+  const std::vector<BoundPoint> frontier = offline_bound(in);
+  ASSERT_GE(frontier.size(), 2u);
+  // One replica throughout: 5 replica-seconds, 20 + 20 lost.
+  EXPECT_DOUBLE_EQ(frontier.front().replica_seconds, 5);
+  EXPECT_DOUBLE_EQ(frontier.front().bad_requests, 40);
+  EXPECT_DOUBLE_EQ(frontier.front().bad_pct, 100.0 * 40 / 90);
+  // 1, 1, 3, 3, 1: 9 ready-seconds and two cold starts, nothing lost.
+  EXPECT_DOUBLE_EQ(frontier.back().replica_seconds, 11);
+  EXPECT_DOUBLE_EQ(frontier.back().bad_requests, 0);
+  for (size_t i = 1; i < frontier.size(); ++i) {
+    EXPECT_GT(frontier[i].replica_seconds, frontier[i - 1].replica_seconds);
+    EXPECT_LT(frontier[i].bad_requests, frontier[i - 1].bad_requests);
+  }
+  EXPECT_DOUBLE_EQ(bound_bad_pct_at(frontier, 4), 100.0 * 40 / 90);   // cheaper than any
+  EXPECT_NEAR(bound_bad_pct_at(frontier, 8), 100.0 * 20 / 90, 1e-9);  // halfway along the hull
+  EXPECT_DOUBLE_EQ(bound_bad_pct_at(frontier, 20), 0);
+}
+
+// The bound knows what is coming: it starts replicas a cold start ahead of a burst, and stops
+// the idle one meanwhile (min 0), which no policy that reacts can do.
+TEST(OfflineBoundTest, StartsAheadOfABurst) {
+  BoundInput in;
+  in.arrivals = {0, 0, 0, 30};
+  in.rate = 10;
+  in.cold_start_s = 2;
+  in.min_replicas = 0;
+  in.max_replicas = 10;
+  in.initial_replicas = 1;
+  const std::vector<BoundPoint> frontier = offline_bound(in);
+  ASSERT_FALSE(frontier.empty());
+  // 0, 0, 0, 3: three started at 1 s, ready at 3 s (3 + 3 x 2); keeping the first costs more.
+  EXPECT_DOUBLE_EQ(frontier.back().replica_seconds, 9);
+  EXPECT_DOUBLE_EQ(frontier.back().bad_requests, 0);
+  EXPECT_DOUBLE_EQ(frontier.front().replica_seconds, 0);
+  EXPECT_DOUBLE_EQ(frontier.front().bad_requests, 30);
+}
+
+// A replica that cannot meet the SLO even alone serves nothing within it: all is bad.
+TEST(OfflineBoundTest, AModelSlowerThanItsSloMissesEverything) {
+  Scenario scenario = small_spike();
+  scenario.replica.service_ms = 2 * scenario.slo_ms;
+  const std::vector<uint64_t> arrivals = {5, 5, 5};
+  const BoundInput in = bound_input(scenario, arrivals);
+  EXPECT_EQ(in.rate, 0);
+  const std::vector<BoundPoint> frontier = offline_bound(in);
+  ASSERT_FALSE(frontier.empty());
+  EXPECT_DOUBLE_EQ(frontier.back().bad_pct, 100);
+}
+
+std::vector<uint64_t> arrivals_of(const SimResult& result) {
+  std::vector<uint64_t> arrivals;
+  for (const SecondStats& second : result.seconds) {
+    arrivals.push_back(second.arrivals);
+  }
+  return arrivals;
+}
+
+// The bound lies below every policy's point, at two settings of the sweep's knob, on a spike
+// and on crashing replicas (which the bound does not model: it is optimistic).
+TEST(OfflineBoundTest, LiesBelowEveryPolicy) {
+  Scenario crashes = *find_scenario("crashes");
+  crashes.load.points = {{0, 1000}, {240, 1000}};
+  for (const Scenario& scenario : {small_spike(), crashes}) {
+    SimOptions options;
+    const std::vector<BoundPoint> frontier =
+        offline_bound(bound_input(scenario, arrivals_of(simulate(scenario, options))));
+    for (PolicyKind policy : {PolicyKind::kApa, PolicyKind::kHpa, PolicyKind::kKpa,
+                              PolicyKind::kRay, PolicyKind::kStatic}) {
+      for (double utilization : {0.5, 1.0}) {
+        options.policy = policy;
+        options.utilization = utilization;
+        const Summary s = simulate(scenario, options).summary;
+        EXPECT_LE(bound_bad_pct_at(frontier, s.replica_seconds), s.over_slo_pct)
+            << scenario.name << " " << policy_name(policy) << " at " << utilization << ": "
+            << s.replica_seconds << " replica-seconds";
+      }
+    }
+  }
+}
+
+// The knob trades cost for misses: sized at half the target, every policy spends more.
+TEST(SimulatorTest, UtilizationKnobBuysHeadroom) {
+  const Scenario scenario = small_spike();
+  for (PolicyKind policy : {PolicyKind::kApa, PolicyKind::kHpa, PolicyKind::kKpa, PolicyKind::kRay,
+                            PolicyKind::kStatic}) {
+    SimOptions options;
+    options.policy = policy;
+    options.utilization = 1.0;
+    const Summary lean = simulate(scenario, options).summary;
+    options.utilization = 0.5;
+    const Summary padded = simulate(scenario, options).summary;
+    EXPECT_GT(padded.replica_seconds, 1.3 * lean.replica_seconds) << policy_name(policy);
+    EXPECT_LE(padded.over_slo_pct, lean.over_slo_pct) << policy_name(policy);
+  }
 }
 
 // A batched engine alone: each request takes its steps at the single-item step time.
@@ -181,8 +280,7 @@ TEST(SimulatorTest, KnowsItsScenariosAndPolicies) {
     EXPECT_TRUE(find_scenario(name).has_value()) << name;
   }
   EXPECT_FALSE(find_scenario("nope").has_value());
-  for (const char* name :
-       {"apa", "hpa", "kpa", "kpa-default", "ray", "ray-auto", "static", "oracle"}) {
+  for (const char* name : {"apa", "hpa", "kpa", "kpa-default", "ray", "ray-auto", "static"}) {
     auto kind = parse_policy_kind(name);
     ASSERT_TRUE(kind.is_ok());
     EXPECT_EQ(policy_name(*kind), name);
