@@ -2,6 +2,7 @@
 #include <algorithm>
 #include <cmath>
 #include <deque>
+#include <optional>
 #include <vector>
 
 #include <fmt/format.h>
@@ -21,7 +22,8 @@ class ApaPolicy final : public Policy {
   ApaPolicy(const ApaOptions& options, const double* target) : options_(options), target_(target) {}
 
   std::string_view name() const override { return "apa"; }
-  Millis period() const override { return options_.period; }
+  // Called at the fast path's cadence when it is on; the full cycle still runs every period.
+  Millis period() const override { return apa_decision_period(options_); }
 
   Decision decide(Millis now, const SampleWindow& samples, const Fleet& fleet) override {
     const int64_t current = current_of(fleet);
@@ -30,6 +32,19 @@ class ApaPolicy final : public Policy {
     if (!recent) {
       return {clamp_to(options_.range, current), "no samples yet: keep"};
     }
+    // Between full cycles only the fast path runs: up, and only while the newest second asks
+    // for more than the ready replicas are sized for (in flight plus waiting over ready x
+    // target). Down waits for the full cycle and its window.
+    const bool full_cycle = !last_full_cycle_ || now - *last_full_cycle_ >= options_.period;
+    if (!full_cycle) {
+      const double newest = samples.max_demand(now, Millis(1'000)).value_or(0);
+      if (newest <= static_cast<double>(fleet.ready) * target) {
+        return {clamp_to(options_.range, current), "fast path: the ready replicas suffice"};
+      }
+    } else {
+      last_full_cycle_ = now;
+    }
+    const std::string_view path = full_cycle ? "up" : "fast up";
     // A standing queue with no capacity on its way is demand too: closed-loop clients keep a
     // queue that Little's law on arrivals and completions does not see. Counted only when it
     // held through the whole standing window without shrinking (not a burst, not a backlog
@@ -60,9 +75,13 @@ class ApaPolicy final : public Policy {
                     options_.lead_time.count() / 1000)
               : fmt::format("busiest second needs concurrency {:.1f} over {} s", *recent,
                             options_.up_window.count() / 1000);
-      return {desired, fmt::format("up: {} / target {:.2f} = {}{}{}", need, target, wanted_up,
+      return {desired, fmt::format("{}: {} / target {:.2f} = {}{}{}", path, need, target, wanted_up,
                                    spare > 0 ? " (with a spare: a replica failed)" : "",
                                    wanted_up > limit ? fmt::format(" (capped at {})", limit) : "")};
+    }
+    if (!full_cycle) {
+      return {clamp_to(options_.range, current),
+              fmt::format("fast path: capacity on its way ({} asked for)", current)};
     }
     // Down only when the whole down window asks for fewer: its busiest second, and what every
     // scale-up in it was for (a trend or a standing queue need not show in any one second), so
@@ -112,11 +131,17 @@ class ApaPolicy final : public Policy {
 
   ApaOptions options_;
   const double* target_;
+  std::optional<Millis> last_full_cycle_;
   std::deque<std::pair<Millis, double>> ups_;        // (when, concurrency needed), oldest first
   std::deque<std::pair<Millis, int64_t>> failures_;  // (when, Fleet::failures then)
 };
 
 }  // namespace
+
+Millis apa_decision_period(const ApaOptions& options) {
+  return options.fast_period > Millis(0) ? std::min(options.fast_period, options.period)
+                                         : options.period;
+}
 
 std::unique_ptr<Policy> make_apa_policy(const ApaOptions& options,
                                         const double* target_concurrency) {

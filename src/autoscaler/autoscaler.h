@@ -34,12 +34,6 @@ struct Sample {
 
   // What the baselines scale on: in flight plus waiting (Knative and Ray count the queue).
   double demand() const { return concurrency + queued; }
-  // The concurrency the offered load would need (APA): Little's law with the replicas' own
-  // latency, concurrency x arrivals / completions, so a queue that grows while replicas are
-  // full counts in proportion to the load it turns away, not by its length; plus what serving
-  // the backlog within 5 s needs. With nothing completing yet (scale from zero), waiting
-  // requests ask for one replica: how many more are needed shows once it serves.
-  double offered() const;
 };
 
 // The last samples of an endpoint, oldest first, bounded to `capacity` (enough for the longest
@@ -53,13 +47,18 @@ class SampleWindow {
   std::optional<double> mean_demand(Millis now, Millis window) const;
   // Largest concurrency + queued of one sample in (now - window, now]; nullopt when none.
   std::optional<double> max_demand(Millis now, Millis window) const;
-  // The same two over Sample::offered().
+  // The same two over the concurrency the offered load would need (APA): what is in flight,
+  // and while requests wait (the replicas are full), the arrival rate times the replicas'
+  // latency (Little's law over the newest seconds with 100 completions, at most 60), plus the
+  // backlog served within 5 s. With nothing completing yet (scale from zero), waiting requests
+  // ask for one replica: how many more are needed shows once it serves. Computed as each
+  // sample is added, from it and the seconds before it.
   std::optional<double> mean_offered(Millis now, Millis window) const;
   std::optional<double> max_offered(Millis now, Millis window) const;
   // How much the arrival rate grows from now to `ahead` of now, on the trend of the samples
   // in (now - window, now]: the smaller of the robust (Theil-Sen) slopes of the window's older
   // and newer halves, so a step is not read as a trend; 1 when the rise is within the noise
-  // (twice the arrivals' robust spread around the lines). Arrivals, not Sample::offered(),
+  // (twice the arrivals' robust spread around the lines). Arrivals, not the offered concurrency,
   // which also moves while replicas start and a backlog drains. nullopt with fewer than 6
   // samples or no arrivals.
   std::optional<double> arrival_growth(Millis now, Millis window, Millis ahead) const;
@@ -72,8 +71,11 @@ class SampleWindow {
   size_t size() const { return samples_.size(); }
 
  private:
+  double newest_offered() const;
+
   size_t capacity_;
   std::deque<Sample> samples_;
+  std::deque<double> offered_;  // per sample, as max_offered describes
 };
 
 struct Fleet {
@@ -112,6 +114,12 @@ class Policy {
 
 struct ApaOptions {
   Millis period{5'000};
+  // The fast path (issue 21): between full cycles, scale up at this cadence (the gateway's
+  // sample cadence) whenever the newest second asks for more than the ready replicas are sized
+  // for; the same sizing and per-decision cap as a full cycle. A warm-pool replica is ready in
+  // milliseconds, so waiting for the next 5 s cycle (made for pods) leaves seconds of misses.
+  // 0: off, every decision on the full period. Scale-down keeps the full cycle and its window.
+  Millis fast_period{1'000};
   Millis up_window{20'000};
   Millis down_window{300'000};
   double max_up_factor = 2.0;       // at most double per cycle
@@ -130,7 +138,7 @@ struct ApaOptions {
   ReplicaRange range;
 };
 
-// Horizontal: desired = ceil(offered concurrency / target_concurrency) (Sample::offered).
+// Horizontal: desired = ceil(offered concurrency / target_concurrency) (SampleWindow::max_offered).
 // Up: the busiest second of `up_window`, grown by the arrival rate's trend over `lead_time` (a
 // ramp outruns a policy that sizes for the present), acted on at once, bounded
 // by max(x2, +min_up_step) of the count already asked for. Down: only
@@ -141,6 +149,8 @@ struct ApaOptions {
 // so the vertical policy can move it.
 std::unique_ptr<Policy> make_apa_policy(const ApaOptions& options,
                                         const double* target_concurrency);
+// How often APA's policy is called: the fast path's cadence when it is on, else the period.
+Millis apa_decision_period(const ApaOptions& options);
 
 // ---- APA vertical: the per-replica target concurrency ---------------------------------------
 

@@ -11,12 +11,12 @@ namespace flotilla::autoscaler {
 EndpointAutoscaler::EndpointAutoscaler(const ApaOptions& horizontal,
                                        const VerticalOptions& vertical, RangeFor range_for,
                                        int64_t replicas, Millis now)
-    : horizontal_period_(horizontal.period),
+    : horizontal_period_(apa_decision_period(horizontal)),
       vertical_period_(vertical.period),
       range_for_(std::move(range_for)),
       vertical_(std::make_unique<VerticalPolicy>(vertical)),
       target_(vertical_->target()),
-      next_horizontal_(now + horizontal.period),
+      next_horizontal_(now + horizontal_period_),
       next_vertical_(now + vertical.period) {
   ApaOptions open = horizontal;
   open.range = ReplicaRange{0, std::numeric_limits<int64_t>::max(), /*scale_to_zero=*/true};

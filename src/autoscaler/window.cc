@@ -14,9 +14,9 @@ std::optional<double> aggregate(const std::deque<Sample>& samples, Millis now, M
   double sum = 0;
   std::optional<double> best;
   int count = 0;
-  for (auto it = samples.rbegin(); it != samples.rend() && it->time > now - window; ++it) {
-    if (it->time <= now) {
-      const double v = value(*it);
+  for (size_t i = samples.size(); i-- > 0 && samples[i].time > now - window;) {
+    if (samples[i].time <= now) {
+      const double v = value(i);
       sum += v;
       best = best ? std::max(*best, v) : v;
       ++count;
@@ -29,19 +29,6 @@ std::optional<double> aggregate(const std::deque<Sample>& samples, Millis now, M
 }
 
 }  // namespace
-
-double Sample::offered() const {
-  if (completions > 0) {
-    // Plus the backlog, to be served within kBacklogDrainSeconds: each waiting request needs the
-    // replicas' mean latency (concurrency / completions, Little's law).
-    constexpr double kBacklogDrainSeconds = 5;
-    return concurrency * std::max(1.0, arrivals / completions) +
-           queued * (concurrency / completions) / kBacklogDrainSeconds;
-  }
-  // Nothing served yet (scale from zero): a waiting request asks for a first replica; how
-  // many more are needed shows once it serves.
-  return concurrency + (queued > 0 ? 1.0 : 0.0);
-}
 
 namespace {
 
@@ -135,25 +122,66 @@ std::optional<double> SampleWindow::standing_demand(Millis now, Millis window) c
 
 void SampleWindow::add(const Sample& sample) {
   samples_.push_back(sample);
+  offered_.push_back(newest_offered());
   while (samples_.size() > capacity_) {
     samples_.pop_front();
+    offered_.pop_front();
   }
 }
 
+double SampleWindow::newest_offered() const {
+  const Sample& newest = samples_.back();
+  // Without a queue every arrival is in flight already: what the replicas hold is the demand
+  // (and a second's arrivals over its completions would be noise for requests longer than a
+  // second: 70 arrivals against 1 completion).
+  if (newest.queued <= 0) {
+    return newest.concurrency;
+  }
+  // Little's law over the newest seconds that hold enough completions for a stable latency: one
+  // second at high rates, up to a minute for long requests.
+  constexpr double kLatencyCompletions = 100;
+  constexpr size_t kLatencySeconds = 60;
+  double concurrency = 0;
+  double completions = 0;
+  double arrivals = 0;
+  size_t seconds = 0;
+  for (size_t i = samples_.size();
+       i-- > 0 && seconds < kLatencySeconds && completions < kLatencyCompletions;) {
+    concurrency += samples_[i].concurrency;
+    completions += samples_[i].completions;
+    arrivals += samples_[i].arrivals;
+    ++seconds;
+  }
+  if (completions <= 0) {
+    // Nothing served yet (scale from zero): a waiting request asks for a first replica; how
+    // many more are needed shows once it serves.
+    return newest.concurrency + 1.0;
+  }
+  const double latency_s = concurrency / completions;
+  const double arrival_rate = arrivals / static_cast<double>(seconds);
+  // The replicas are full (requests wait): the arrivals need arrival rate x latency in flight,
+  // so a queue that grows counts in proportion to the load it turns away, not by its length;
+  // plus the backlog, served within kBacklogDrainSeconds (each waiting request needs a slot
+  // for its latency, and never more than one slot).
+  constexpr double kBacklogDrainSeconds = 5;
+  return std::max(newest.concurrency, arrival_rate * latency_s) +
+         newest.queued * std::min(1.0, latency_s / kBacklogDrainSeconds);
+}
+
 std::optional<double> SampleWindow::mean_demand(Millis now, Millis window) const {
-  return aggregate(samples_, now, window, true, [](const Sample& s) { return s.demand(); });
+  return aggregate(samples_, now, window, true, [this](size_t i) { return samples_[i].demand(); });
 }
 
 std::optional<double> SampleWindow::max_demand(Millis now, Millis window) const {
-  return aggregate(samples_, now, window, false, [](const Sample& s) { return s.demand(); });
+  return aggregate(samples_, now, window, false, [this](size_t i) { return samples_[i].demand(); });
 }
 
 std::optional<double> SampleWindow::mean_offered(Millis now, Millis window) const {
-  return aggregate(samples_, now, window, true, [](const Sample& s) { return s.offered(); });
+  return aggregate(samples_, now, window, true, [this](size_t i) { return offered_[i]; });
 }
 
 std::optional<double> SampleWindow::max_offered(Millis now, Millis window) const {
-  return aggregate(samples_, now, window, false, [](const Sample& s) { return s.offered(); });
+  return aggregate(samples_, now, window, false, [this](size_t i) { return offered_[i]; });
 }
 
 bool SampleWindow::covers(Millis now, Millis window) const {

@@ -24,6 +24,7 @@ struct SimFlags {
   double queue_timeout_s = 0;
   int64_t apa_period_ms = 0;
   double apa_max_up_factor = 0;
+  bool apa_no_fast_path = false;
   double utilization = 0;
   bool bound = false;
   // Replica model and SLO overrides (a trace's own model: 0 or unset keeps the scenario's).
@@ -110,6 +111,7 @@ int run_sim(const SimFlags& flags) {
   options.policy = *policy;
   options.apa_period_ms = flags.apa_period_ms;
   options.apa_max_up_factor = flags.apa_max_up_factor;
+  options.apa_no_fast_path = flags.apa_no_fast_path;
   options.seed = flags.seed;
   options.round_robin = flags.round_robin;
   options.static_replicas = flags.static_replicas;
@@ -231,6 +233,8 @@ std::function<int()> add_sim_command(CLI::App& app) {
   cmd->add_option("--apa-max-up-factor", flags->apa_max_up_factor,
                   "APA's scale-up cap per decision instead of DESIGN.md's x2")
       ->check(CLI::Range(1.0, 1e6));
+  cmd->add_flag("--apa-no-fast-path", flags->apa_no_fast_path,
+                "APA scales up on its full period only (no 1 s fast path)");
   cmd->add_option("--utilization", flags->utilization,
                   "The share of the per-replica target each policy sizes for (a frontier "
                   "sweep's knob; default: each policy's own)")

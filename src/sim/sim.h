@@ -46,7 +46,7 @@ struct ReplicaModel {
   double step_ms = 0;
   double step_ms_per_item = 0;
   int64_t steps_per_request = 1;
-  double cold_start_s = 5;   // mean; drawn from a lognormal with sigma 0.25
+  double cold_start_s = 5;   // mean (a pod; scenarios set their runtime's); lognormal, sigma 0.25
   double slow_fraction = 0;  // share of replicas that are slower (heterogeneous fleet)
   double slow_factor = 3;    // how much slower they are
   // Mean seconds a ready replica runs before it crashes (exponential); 0: never. Requests in
@@ -115,6 +115,7 @@ struct SimOptions {
   // measure what each costs; never the defaults.
   int64_t apa_period_ms = 0;
   double apa_max_up_factor = 0;
+  bool apa_no_fast_path = false;  // APA's ups on the full period only (ApaOptions::fast_period)
   // The knob a cost-versus-misses sweep turns, the share of the per-replica target each policy
   // sizes the fleet for: APA's ApaOptions::utilization; HPA's and Ray's target, this share of the
   // configured concurrency; KPA's target utilization; static: provisioned for the peak at this

@@ -157,6 +157,9 @@ std::unique_ptr<autoscaler::EndpointAutoscaler> make_apa_autoscaler(const Scenar
   if (options.apa_max_up_factor > 0) {
     apa.max_up_factor = options.apa_max_up_factor;
   }
+  if (options.apa_no_fast_path) {
+    apa.fast_period = Millis(0);
+  }
   if (options.utilization > 0) {
     apa.utilization = options.utilization;
   }
@@ -405,6 +408,7 @@ class Simulator {
             free_requests_.push_back(id);
           } else {
             ++queued_requests_;
+            scale_from_zero();
           }
         }
       }
@@ -905,6 +909,19 @@ class Simulator {
     second_latency_.clear();
     drain_queue();  // answers what expired while nothing completed
     schedule(now_ + 1, EventKind::kSecond);
+  }
+
+  // A request waits at a fleet of zero: a first replica starts at once, not at the next
+  // decision. `flotilla up`'s gateway asks the control plane (EndpointAutoscaler::
+  // request_capacity); Knative's activator pokes its autoscaler; Ray's policy scales 0 -> 1 on
+  // its next 0.1 s loop.
+  void scale_from_zero() {
+    if (desired_ != 0 || (autoscaler_ && !autoscaler_->request_capacity())) {
+      return;
+    }
+    ++result_.summary.scale_events;
+    desired_ = 1;
+    add_replica(/*cold=*/true);
   }
 
   // APA: the autoscaler runs whatever is due now.

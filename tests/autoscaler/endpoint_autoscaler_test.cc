@@ -10,9 +10,11 @@ ReplicaRange fixed_range(int64_t min, int64_t max) {
   return ReplicaRange{min, max, min == 0};
 }
 
+// The full cycle alone (the fast path has its own test).
 ApaOptions horizontal() {
   ApaOptions options;
   options.period = Millis(5'000);
+  options.fast_period = Millis(0);
   options.up_window = Millis(20'000);
   options.down_window = Millis(60'000);
   return options;
@@ -41,6 +43,22 @@ TEST(EndpointAutoscalerTest, DecidesOnlyWhenAPeriodIsDue) {
   EXPECT_FALSE(scaler.tick(Millis(6'000), 1, 0, 0, light_usage).empty());
   EXPECT_EQ(scaler.replicas(), 3);  // ceil(40 / 16)
   EXPECT_EQ(scaler.next_horizontal(), Millis(11'000));
+}
+
+// With the fast path on, the loop decides every second: a second that asks for more than the
+// ready replicas hold scales up before the next full cycle.
+TEST(EndpointAutoscalerTest, FastPathDecidesEverySecond) {
+  ApaOptions options = horizontal();
+  options.fast_period = Millis(1'000);
+  EndpointAutoscaler scaler(
+      options, vertical(), [](double) { return fixed_range(1, 100); }, 1, Millis(1'000));
+  EXPECT_EQ(scaler.next_horizontal(), Millis(2'000));
+  scaler.add_samples(steady(0, 2, 4), 1);
+  EXPECT_TRUE(scaler.tick(Millis(2'000), 1, 0, 0, light_usage).empty());  // 4 of 16: enough
+  scaler.add_samples(steady(2'000, 1, 40), 1);
+  EXPECT_FALSE(scaler.tick(Millis(3'000), 1, 0, 0, light_usage).empty());
+  EXPECT_EQ(scaler.replicas(), 3);  // ceil(40 / 16), two seconds before the full cycle
+  EXPECT_EQ(scaler.next_horizontal(), Millis(4'000));
 }
 
 TEST(EndpointAutoscalerTest, ScalesDownOnlyAfterTheDownWindow) {

@@ -96,13 +96,50 @@ TEST(ApaHorizontalTest, CountsTurnedAwayLoadAndBacklogByLittlesLaw) {
   double target = 2;
   auto policy = make_apa_policy(ApaOptions{}, &target);
   SampleWindow window;
-  // Replicas full at 4 in flight serve 400/s while 800/s arrive: 8 would be in flight.
-  window.add(Sample{sec(1), 4, 0, 800, 400});
-  EXPECT_DOUBLE_EQ(window.max_offered(sec(1), sec(20)).value(), 8);
-  EXPECT_EQ(policy->decide(sec(1), window, Fleet{2, 0, 2}).desired, 4);
+  // Replicas full at 4 in flight serve 400/s while 800/s arrive and the rest wait (1 on average,
+  // turned away at the deadline): 8 would be in flight, plus 1 x 10 ms / 5 s for the queue.
+  window.add(Sample{sec(1), 4, 1, 800, 400});
+  EXPECT_DOUBLE_EQ(window.max_offered(sec(1), sec(20)).value(), 8.002);
+  EXPECT_EQ(policy->decide(sec(1), window, Fleet{2, 0, 2}).desired, 5);
   // A backlog of 4000 at 10 ms each (4 / 400 per s) served within 5 s needs 8 more.
   window.add(Sample{sec(2), 4, 4000, 400, 400});
   EXPECT_DOUBLE_EQ(window.max_offered(sec(2), sec(1)).value(), 12);
+}
+
+// With no queue every arrival is in flight already: a fleet filling up with 23 s requests (70
+// arrivals, 1 completion this second) needs what it holds, not 70 times it.
+TEST(ApaHorizontalTest, WithoutAQueueInFlightIsTheDemand) {
+  SampleWindow window;
+  window.add(Sample{sec(1), 30, 0, 70, 1});
+  EXPECT_DOUBLE_EQ(window.max_offered(sec(1), sec(20)).value(), 30);
+}
+
+// Between full cycles (every 5 s) the fast path runs each second: up when the newest second asks
+// for more than the ready replicas hold, never down, and not again while capacity is starting.
+TEST(ApaHorizontalTest, FastPathScalesUpBetweenCyclesOnly) {
+  double target = 2;
+  auto policy = make_apa_policy(ApaOptions{}, &target);
+  EXPECT_EQ(policy->period(), sec(1));
+  SampleWindow window;
+  fill_constant(window, 1, 10, 4);
+  EXPECT_EQ(policy->decide(sec(10), window, Fleet{2, 0, 2}).desired, 2);  // a full cycle
+  // 4 in flight and 6 waiting on 2 replicas of 2: short. 400/s served at 10 ms: Little's law
+  // gives 4, the backlog 6 x 10 ms / 5 s more.
+  window.add(Sample{sec(11), 4, 6, 400, 400});
+  const Decision up = policy->decide(sec(11), window, Fleet{2, 0, 2});
+  EXPECT_EQ(up.desired, 3) << up.reason;
+  EXPECT_NE(up.reason.find("fast up"), std::string::npos) << up.reason;
+  // The third replica is starting and the queue holds: it is on its way, nothing more.
+  window.add(Sample{sec(12), 4, 6, 400, 400});
+  EXPECT_EQ(policy->decide(sec(12), window, Fleet{2, 1, 3}).desired, 3);
+  // Idle now, but down waits for a full cycle (and then for its window).
+  fill_constant(window, 13, 14, 0);
+  EXPECT_EQ(policy->decide(sec(14), window, Fleet{3, 0, 3}).desired, 3);
+  // Off: nothing between cycles, whatever the load.
+  ApaOptions slow;
+  slow.fast_period = Millis(0);
+  auto full_only = make_apa_policy(slow, &target);
+  EXPECT_EQ(full_only->period(), sec(5));
 }
 
 TEST(ApaHorizontalTest, StandingQueueIsDemandWhenNothingIsStarting) {

@@ -69,16 +69,21 @@ TEST(SimulatorTest, ApaAbsorbsASpikeBetterThanHpa) {
   EXPECT_LT(apa.replica_seconds, hpa.replica_seconds);
 }
 
-// The what-if overrides reach the policy: a shorter decision period or a looser per-decision
-// cap scales up sooner, so fewer requests miss.
-TEST(SimulatorTest, ApaWhatIfOverridesLoosenItsScaleUpLimits) {
+// The fast path and the what-if overrides reach the policy: against ups on the 5 s cycle alone,
+// ups every second, a shorter period or a looser per-decision cap scale up sooner, so fewer
+// requests miss.
+TEST(SimulatorTest, ApaFastPathAndWhatIfOverridesScaleUpSooner) {
   const Scenario scenario = small_spike();
   SimOptions options;
+  options.apa_no_fast_path = true;
   const double design = simulate(scenario, options).summary.over_slo_pct;
   options.apa_period_ms = 1000;
   EXPECT_LT(simulate(scenario, options).summary.over_slo_pct, design);
   options.apa_period_ms = 0;
   options.apa_max_up_factor = 100;
+  EXPECT_LT(simulate(scenario, options).summary.over_slo_pct, design);
+  options.apa_max_up_factor = 0;
+  options.apa_no_fast_path = false;
   EXPECT_LT(simulate(scenario, options).summary.over_slo_pct, design);
 }
 
