@@ -11,8 +11,10 @@ of bad requests (over the SLO + rejected + failed, % of all). The offline bound 
 cost for the same arrivals (every policy meets the same arrivals for a seed); its curve is the
 median over the seeds at each cost.
 
-A baseline point is dominated when some APA point costs no more and misses no more (within
-0.05 points of %). Prints one markdown table (each scenario's frontier, the points APA does not
+A baseline point is dominated when some APA point costs no more and misses no more (within 1%
+of replica-seconds and 0.05 points of %). The verdict is on the issue's baselines (HPA, KPA,
+Ray Serve, each configured and at its defaults); static provisioning, sized for the run's own
+peak (hindsight no one has), is listed apart. Prints one markdown table (each scenario's frontier, the points APA does not
 dominate, the issue's targets) and writes one PNG per scenario with --plots.
 
     /usr/bin/python3 bench/sim/frontier.py [--plots bench/sim/plots] [--seeds 1,2,3] [--jobs 2]
@@ -63,6 +65,9 @@ DEFAULTS = ["kpa-default", "ray-auto"]  # their published defaults: no knob to s
 CONFIGURED = ["hpa", "kpa", "static"]
 UTILIZATIONS = [0.4, 0.6, 0.8, 1.0]
 TOLERANCE_PCT = 0.05  # two points closer than this in bad % are a tie
+COST_TOLERANCE = 1.01  # ... and within 1% in replica-seconds
+BASELINES = ["hpa", "kpa", "ray", "kpa-default", "ray-auto"]  # the issue's: HPA, KPA, Ray Serve
+# static is sized for the run's own peak, which no one knows beforehand: a reference, apart.
 
 
 def sim(args):
@@ -115,8 +120,10 @@ def bound_median(bounds, cost):
 
 
 def apa_best_at(points, cost):
-    """APA's fewest misses at no more than `cost` (None when every APA point costs more)."""
-    bads = [b for (policy, _), (c, b) in points.items() if policy == "apa" and c <= cost]
+    """APA's fewest misses at no more than `cost` (within COST_TOLERANCE; None when every APA
+    point costs more)."""
+    bads = [b for (policy, _), (c, b) in points.items()
+            if policy == "apa" and c <= cost * COST_TOLERANCE]
     return min(bads) if bads else None
 
 
@@ -179,20 +186,26 @@ def report(results):
         print(f"| {name} | offline bound | {at:.0f} / {bound_median(result['bounds'], at):.2f} "
               f"(at APA's median cost) |")
     print()
-    print("| scenario | baseline points APA does not dominate (cost / bad %, APA's best at that "
-          "cost) | verdict |")
-    print("|---|---|---|")
+    print("| scenario | HPA/KPA/Ray points APA does not dominate (replica-s / bad %, APA's best "
+          "at that cost) | static points (hindsight) APA does not dominate | verdict |")
+    print("|---|---|---|---|")
     for name, result in results.items():
         missed = undominated(result["points"])
-        cells = "; ".join(f"{label(p, u)} {c:.0f} / {b:.2f} (APA "
-                          f"{'-' if best is None else f'{best:.2f}'})" for p, u, c, b, best in missed)
+        named = [m for m in missed if m[0] in BASELINES]
+        static = [m for m in missed if m[0] == "static"]
+
+        def cells(points):
+            return "; ".join(f"{label(p, u)} {c:.0f} / {b:.2f} (APA "
+                             f"{'-' if best is None else f'{best:.2f}'})"
+                             for p, u, c, b, best in points) or "-"
+
         bound_ok = all(bound_median(result["bounds"], c) <= b + TOLERANCE_PCT
                        for c, b in result["points"].values())
-        verdict = ("APA on or below every baseline" if not missed else
-                   f"{len(missed)} of {sum(1 for p, _ in result['points'] if p != 'apa')} "
-                   "baseline points not dominated")
+        total = sum(1 for p, _ in result["points"] if p in BASELINES)
+        verdict = ("APA on or below every baseline" if not named else
+                   f"{len(named)} of {total} baseline points not dominated")
         verdict += "; bound below all" if bound_ok else "; BOUND ABOVE A POLICY"
-        print(f"| {name} | {cells or '-'} | {verdict} |")
+        print(f"| {name} | {cells(named)} | {cells(static)} | {verdict} |")
     print()
     targets(results)
 
@@ -204,11 +217,17 @@ def targets(results):
         points = results["spike"]["points"]
         hpa_cost, hpa_bad = points[("hpa", None)]  # as a user configures it
         best = apa_best_at(points, hpa_cost)
-        ratio = hpa_bad / max(best, 1e-9) if best is not None else 0
-        print(f"| spike: >= 5x fewer bad than HPA at no more cost | HPA {hpa_cost:.0f} "
-              f"replica-s, {hpa_bad:.2f}% ; APA's best at that cost "
-              f"{'-' if best is None else f'{best:.2f}'}% : {ratio:.2f}x | "
-              f"{'yes' if ratio >= 5 else 'no'} |")
+        default_cost, default_bad = points[("apa", 1.0)]
+        met = best is not None and best * 5 <= hpa_bad
+
+        def ratio(bad):
+            return "no miss" if bad <= 0 else f"{hpa_bad / bad:.1f}x fewer"
+
+        print(f"| spike: >= 5x fewer bad than HPA (as configured) at no more cost | HPA "
+              f"{hpa_cost:.0f} replica-s, {hpa_bad:.2f}%; APA's best at that cost "
+              f"{'-' if best is None else f'{best:.2f}% ({ratio(best)})'}; APA at its default "
+              f"{default_cost:.0f} replica-s, {default_bad:.2f}% ({ratio(default_bad)}) | "
+              f"{'yes' if met else 'no'} |")
     if "ramp" in results:
         result = results["ramp"]
         optimum = statistics.median(next(c for c, b in f if b <= 1e-9) for f in result["bounds"])

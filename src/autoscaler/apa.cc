@@ -35,12 +35,18 @@ class ApaPolicy final : public Policy {
     // Between full cycles only the fast path runs: up, and only while the newest second asks
     // for more than the ready replicas are sized for (in flight plus waiting over ready x
     // target). Down waits for the full cycle and its window.
+    // With nothing starting, a second in which at least one request waited on average past what
+    // the ready replicas hold asks for one more replica at least: Little's law sees closed-loop
+    // clients' queue only once it has stood for the standing window.
     const bool full_cycle = !last_full_cycle_ || now - *last_full_cycle_ >= options_.period;
+    bool one_more = false;
     if (!full_cycle) {
       const double newest = samples.max_demand(now, Millis(1'000)).value_or(0);
-      if (newest <= static_cast<double>(fleet.ready) * target) {
+      const double short_by = newest - static_cast<double>(fleet.ready) * target;
+      if (short_by <= 0) {
         return {clamp_to(options_.range, current), "fast path: the ready replicas suffice"};
       }
+      one_more = short_by >= 1 && fleet.pending == 0;
     } else {
       last_full_cycle_ = now;
     }
@@ -59,7 +65,8 @@ class ApaPolicy final : public Policy {
     const double projected = *recent * growth;
     const double needed = std::max({*recent, waiting, projected});
     const int64_t spare = recent_failures(now, fleet.failures) > 0 && needed > 0 ? 1 : 0;
-    const int64_t wanted_up = ceil_replicas(needed / target) + spare;
+    const int64_t wanted_up =
+        std::max(ceil_replicas(needed / target) + spare, one_more ? current + 1 : int64_t{0});
     if (wanted_up > current) {
       ups_.emplace_back(now, needed);
       const int64_t limit =
@@ -75,9 +82,12 @@ class ApaPolicy final : public Policy {
                     options_.lead_time.count() / 1000)
               : fmt::format("busiest second needs concurrency {:.1f} over {} s", *recent,
                             options_.up_window.count() / 1000);
-      return {desired, fmt::format("{}: {} / target {:.2f} = {}{}{}", path, need, target, wanted_up,
-                                   spare > 0 ? " (with a spare: a replica failed)" : "",
-                                   wanted_up > limit ? fmt::format(" (capped at {})", limit) : "")};
+      const bool for_the_queue = wanted_up > ceil_replicas(needed / target) + spare;
+      return {desired,
+              fmt::format("{}: {} / target {:.2f} = {}{}{}{}", path, need, target, wanted_up,
+                          spare > 0 ? " (with a spare: a replica failed)" : "",
+                          for_the_queue ? " (one more: requests wait, nothing is starting)" : "",
+                          wanted_up > limit ? fmt::format(" (capped at {})", limit) : "")};
     }
     if (!full_cycle) {
       return {clamp_to(options_.range, current),

@@ -48,6 +48,7 @@ Result<std::pair<std::string, uint16_t>> split_address(const std::string& addres
 struct AutoscalingFlags {
   bool no_autoscale = false;
   int64_t period_ms = 5'000;
+  int64_t fast_period_ms = 1'000;
   int64_t up_window_ms = 20'000;
   int64_t down_window_ms = 300'000;
   int64_t vertical_period_ms = 30'000;

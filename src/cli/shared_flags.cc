@@ -13,6 +13,7 @@ control::AutoscalingOptions AutoscalingFlags::options() const {
   control::AutoscalingOptions options;
   options.enabled = !no_autoscale;
   options.horizontal_period = std::chrono::milliseconds(period_ms);
+  options.fast_period = std::chrono::milliseconds(fast_period_ms);
   options.up_window = std::chrono::milliseconds(up_window_ms);
   options.down_window = std::chrono::milliseconds(down_window_ms);
   options.vertical_period = std::chrono::milliseconds(vertical_period_ms);
@@ -24,6 +25,11 @@ void add_autoscaling_flags(CLI::App& cmd, AutoscalingFlags& flags) {
                "Keep every version at its provisioned minimum (no autoscaler)");
   cmd.add_option("--autoscale-period-ms", flags.period_ms, "Horizontal autoscaler decision period")
       ->check(CLI::Range(int64_t{100}, int64_t{3'600'000}))
+      ->capture_default_str();
+  cmd.add_option("--scale-up-fast-period-ms", flags.fast_period_ms,
+                 "Between decisions, scale up at this cadence when the load outgrows the ready "
+                 "replicas (0: off)")
+      ->check(CLI::Range(int64_t{0}, int64_t{3'600'000}))
       ->capture_default_str();
   cmd.add_option("--scale-up-window-ms", flags.up_window_ms,
                  "Window whose busiest second drives scale-up")

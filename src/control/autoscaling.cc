@@ -122,6 +122,7 @@ EndpointScaler::EndpointScaler(const EndpointSpec& spec, const AutoscalingOption
   }
   autoscaler::ApaOptions horizontal;
   horizontal.period = options_.horizontal_period;
+  horizontal.fast_period = options_.fast_period;
   horizontal.up_window = options_.up_window;
   horizontal.down_window = options_.down_window;
   autoscaler_ = std::make_unique<autoscaler::EndpointAutoscaler>(horizontal, vertical, range_for(),

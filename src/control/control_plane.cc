@@ -389,6 +389,12 @@ void ControlPlaneImpl::on_replica(const orchestrator::ReplicaEvent& event) {
     MutexLock lock(mu_);
     ++replica_failures_by_endpoint_[replica.deployment.endpoint];
   }
+  {
+    // A change the reconciler acts on now (a ready replica joins the gateway's table, a
+    // rollout promotes), not at its next interval: the loop waits for a new generation.
+    MutexLock lock(mu_);
+    ++change_generation_;
+  }
   wake_.notify_all();
 }
 

@@ -25,6 +25,7 @@ namespace flotilla::control {
 struct AutoscalingOptions {
   bool enabled = true;  // false: every version keeps its provisioned minimum (issue #4 rule)
   std::chrono::milliseconds horizontal_period{5'000};
+  std::chrono::milliseconds fast_period{1'000};  // APA's fast scale-up path; 0: off
   std::chrono::milliseconds up_window{20'000};
   std::chrono::milliseconds down_window{300'000};
   std::chrono::milliseconds vertical_period{30'000};

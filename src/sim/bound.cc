@@ -5,8 +5,9 @@
 // - A ready replica serves at most `rate` requests a second within the SLO: its saturation
 //   point's throughput at full speed (no slow replicas, no crashes, no service-time spread), and
 //   a second's arrivals may also use the SLO's share of the next second (rate x (1 + SLO)).
-// - Requests are fluid: second t loses max(0, arrivals - rate x ready) and nothing else; no
-//   queueing delay below that capacity.
+// - Requests are fluid: second t loses max(0, arrivals - rate x ready), and of the rest the
+//   expected share whose own service time alone passes the SLO (a lognormal spread's tail);
+//   no queueing delay below that capacity.
 // - A replica costs its mean cold start once when it starts and nothing to stop (no drain).
 // Minimising bad + lambda x cost over integer schedules is a dynamic program over the ready
 // count, O(seconds x replicas) per lambda; sweeping lambda gives the lower convex hull of the
@@ -76,7 +77,8 @@ Totals solve(const BoundInput& in, double lambda) {
         next[i] = kInf;
         continue;
       }
-      const double lost = std::max(0.0, arrivals - in.rate * static_cast<double>(r));
+      const double dropped = std::max(0.0, arrivals - in.rate * static_cast<double>(r));
+      const double lost = dropped + in.slow_share * (arrivals - dropped);
       const auto started =
           static_cast<double>(std::max<int64_t>(0, r - static_cast<int64_t>(from)));
       next[i] = base + lost + lambda * static_cast<double>(r);
@@ -114,6 +116,13 @@ BoundInput bound_input(const Scenario& scenario, std::span<const uint64_t> arriv
     rate = model.saturation * 1000 / model.service_ms;
   }
   BoundInput in;
+  if (model.max_batch == 0 && model.service_sigma > 0 && rate > 0) {
+    // The lognormal tail (mean service_ms) past the SLO: P(X > slo) for ln X ~ N(mu, sigma^2),
+    // mu = ln(service_ms) - sigma^2 / 2.
+    const double sigma = model.service_sigma;
+    const double z = (std::log(scenario.slo_ms / model.service_ms) + sigma * sigma / 2) / sigma;
+    in.slow_share = 0.5 * std::erfc(z / std::sqrt(2.0));
+  }
   in.arrivals.assign(arrivals.begin(), arrivals.end());
   in.rate = rate * (1 + slo_s);
   in.cold_start_s = model.cold_start_s;

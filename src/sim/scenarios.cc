@@ -36,6 +36,7 @@ namespace {
 // `flotilla up` (bench/RESULTS.md, "Cold start per runtime"): an XGBoost model's replica from the
 // warm pool or as a fresh process, and a pod's start in Kubernetes mode (the *-pod variants).
 constexpr double kXgboostColdStartS = 0.025;
+constexpr double kLlmColdStartS = 0.6;  // the 50M-parameter bf16 benchmark model
 constexpr double kPodColdStartS = 5;
 
 // The 10 ms model of most scenarios is an XGBoost-sized one: it starts as fast as one.
@@ -104,6 +105,7 @@ std::map<std::string, Scenario> all_scenarios() {
                       "continuous-batching replicas (batch 32, 50 steps a request) configured "
                       "for 64: 100 to 400 req/s and back");
     s.load.points = {{0, 100}, {120, 100}, {180, 400}, {480, 400}, {540, 100}, {900, 100}};
+    s.replica.cold_start_s = kLlmColdStartS;
     s.replica.max_batch = 32;
     s.replica.step_ms = 20;
     s.replica.step_ms_per_item = 0.5;

@@ -188,6 +188,9 @@ struct BoundInput {
   int64_t min_replicas = 0;
   int64_t max_replicas = 0;
   int64_t initial_replicas = 0;  // ready at 0
+  // The expected share of requests whose own service time alone passes the SLO (lognormal
+  // service times): bad whatever the schedule.
+  double slow_share = 0;
 };
 BoundInput bound_input(const Scenario& scenario, std::span<const uint64_t> arrivals);
 

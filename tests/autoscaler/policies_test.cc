@@ -135,6 +135,15 @@ TEST(ApaHorizontalTest, FastPathScalesUpBetweenCyclesOnly) {
   // Idle now, but down waits for a full cycle (and then for its window).
   fill_constant(window, 13, 14, 0);
   EXPECT_EQ(policy->decide(sec(14), window, Fleet{3, 0, 3}).desired, 3);
+  // Closed-loop clients: 5.5 in flight on average (the step came within the second), 20
+  // waiting, arrivals = completions, nothing starting. Little's law asks for 3 (5.54 / 2); the
+  // queue asks for one more than what runs.
+  fill_constant(window, 15, 20, 4);
+  EXPECT_EQ(policy->decide(sec(20), window, Fleet{3, 0, 3}).desired, 3);  // a full cycle
+  window.add(Sample{sec(21), 5.5, 20, 550, 550});
+  const Decision queue = policy->decide(sec(21), window, Fleet{3, 0, 3});
+  EXPECT_EQ(queue.desired, 4) << queue.reason;
+  EXPECT_NE(queue.reason.find("one more"), std::string::npos) << queue.reason;
   // Off: nothing between cycles, whatever the load.
   ApaOptions slow;
   slow.fast_period = Millis(0);
