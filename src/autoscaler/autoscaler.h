@@ -305,6 +305,10 @@ class EndpointAutoscaler {
   double peak_concurrency_ = 0;  // in flight per ready replica in the busiest second
   double peak_latency_ms_ = 0;   // in that second
   int64_t last_sample_unix_ms_ = 0;
+  // The fast path decides on each new sample as soon as it arrives (not on a timer of its own,
+  // which could wait most of a second more); the newest sample a decision has seen.
+  bool decide_on_samples_ = false;
+  int64_t decided_through_unix_ms_ = 0;
   Millis next_horizontal_{0};
   Millis next_vertical_{0};
 };

@@ -18,6 +18,7 @@ EndpointAutoscaler::EndpointAutoscaler(const ApaOptions& horizontal,
       target_(vertical_->target()),
       next_horizontal_(now + horizontal_period_),
       next_vertical_(now + vertical.period) {
+  decide_on_samples_ = horizontal.fast_period > Millis(0);
   ApaOptions open = horizontal;
   open.range = ReplicaRange{0, std::numeric_limits<int64_t>::max(), /*scale_to_zero=*/true};
   horizontal_ = make_apa_policy(open, &target_);
@@ -89,8 +90,10 @@ std::vector<std::string> EndpointAutoscaler::tick(Millis now, int64_t ready, int
     peak_concurrency_ = 0;
     peak_latency_ms_ = 0;
   }
-  if (now >= next_horizontal_) {
+  const bool new_sample = decide_on_samples_ && last_sample_unix_ms_ > decided_through_unix_ms_;
+  if (now >= next_horizontal_ || new_sample) {
     next_horizontal_ = now + horizontal_period_;
+    decided_through_unix_ms_ = last_sample_unix_ms_;
     const Fleet fleet{ready, pending, replicas_, failures};
     const Decision decision = horizontal_->decide(now, window_, fleet);
     const int64_t desired = detail::clamp_to(range_for_(target_), decision.desired);

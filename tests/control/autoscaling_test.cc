@@ -116,13 +116,14 @@ TEST(EndpointScalerTest, NoScaleDownWhileNothingIsReady) {
   EXPECT_EQ(scaler.scale().replicas, 1);
 }
 
-// On the fast path's cadence (1 s): 40 in flight is more than one replica of 16 holds.
+// The fast path decides on a sample as soon as it arrives: 40 in flight is more than one
+// replica of 16 holds.
 TEST(EndpointScalerTest, ScalesUpOnTheBusiestSecondAtTheNextDecision) {
   EndpointScaler scaler(endpoint({served(1, 256)}), fast_options(), 1, Millis(0));
   EXPECT_EQ(scaler.scale(), (Scale{1, 16}));
+  EXPECT_TRUE(scaler.tick(Millis(500), 1, 0, 0, light_usage).empty());  // nothing new, not due
   scaler.add_samples(steady(0, 1, 40), 1);
-  EXPECT_TRUE(scaler.tick(Millis(999), 1, 0, 0, light_usage).empty());  // not due yet
-  const auto changes = scaler.tick(Millis(1'000), 1, 0, 0, light_usage);
+  const auto changes = scaler.tick(Millis(1'020), 1, 0, 0, light_usage);
   ASSERT_EQ(changes.size(), 1u);
   EXPECT_NE(changes[0].find("1 -> 3 replicas"), std::string::npos) << changes[0];
   EXPECT_EQ(scaler.scale().replicas, 3);  // ceil(40 / 16)
