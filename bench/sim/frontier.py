@@ -18,6 +18,7 @@ peak (hindsight no one has), is listed apart. Prints one markdown table (each sc
 dominate, the issue's targets) and writes one PNG per scenario with --plots.
 
     /usr/bin/python3 bench/sim/frontier.py [--plots bench/sim/plots] [--seeds 1,2,3] [--jobs 2]
+        [--results runs.json]
 
 About 15 minutes on 2 cores.
 """
@@ -115,6 +116,19 @@ def measure(scenarios, seeds, jobs):
     return results
 
 
+def save(results, path):
+    with open(path, "w") as f:
+        json.dump({name: {"points": [[p, u, c, b] for (p, u), (c, b) in r["points"].items()],
+                          "bounds": r["bounds"]} for name, r in results.items()}, f)
+
+
+def load(path):
+    with open(path) as f:
+        raw = json.load(f)
+    return {name: {"points": {(p, u): (c, b) for p, u, c, b in r["points"]},
+                   "bounds": r["bounds"]} for name, r in raw.items()}
+
+
 def bound_median(bounds, cost):
     return statistics.median(bound_at(frontier, cost) for frontier in bounds)
 
@@ -149,7 +163,9 @@ def plot(name, result, directory):
     import matplotlib.pyplot as plt
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for policy in SWEPT + DEFAULTS:
-        pts = sorted((c, b) for (p, _), (c, b) in result["points"].items() if p == policy)
+        # In the knob's order (utilization rising), so each line is one policy's sweep.
+        pts = [cb for (p, u), cb in sorted(result["points"].items(), key=lambda kv: kv[0][1] or 0)
+               if p == policy and (u is not None or policy not in SWEPT)]
         if not pts:
             continue
         style = "o-" if policy in SWEPT else "s"
@@ -163,8 +179,9 @@ def plot(name, result, directory):
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_xlabel("replica-seconds (median over seeds)")
-    ax.set_ylabel("bad requests, % (over SLO + rejected + failed; 0 drawn at 0.001)")
-    ax.set_title(f"{name}: cost against misses, each policy's knob swept")
+    ax.set_ylabel("bad requests, % (0 drawn at 0.001)")
+    ax.set_title(f"{name}: replica-seconds against bad requests (over SLO, rejected, failed)",
+                 fontsize=10)
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
@@ -254,9 +271,16 @@ def main():
     parser.add_argument("--seeds", default="1,2,3")
     parser.add_argument("--jobs", type=int, default=2)
     parser.add_argument("--scenarios", default=",".join(SCENARIOS))
+    parser.add_argument("--results", help="a JSON file: read the runs from it when it exists "
+                        "(to redraw), else write them to it")
     args = parser.parse_args()
     names = args.scenarios.split(",")
-    results = measure(names, [int(s) for s in args.seeds.split(",")], args.jobs)
+    if args.results and os.path.exists(args.results):
+        results = load(args.results)
+    else:
+        results = measure(names, [int(s) for s in args.seeds.split(",")], args.jobs)
+        if args.results:
+            save(results, args.results)
     report(results)
     if args.plots:
         os.makedirs(args.plots, exist_ok=True)

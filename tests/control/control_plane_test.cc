@@ -4,6 +4,7 @@
 // a loopback port.
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <memory>
 #include <string>
 #include <thread>
@@ -100,6 +101,14 @@ const gateway::VersionEntry* version_of(const gateway::EndpointTable& table,
   return entry == nullptr || entry->versions.empty() ? nullptr : &entry->versions[0];
 }
 
+// A table predicate: `endpoint`'s first version has exactly one replica.
+std::function<bool(const gateway::EndpointTable&)> serves_with_one_replica(std::string endpoint) {
+  return [endpoint = std::move(endpoint)](const gateway::EndpointTable& table) {
+    const gateway::VersionEntry* v1 = version_of(table, endpoint);
+    return v1 != nullptr && v1->replicas.size() == 1;
+  };
+}
+
 TEST_F(ControlPlaneTest, PublishesTokensAndSubscribesToCapacityUntilShutdown) {
   start();
   const gateway::AuthConfig auth = gateway_.auth();
@@ -120,12 +129,7 @@ TEST_F(ControlPlaneTest, AnEndpointReachesTheGatewayWithTheReplicasTheOrchestrat
   ASSERT_EQ(created.status, 200) << created.body;
 
   ASSERT_TRUE(orchestrator_.wait_for_wanted("fraud", 1, kWait));
-  ASSERT_TRUE(gateway_.wait_for_table(
-      [](const gateway::EndpointTable& table) {
-        const gateway::VersionEntry* v1 = version_of(table, "fraud");
-        return v1 != nullptr && v1->replicas.size() == 1;
-      },
-      kWait));
+  ASSERT_TRUE(gateway_.wait_for_table(serves_with_one_replica("fraud"), kWait));
   const gateway::EndpointTable table = gateway_.table();
   const gateway::VersionEntry& v1 = *version_of(table, "fraud");
   EXPECT_EQ(v1.name, "v1");
@@ -151,12 +155,7 @@ TEST_F(ControlPlaneTest, AReadyReplicaReachesTheTableOnItsEvent) {
   start();
   ASSERT_EQ(api(http::Method::kPost, "/api/2.0/serving-endpoints", spec("fraud", 1)).status, 200);
   ASSERT_TRUE(orchestrator_.wait_for_wanted("fraud", 1, kWait));
-  EXPECT_TRUE(gateway_.wait_for_table(
-      [](const gateway::EndpointTable& table) {
-        const gateway::VersionEntry* v1 = version_of(table, "fraud");
-        return v1 != nullptr && v1->replicas.size() == 1;
-      },
-      kWait));
+  EXPECT_TRUE(gateway_.wait_for_table(serves_with_one_replica("fraud"), kWait));
 }
 
 TEST_F(ControlPlaneTest, ACapacityRequestFromTheGatewayStartsAScaledToZeroEndpoint) {
@@ -172,12 +171,7 @@ TEST_F(ControlPlaneTest, ACapacityRequestFromTheGatewayStartsAScaledToZeroEndpoi
   // What the gateway does for a request that finds no ready replica.
   gateway_.requester()->request_capacity("rare");
   ASSERT_TRUE(orchestrator_.wait_for_wanted("rare", 1, kWait));
-  ASSERT_TRUE(gateway_.wait_for_table(
-      [](const gateway::EndpointTable& table) {
-        const gateway::VersionEntry* v1 = version_of(table, "rare");
-        return v1 != nullptr && v1->replicas.size() == 1;
-      },
-      kWait));
+  ASSERT_TRUE(gateway_.wait_for_table(serves_with_one_replica("rare"), kWait));
 }
 
 // The autoscaler runs on the injected clock and reads the gateway's samples through the sink:
