@@ -68,7 +68,11 @@ class ApaPolicy final : public Policy {
     const int64_t wanted_up =
         std::max(ceil_replicas(needed / target) + spare, one_more ? current + 1 : int64_t{0});
     if (wanted_up > current) {
-      ups_.emplace_back(now, needed);
+      // What the scale-up was for, so the down rule does not take it back within its window;
+      // a replica added for a waiting queue counts as the concurrency it adds.
+      const bool for_the_queue = wanted_up > ceil_replicas(needed / target) + spare;
+      ups_.emplace_back(now,
+                        for_the_queue ? static_cast<double>(wanted_up - spare) * target : needed);
       const int64_t limit =
           std::max(ceil_replicas(static_cast<double>(current) * options_.max_up_factor),
                    current + options_.min_up_step);
@@ -82,7 +86,6 @@ class ApaPolicy final : public Policy {
                     options_.lead_time.count() / 1000)
               : fmt::format("busiest second needs concurrency {:.1f} over {} s", *recent,
                             options_.up_window.count() / 1000);
-      const bool for_the_queue = wanted_up > ceil_replicas(needed / target) + spare;
       return {desired,
               fmt::format("{}: {} / target {:.2f} = {}{}{}{}", path, need, target, wanted_up,
                           spare > 0 ? " (with a spare: a replica failed)" : "",

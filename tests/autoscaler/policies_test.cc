@@ -151,6 +151,22 @@ TEST(ApaHorizontalTest, FastPathScalesUpBetweenCyclesOnly) {
   EXPECT_EQ(full_only->period(), sec(5));
 }
 
+// A replica the fast path added for a waiting queue is what the down window protects: the next
+// full cycle, on samples Little's law sizes at 2, does not take it back.
+TEST(ApaHorizontalTest, AReplicaAddedForAQueueIsKeptThroughTheDownWindow) {
+  double target = 2;
+  ApaOptions options;
+  options.down_window = sec(10);
+  auto policy = make_apa_policy(options, &target);
+  SampleWindow window;
+  fill_constant(window, 1, 20, 4);
+  EXPECT_EQ(policy->decide(sec(20), window, Fleet{2, 0, 2}).desired, 2);  // a full cycle
+  window.add(Sample{sec(21), 3.5, 20, 350, 350});  // 3.54 by Little's law: one more, for the queue
+  EXPECT_EQ(policy->decide(sec(21), window, Fleet{2, 0, 2}).desired, 3);
+  fill_constant(window, 22, 25, 4);
+  EXPECT_EQ(policy->decide(sec(25), window, Fleet{3, 0, 3}).desired, 3);  // the next full cycle
+}
+
 TEST(ApaHorizontalTest, StandingQueueIsDemandWhenNothingIsStarting) {
   // Closed-loop clients: 24 of them on 1 replica capped at 4. Arrivals follow completions, so
   // Little's law sees 4 (plus a small backlog term); the queue of 20 stands through the period.

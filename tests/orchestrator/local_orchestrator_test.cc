@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <iterator>
 #include <mutex>
 #include <sstream>
 #include <thread>
@@ -411,6 +412,17 @@ TEST_F(LocalOrchestratorTest, HungReplicasDoNotStallTheUsageQueryPastItsDeadline
   const std::vector<Replica> ready = in_state(ReplicaState::kReady);
   for (size_t i = 1; i < ready.size(); ++i) {
     ASSERT_EQ(::kill(static_cast<pid_t>(ready[i].pid), SIGSTOP), 0);
+  }
+  // kill() returns before the stop takes effect: on a loaded machine a replica could still
+  // answer a request the query sends at once. Wait until /proc shows each one stopped (T).
+  for (size_t i = 1; i < ready.size(); ++i) {
+    const std::string stat = "/proc/" + std::to_string(ready[i].pid) + "/stat";
+    ASSERT_TRUE(wait_for([&] {
+      std::ifstream in(stat);
+      const std::string line((std::istreambuf_iterator<char>(in)), {});
+      const size_t paren = line.rfind(')');
+      return paren != std::string::npos && paren + 2 < line.size() && line[paren + 2] == 'T';
+    })) << ready[i].id;
   }
   const auto before = std::chrono::steady_clock::now();
   const std::vector<UsageReading> readings = orchestrator_->usage(ids_of(ready), 400ms);
