@@ -49,6 +49,9 @@ struct Process {
   int failed_probes = 0;  // liveness probes failed in a row
 };
 
+// How long after adopt() the orchestrator keeps looking for strays (an exec in flight then).
+constexpr std::chrono::seconds kStraysRescan{2};
+
 // A process with our marker that no record describes: being stopped.
 struct Stray {
   int64_t pid = 0;
@@ -245,6 +248,7 @@ class LocalOrchestrator final : public Orchestrator {
         processes_.emplace(replica.id, std::move(process));
       }
       stop_strays();
+      strays_rescan_until_ = clock_.now() + kStraysRescan;
     }
     wake_.notify_all();
   }
@@ -336,10 +340,14 @@ class LocalOrchestrator final : public Orchestrator {
       const bool known = std::any_of(processes_.begin(), processes_.end(), [&](const auto& entry) {
         return entry.second.replica.pid == pid;
       });
+      const bool standby = std::any_of(pools_.begin(), pools_.end(), [&](const auto& entry) {
+        return std::any_of(entry.second.begin(), entry.second.end(),
+                           [&](const Standby& s) { return s.pid == pid; });
+      });
       const bool stopping = std::any_of(strays_.begin(), strays_.end(),
                                         [&](const Stray& stray) { return stray.pid == pid; });
       const uint64_t ticks = process_start_ticks(pid);
-      if (known || stopping || ticks == 0) {
+      if (known || standby || stopping || ticks == 0) {
         continue;
       }
       spdlog::warn(
@@ -419,6 +427,11 @@ class LocalOrchestrator final : public Orchestrator {
       probe_starting(events);
       mu_.lock();
       advance_drains();
+      // A child the earlier orchestrator spawned just before it died may still be between fork
+      // and exec at adopt(), without our marker in its environment yet: look again for a while.
+      if (clock_.now() < strays_rescan_until_) {
+        stop_strays();
+      }
       advance_strays();
       if (!shut_down_) {
         scale(events);
@@ -916,6 +929,7 @@ class LocalOrchestrator final : public Orchestrator {
   std::vector<ReplicaEvent> pending_events_ FLOTILLA_GUARDED_BY(mu_);
   // Unrecorded processes of ours being stopped.
   std::vector<Stray> strays_ FLOTILLA_GUARDED_BY(mu_);
+  TimePoint strays_rescan_until_ FLOTILLA_GUARDED_BY(mu_);
   TimePoint next_pool_fill_ FLOTILLA_GUARDED_BY(mu_);
   milliseconds pool_backoff_ FLOTILLA_GUARDED_BY(mu_){0};
   bool shut_down_ FLOTILLA_GUARDED_BY(mu_) = false;
