@@ -11,6 +11,8 @@
 #include <cstdint>
 #include <deque>
 #include <functional>
+#include <limits>
+#include <map>
 #include <memory>
 #include <optional>
 #include <span>
@@ -221,6 +223,68 @@ class VerticalPolicy {
   int headroom_streak_ = 0;
 };
 
+// ---- Forecast: a floor raised ahead of a predictable peak (issue 21) -------------------------
+
+struct ForecastOptions {
+  bool enabled = false;
+  // The history's resolution: each bucket keeps its busiest second's offered concurrency.
+  Millis bucket{60'000};
+  Millis season{86'400'000};  // a day
+  int64_t seasons_per_week = 7;
+  // A peak must have shown at this time on at least this many past seasons (days; or the same
+  // weekday of past weeks, once that many weeks are known) before it raises anything ...
+  int64_t min_seasons = 2;
+  int64_t max_seasons = 7;  // ... looking back at most this many
+  // ... and the floor is this quantile (nearest rank, rounded down) of the past seasons' peaks:
+  // the median by default, so one odd day neither raises nor lowers it; with two days, the lower.
+  double quantile = 0.5;
+  // How far ahead the floor looks: a decision period plus a cold start (ApaOptions::lead_time),
+  // so the replicas are ready when the peak comes, not asked for when it does.
+  Millis lead{10'000};
+};
+
+// What the seasonal model expects over the next `lead`.
+struct Forecast {
+  double concurrency = 0;  // the offered concurrency to be ready for
+  int64_t seasons = 0;     // how many past seasons it stands on
+  bool weekly = false;     // the same weekday of past weeks (else past days)
+};
+
+// A seasonal quantile of an endpoint's own history. Why this model and not Holt-Winters: the
+// floor only raises, and must not raise on anything but a repeated pattern. A quantile of
+// the same time on past days needs no fitting, cannot extrapolate a trend into a peak that
+// never came, ignores one odd day (an incident, a one-off campaign), and says nothing until the
+// pattern has repeated `min_seasons` times. What it does not follow: a level that moved since
+// last week (the reactive policy does, on top of the floor).
+// Deterministic and clock-free like the policies: fed the endpoint's 1 s samples in order.
+class Forecaster {
+ public:
+  explicit Forecaster(const ForecastOptions& options);
+  // One second's offered concurrency; `time` is the end of the second (LoadSample::unix_ms).
+  void add(Millis time, double offered);
+  // A bucket of history kept from before (a restart): its start and its busiest second.
+  void restore(Millis bucket_start, double peak);
+  // The buckets that closed since the last call (a newer second arrived), oldest first, as
+  // (start, busiest second): what to keep across restarts.
+  std::vector<std::pair<Millis, double>> take_closed();
+  // The busiest second expected in (now, now + lead]: for each past season with history there,
+  // the busiest bucket of the same span a season (or a week) back; their quantile. nullopt
+  // before `min_seasons` seasons have history at this time.
+  std::optional<Forecast> forecast(Millis now) const;
+  const ForecastOptions& options() const { return options_; }
+  // How far back history is read (the farthest season looked back, and the span ahead).
+  Millis retention() const;
+
+ private:
+  // The busiest bucket in [from, to] (times), nullopt when none has history.
+  std::optional<double> busiest(Millis from, Millis to) const;
+  int64_t index_of(Millis time) const;
+
+  ForecastOptions options_;
+  std::map<int64_t, double> peaks_;  // bucket index -> its busiest second
+  int64_t closed_through_ = std::numeric_limits<int64_t>::min();  // take_closed() handed out
+};
+
 // ---- One endpoint's autoscaler: APA horizontal and vertical, wired together ------------------
 
 // What an endpoint's ready replicas did over a vertical cycle, from outside the gateway (the
@@ -252,8 +316,11 @@ class EndpointAutoscaler {
   // range's minimum, not capped at its maximum: the first decisions bring it into range) and
   // at `vertical`'s initial target and baseline. The first decisions are a period after `now`.
   // `horizontal.range` is not used: `range_for` gives it.
+  // `forecast`: its history is kept whether or not it is enabled (so turning it on finds the
+  // past days); enabled, the forecast is a floor under every horizontal decision.
   EndpointAutoscaler(const ApaOptions& horizontal, const VerticalOptions& vertical,
-                     RangeFor range_for, int64_t replicas, Millis now);
+                     RangeFor range_for, int64_t replicas, Millis now,
+                     const ForecastOptions& forecast = {});
 
   // Adds the samples newer than the last one seen; `ready`: the endpoint's replicas serving when
   // they were measured (a second's in-flight per replica is its concurrency over `ready`).
@@ -276,6 +343,11 @@ class EndpointAutoscaler {
   void set_range(RangeFor range_for);
   // Learns the target anew from `vertical` (the models changed: the baseline is theirs no more).
   void restart_vertical(const VerticalOptions& vertical);
+  // Whether the forecast raises the floor (a spec's `autoscaling.forecast`); history is kept.
+  void set_forecast_enabled(bool enabled) { forecast_enabled_ = enabled; }
+  // The demand history: to restore from and persist (Forecaster::restore, take_closed).
+  Forecaster& forecaster() { return forecaster_; }
+  const Forecaster& forecaster() const { return forecaster_; }
 
   int64_t replicas() const { return replicas_; }
   double target() const { return target_; }
@@ -295,6 +367,9 @@ class EndpointAutoscaler {
   // Made once with an open range: its state (what past scale-ups were for, recent failures)
   // outlives target and spec changes; decisions are clamped to range_for_(target_) here.
   std::unique_ptr<Policy> horizontal_;
+  double utilization_ = 1;  // ApaOptions::utilization: the forecast floor sizes as APA does
+  Forecaster forecaster_;
+  bool forecast_enabled_ = false;
   SampleWindow window_;
   int64_t replicas_ = 0;
   // Since the last vertical decision: completion-weighted latency and the busiest second.
@@ -305,6 +380,10 @@ class EndpointAutoscaler {
   double peak_concurrency_ = 0;  // in flight per ready replica in the busiest second
   double peak_latency_ms_ = 0;   // in that second
   int64_t last_sample_unix_ms_ = 0;
+  // The replicas the forecast asks for now (within `range`) and why; nullopt when it is off or
+  // has nothing to say.
+  std::optional<Decision> forecast_floor(Millis now, const ReplicaRange& range) const;
+
   // The fast path decides on each new sample as soon as it arrives (not on a timer of its own,
   // which could wait most of a second more); the newest sample a decision has seen.
   bool decide_on_samples_ = false;

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <limits>
 
+#include <fmt/format.h>
+
 #include "autoscaler/autoscaler.h"
 #include "autoscaler/replica_math.h"
 
@@ -10,12 +12,16 @@ namespace flotilla::autoscaler {
 
 EndpointAutoscaler::EndpointAutoscaler(const ApaOptions& horizontal,
                                        const VerticalOptions& vertical, RangeFor range_for,
-                                       int64_t replicas, Millis now)
+                                       int64_t replicas, Millis now,
+                                       const ForecastOptions& forecast)
     : horizontal_period_(apa_decision_period(horizontal)),
       vertical_period_(vertical.period),
       range_for_(std::move(range_for)),
       vertical_(std::make_unique<VerticalPolicy>(vertical)),
       target_(vertical_->target()),
+      utilization_(horizontal.utilization),
+      forecaster_(forecast),
+      forecast_enabled_(forecast.enabled),
       next_horizontal_(now + horizontal_period_),
       next_vertical_(now + vertical.period) {
   decide_on_samples_ = horizontal.fast_period > Millis(0);
@@ -46,6 +52,8 @@ void EndpointAutoscaler::add_samples(std::span<const LoadSample> samples, int64_
     window_.add(Sample{Millis(sample.unix_ms), sample.concurrency, sample.queued,
                        static_cast<double>(sample.arrivals),
                        static_cast<double>(sample.completions)});
+    forecaster_.add(Millis(sample.unix_ms),
+                    window_.max_offered(Millis(sample.unix_ms), Millis(1'000)).value_or(0));
     latency_weighted_sum_ += sample.latency_ms * static_cast<double>(sample.completions);
     completions_sum_ += static_cast<double>(sample.completions);
     concurrency_sum_ += sample.concurrency;
@@ -95,8 +103,13 @@ std::vector<std::string> EndpointAutoscaler::tick(Millis now, int64_t ready, int
     next_horizontal_ = now + horizontal_period_;
     decided_through_unix_ms_ = last_sample_unix_ms_;
     const Fleet fleet{ready, pending, replicas_, failures};
-    const Decision decision = horizontal_->decide(now, window_, fleet);
-    const int64_t desired = detail::clamp_to(range_for_(target_), decision.desired);
+    Decision decision = horizontal_->decide(now, window_, fleet);
+    const ReplicaRange range = range_for_(target_);
+    int64_t desired = detail::clamp_to(range, decision.desired);
+    if (auto floor = forecast_floor(now, range); floor && floor->desired > desired) {
+      desired = floor->desired;
+      decision.reason = std::move(floor->reason);
+    }
     // While nothing is ready (a cold start, scale from zero) capacity is on its way: a window
     // of idle seconds must not cancel it.
     const bool hold = desired < replicas_ && ready == 0;
@@ -107,6 +120,26 @@ std::vector<std::string> EndpointAutoscaler::tick(Millis now, int64_t ready, int
     }
   }
   return changes;
+}
+
+std::optional<Decision> EndpointAutoscaler::forecast_floor(Millis now,
+                                                           const ReplicaRange& range) const {
+  if (!forecast_enabled_) {
+    return std::nullopt;
+  }
+  const std::optional<Forecast> forecast = forecaster_.forecast(now);
+  if (!forecast || forecast->concurrency <= 0) {
+    return std::nullopt;
+  }
+  const double target = std::max(target_ * utilization_, 1e-6);
+  const int64_t wanted = detail::ceil_replicas(forecast->concurrency / target);
+  return Decision{
+      detail::clamp_to(range, wanted),
+      fmt::format("forecast: the busiest second in the next {:g} s at this time {} needs "
+                  "concurrency {:.1f} (the median of the last {} {}) / target {:.2f} = {}",
+                  static_cast<double>(forecaster_.options().lead.count()) / 1000,
+                  forecast->weekly ? "of the week" : "of day", forecast->concurrency,
+                  forecast->seasons, forecast->weekly ? "weeks" : "days", target, wanted)};
 }
 
 bool EndpointAutoscaler::request_capacity() {

@@ -52,6 +52,7 @@ struct AutoscalingFlags {
   int64_t up_window_ms = 20'000;
   int64_t down_window_ms = 300'000;
   int64_t vertical_period_ms = 30'000;
+  int64_t forecast_day_ms = 86'400'000;
   control::AutoscalingOptions options() const;
 };
 void add_autoscaling_flags(CLI::App& cmd, AutoscalingFlags& flags);

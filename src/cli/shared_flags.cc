@@ -17,6 +17,7 @@ control::AutoscalingOptions AutoscalingFlags::options() const {
   options.up_window = std::chrono::milliseconds(up_window_ms);
   options.down_window = std::chrono::milliseconds(down_window_ms);
   options.vertical_period = std::chrono::milliseconds(vertical_period_ms);
+  options.forecast_day = std::chrono::milliseconds(forecast_day_ms);
   return options;
 }
 
@@ -42,6 +43,11 @@ void add_autoscaling_flags(CLI::App& cmd, AutoscalingFlags& flags) {
   cmd.add_option("--vertical-period-ms", flags.vertical_period_ms,
                  "Period of the per-replica target concurrency (vertical) decisions")
       ->check(CLI::Range(int64_t{100}, int64_t{3'600'000}))
+      ->capture_default_str();
+  cmd.add_option("--forecast-day-ms", flags.forecast_day_ms,
+                 "The day the forecast learns its pattern over (its history kept a minute in "
+                 "1,440 of it); shorter only for experiments")
+      ->check(CLI::Range(int64_t{14'400}, int64_t{86'400'000}))
       ->capture_default_str();
 }
 

@@ -25,6 +25,8 @@ struct SimFlags {
   int64_t apa_period_ms = 0;
   double apa_max_up_factor = 0;
   bool apa_no_fast_path = false;
+  bool apa_no_forecast = false;
+  int64_t repeat = 1;
   double utilization = 0;
   bool bound = false;
   // Replica model and SLO overrides (a trace's own model: 0 or unset keeps the scenario's).
@@ -79,6 +81,9 @@ int run_sim(const SimFlags& flags) {
       sim::scale_rate(scenario, flags.rate_scale);
     }
   }
+  if (flags.repeat > 1) {
+    sim::repeat_load(scenario, flags.repeat);
+  }
   if (flags.queue_timeout_s > 0) {
     scenario.queue_timeout_s = flags.queue_timeout_s;
   }
@@ -112,6 +117,7 @@ int run_sim(const SimFlags& flags) {
   options.apa_period_ms = flags.apa_period_ms;
   options.apa_max_up_factor = flags.apa_max_up_factor;
   options.apa_no_fast_path = flags.apa_no_fast_path;
+  options.apa_no_forecast = flags.apa_no_forecast;
   options.seed = flags.seed;
   options.round_robin = flags.round_robin;
   options.static_replicas = flags.static_replicas;
@@ -216,6 +222,10 @@ std::function<int()> add_sim_command(CLI::App& app) {
   cmd->add_option("--rate-scale", flags->rate_scale,
                   "Multiply the offered rate (of the trace or the scenario)")
       ->capture_default_str();
+  cmd->add_option("--repeat", flags->repeat,
+                  "Play the scenario or trace this many times in a row, each a day (the "
+                  "season APA's forecast learns)")
+      ->check(CLI::Range(int64_t{1}, int64_t{1000}));
   cmd->add_option("--seed", flags->seed, "Random seed (same seed, same result)")
       ->capture_default_str();
   cmd->add_flag("--round-robin", flags->round_robin,
@@ -235,6 +245,8 @@ std::function<int()> add_sim_command(CLI::App& app) {
       ->check(CLI::Range(1.0, 1e6));
   cmd->add_flag("--apa-no-fast-path", flags->apa_no_fast_path,
                 "APA scales up on its full period only (no 1 s fast path)");
+  cmd->add_flag("--apa-no-forecast", flags->apa_no_forecast,
+                "APA without its seasonal forecast (no floor raised ahead of a daily peak)");
   cmd->add_option("--utilization", flags->utilization,
                   "The share of the per-replica target each policy sizes for (a frontier "
                   "sweep's knob; default: each policy's own)")

@@ -125,8 +125,27 @@ EndpointScaler::EndpointScaler(const EndpointSpec& spec, const AutoscalingOption
   horizontal.fast_period = options_.fast_period;
   horizontal.up_window = options_.up_window;
   horizontal.down_window = options_.down_window;
+  autoscaler::ForecastOptions forecast;
+  forecast.enabled = spec.autoscaling.forecast;
+  forecast.season = options_.forecast_day;
+  forecast.bucket = std::max(autoscaler::Millis(1), options_.forecast_day / 1440);
   autoscaler_ = std::make_unique<autoscaler::EndpointAutoscaler>(horizontal, vertical, range_for(),
-                                                                 current_replicas, now);
+                                                                 current_replicas, now, forecast);
+}
+
+void EndpointScaler::restore_demand(
+    const std::vector<std::pair<autoscaler::Millis, double>>& buckets) {
+  for (const auto& [start, peak] : buckets) {
+    autoscaler_->forecaster().restore(start, peak);
+  }
+}
+
+std::vector<std::pair<autoscaler::Millis, double>> EndpointScaler::take_closed_demand() {
+  return autoscaler_->forecaster().take_closed();
+}
+
+autoscaler::Millis EndpointScaler::demand_kept_from(autoscaler::Millis now) const {
+  return now - autoscaler_->forecaster().retention();
 }
 
 autoscaler::VerticalOptions EndpointScaler::vertical_options(
@@ -165,6 +184,7 @@ void EndpointScaler::update_spec(const EndpointSpec& spec) {
   const bool same_models = identity == learned_for_;
   spec_ = spec;
   learned_for_ = std::move(identity);
+  autoscaler_->set_forecast_enabled(spec_.autoscaling.forecast);
   if (!same_models) {
     const ConcurrencyRange bounds = target_bounds(spec_);
     const double target = std::clamp(autoscaler_->target(), static_cast<double>(bounds.min),

@@ -509,6 +509,7 @@ void ControlPlaneImpl::autoscale(const std::vector<orchestrator::Replica>& repli
       scaler = std::make_unique<EndpointScaler>(
           spec, options_.autoscaling, replicas_matching(spec, running), now,
           saved != learned_.end() ? std::optional(saved->second) : std::nullopt);
+      restore_demand(name, *scaler);
     }
     scaler->update_spec(spec);
     scaler->add_samples(gateway_.samples(name, 30), static_cast<int64_t>(ready.size()));
@@ -520,6 +521,7 @@ void ControlPlaneImpl::autoscale(const std::vector<orchestrator::Replica>& repli
     }
     decisions[name] = {scaler->scale(), std::move(changes)};
     save_learned(name, scaler->learned());
+    save_demand(name, *scaler, now);
   }
   // Only now: each endpoint's pass reads its own replicas, and must not forget the others'.
   std::erase_if(usage_readings_, [&](const auto& entry) {
@@ -560,6 +562,42 @@ void ControlPlaneImpl::save_learned(const std::string& endpoint, const LearnedTa
     return;
   }
   learned_[endpoint] = learned;
+}
+
+void ControlPlaneImpl::restore_demand(const std::string& endpoint, EndpointScaler& scaler) {
+  Result<std::vector<DemandBucket>> stored = store_->list_demand(endpoint);
+  if (!stored.is_ok()) {
+    // The forecast then starts from no history: it raises nothing until days repeat.
+    spdlog::warn("control: cannot read the demand history of '{}': {}", endpoint,
+                 stored.status().message());
+    return;
+  }
+  std::vector<std::pair<autoscaler::Millis, double>> buckets;
+  buckets.reserve(stored->size());
+  for (const DemandBucket& bucket : *stored) {
+    buckets.emplace_back(autoscaler::Millis(bucket.start_unix_ms), bucket.peak);
+  }
+  scaler.restore_demand(buckets);
+}
+
+void ControlPlaneImpl::save_demand(const std::string& endpoint, EndpointScaler& scaler,
+                                   autoscaler::Millis now) {
+  const auto closed = scaler.take_closed_demand();
+  if (closed.empty()) {
+    return;
+  }
+  std::vector<DemandBucket> buckets;
+  buckets.reserve(closed.size());
+  for (const auto& [start, peak] : closed) {
+    buckets.push_back({start.count(), peak});
+  }
+  // A failed write (a full disk, the endpoint deleted meanwhile) loses these buckets from the
+  // stored history only; the forecast in memory keeps them.
+  if (Status saved = store_->put_demand(endpoint, buckets, scaler.demand_kept_from(now).count());
+      !saved.is_ok()) {
+    spdlog::warn("control: cannot save the demand history of '{}': {}", endpoint,
+                 saved.message());
+  }
 }
 
 void ControlPlaneImpl::reconcile_once() {

@@ -98,6 +98,10 @@ class ControlPlaneImpl final : public ControlPlane,
   void autoscale(const std::vector<orchestrator::Replica>& replicas);
   // Stores what an endpoint's autoscaler learned when it changed since the last save.
   void save_learned(const std::string& endpoint, const LearnedTarget& learned);
+  // The forecast's demand history: read from the store when an endpoint's scaler starts, and
+  // each bucket stored once it closed (pruned past what the forecast reads).
+  void restore_demand(const std::string& endpoint, EndpointScaler& scaler);
+  void save_demand(const std::string& endpoint, EndpointScaler& scaler, autoscaler::Millis now);
   // What `replicas` did since their previous reading: mean CPU use and mean requests queued
   // inside them, from the orchestrator's usage query.
   ReplicaUsage replica_usage(const std::vector<orchestrator::Replica>& replicas);

@@ -29,6 +29,9 @@ struct AutoscalingOptions {
   std::chrono::milliseconds up_window{20'000};
   std::chrono::milliseconds down_window{300'000};
   std::chrono::milliseconds vertical_period{30'000};
+  // The season the forecast learns (a day; its buckets a 1,440th of it). Shorter only for tests
+  // and experiments that compress days.
+  std::chrono::milliseconds forecast_day{86'400'000};
 };
 
 // What the autoscaler decided for an endpoint.
@@ -128,6 +131,13 @@ class EndpointScaler {
 
   Scale scale() const;
   LearnedTarget learned() const;
+
+  // The demand history the forecast reads: restored after a restart (from the store), and
+  // the buckets closed since the last call, to store (autoscaler::Forecaster).
+  void restore_demand(const std::vector<std::pair<autoscaler::Millis, double>>& buckets);
+  std::vector<std::pair<autoscaler::Millis, double>> take_closed_demand();
+  // Buckets that start before this are read by no forecast again (to prune from the store).
+  autoscaler::Millis demand_kept_from(autoscaler::Millis now) const;
 
  private:
   // The vertical policy's options for the current spec, starting from `target` (and

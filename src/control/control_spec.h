@@ -44,9 +44,18 @@ struct ServedModelSpec {
   bool operator==(const ServedModelSpec&) const = default;
 };
 
+// How the endpoint's autoscaler runs, beyond each served model's concurrency range.
+struct AutoscalingSpec {
+  // Raise the replica floor ahead of a peak seen at the same time on past days (issue 21;
+  // docs/autoscaler.md, "Forecast"). Never below the range's minimum nor above its maximum.
+  bool forecast = true;
+  bool operator==(const AutoscalingSpec&) const = default;
+};
+
 struct EndpointSpec {
   std::string name;
   std::vector<ServedModelSpec> served_models;
+  AutoscalingSpec autoscaling;
   bool operator==(const EndpointSpec&) const = default;
 };
 
@@ -61,8 +70,8 @@ struct EndpointSpec {
 // is refused until the artifact store lands, #6); runtime one of auto, xgboost, synthetic;
 // concurrency 0 <= min <= max <= 1,000,000, max >= 1; per_replica_concurrency 1 <= min <= max <=
 // 4096; traffic an integer in [0, 100], may be left out only when there is one served model;
-// resources.cpus in [0, 1024], resources.memory_mb in [0, 2^30]; unknown fields refused at every
-// level.
+// resources.cpus in [0, 1024], resources.memory_mb in [0, 2^30]; autoscaling.forecast a boolean
+// (default true); unknown fields refused at every level.
 Result<EndpointSpec> parse_endpoint_spec(std::string_view text,
                                          std::string_view name_from_path = {});
 

@@ -331,7 +331,7 @@ Result<EndpointSpec> read_spec(const YAML::Node& root, std::string_view name_fro
   if (!root || root.IsNull()) {
     return invalid_argument("spec: is empty");
   }
-  FLOTILLA_RETURN_IF_ERROR(check_keys(root, {"name", "served_models"}, "spec"));
+  FLOTILLA_RETURN_IF_ERROR(check_keys(root, {"name", "served_models", "autoscaling"}, "spec"));
   EndpointSpec spec;
 
   if (const YAML::Node name = root["name"]) {
@@ -374,6 +374,14 @@ Result<EndpointSpec> read_spec(const YAML::Node& root, std::string_view name_fro
   if (traffic_sum != kFullTraffic) {
     return invalid_argument("served_models: traffic sums to " + std::to_string(traffic_sum) +
                             ", must be 100");
+  }
+  // An explicit null reads as absent, as per_replica_concurrency does.
+  if (const YAML::Node autoscaling = root["autoscaling"]; autoscaling && !autoscaling.IsNull()) {
+    FLOTILLA_RETURN_IF_ERROR(check_keys(autoscaling, {"forecast"}, "autoscaling"));
+    if (const YAML::Node forecast = autoscaling["forecast"]) {
+      FLOTILLA_ASSIGN_OR_RETURN(spec.autoscaling.forecast,
+                                read_bool(forecast, "autoscaling.forecast"));
+    }
   }
   return spec;
 }
@@ -429,7 +437,9 @@ nlohmann::json to_json(const EndpointSpec& spec) {
   for (const ServedModelSpec& served : spec.served_models) {
     served_models.push_back(to_json(served));
   }
-  return {{"name", spec.name}, {"served_models", std::move(served_models)}};
+  return {{"name", spec.name},
+          {"served_models", std::move(served_models)},
+          {"autoscaling", {{"forecast", spec.autoscaling.forecast}}}};
 }
 
 Status check_model_paths(const EndpointSpec& spec) {

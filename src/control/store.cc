@@ -13,7 +13,7 @@
 namespace flotilla::control {
 namespace {
 
-constexpr int kSchemaVersion = 2;
+constexpr int kSchemaVersion = 3;
 constexpr int kBusyTimeoutMs = 5000;
 constexpr int64_t kMaxEvents = 100000;
 
@@ -60,6 +60,18 @@ CREATE TABLE autoscaler_state (
   json TEXT NOT NULL
 );
 PRAGMA user_version = 2;
+)sql";
+
+// Version 3: each endpoint's demand per minute (its busiest second's offered concurrency), the
+// history the autoscaler's seasonal forecast reads.
+constexpr const char* kSchemaV3 = R"sql(
+CREATE TABLE demand_history (
+  endpoint TEXT NOT NULL,
+  bucket_unix_ms INTEGER NOT NULL,
+  peak REAL NOT NULL,
+  PRIMARY KEY (endpoint, bucket_unix_ms)
+) WITHOUT ROWID;
+PRAGMA user_version = 3;
 )sql";
 
 struct DbDeleter {
@@ -109,6 +121,9 @@ int bind(sqlite3_stmt* stmt, int index, int64_t value) {
   return sqlite3_bind_int64(stmt, index, value);
 }
 
+int bind(sqlite3_stmt* stmt, int index, double value) {
+  return sqlite3_bind_double(stmt, index, value);
+}
 int bind(sqlite3_stmt* stmt, int index, bool value) {
   return sqlite3_bind_int(stmt, index, value ? 1 : 0);
 }
@@ -283,6 +298,9 @@ Status prepare_database(sqlite3* db, const std::string& path) {
   if (version < 2) {
     FLOTILLA_RETURN_IF_ERROR(exec_script(db, kSchemaV2, what + ": upgrading the schema to 2"));
   }
+  if (version < 3) {
+    FLOTILLA_RETURN_IF_ERROR(exec_script(db, kSchemaV3, what + ": upgrading the schema to 3"));
+  }
   return transaction.commit(what);
 }
 
@@ -358,7 +376,54 @@ Status Store::delete_endpoint(const std::string& name) {
   }
   FLOTILLA_RETURN_IF_ERROR(
       exec(db_, "DELETE FROM autoscaler_state WHERE endpoint = ?", what, name));
+  FLOTILLA_RETURN_IF_ERROR(exec(db_, "DELETE FROM demand_history WHERE endpoint = ?", what, name));
   return transaction.commit(what);
+}
+
+Status Store::put_demand(const std::string& endpoint, const std::vector<DemandBucket>& buckets,
+                         int64_t keep_from_unix_ms) {
+  MutexLock lock(mu_);
+  const std::string what = "saving the demand history of '" + endpoint + "'";
+  Transaction transaction(db_);
+  FLOTILLA_RETURN_IF_ERROR(transaction.begin(what));
+  // Only for an endpoint that exists: a late write must not resurrect a deleted one's history.
+  FLOTILLA_ASSIGN_OR_RETURN(Stmt insert,
+                            prepare(db_,
+                                    "INSERT OR REPLACE INTO demand_history "
+                                    "(endpoint, bucket_unix_ms, peak) SELECT ?1, ?2, ?3 "
+                                    "WHERE EXISTS (SELECT 1 FROM endpoints WHERE name = ?1)",
+                                    what));
+  for (const DemandBucket& bucket : buckets) {
+    sqlite3_reset(insert.get());
+    FLOTILLA_RETURN_IF_ERROR(
+        bind_all(db_, insert.get(), what, endpoint, bucket.start_unix_ms, bucket.peak));
+    if (const int rc = sqlite3_step(insert.get()); rc != SQLITE_DONE) {
+      return sqlite_error(db_, rc, what);
+    }
+    if (sqlite3_changes(db_) == 0) {
+      return not_found("endpoint '" + endpoint + "' not found");
+    }
+  }
+  FLOTILLA_RETURN_IF_ERROR(
+      exec(db_, "DELETE FROM demand_history WHERE endpoint = ? AND bucket_unix_ms < ?", what,
+           endpoint, keep_from_unix_ms));
+  return transaction.commit(what);
+}
+
+Result<std::vector<DemandBucket>> Store::list_demand(const std::string& endpoint) {
+  MutexLock lock(mu_);
+  const std::string what = "reading the demand history of '" + endpoint + "'";
+  FLOTILLA_ASSIGN_OR_RETURN(Stmt stmt, prepare(db_,
+                                               "SELECT bucket_unix_ms, peak FROM demand_history "
+                                               "WHERE endpoint = ? ORDER BY bucket_unix_ms",
+                                               what));
+  FLOTILLA_RETURN_IF_ERROR(bind_all(db_, stmt.get(), what, endpoint));
+  std::vector<DemandBucket> buckets;
+  FLOTILLA_RETURN_IF_ERROR(for_each_row(db_, stmt.get(), what, [&](sqlite3_stmt* row) {
+    buckets.push_back({sqlite3_column_int64(row, 0), sqlite3_column_double(row, 1)});
+    return Status::ok();
+  }));
+  return buckets;
 }
 
 Status Store::put_autoscaler_state(const std::string& endpoint, const std::string& json) {

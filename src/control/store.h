@@ -40,6 +40,14 @@ struct ReplicaRecord {
   bool operator==(const ReplicaRecord&) const = default;
 };
 
+// One bucket of an endpoint's demand history: its start and its busiest second's offered
+// concurrency (autoscaler::Forecaster).
+struct DemandBucket {
+  int64_t start_unix_ms = 0;
+  double peak = 0;
+  bool operator==(const DemandBucket&) const = default;
+};
+
 struct TokenRow {
   auth::TokenRecord record;  // id, salt, digest, endpoint scope
   bool admin = false;        // may call the control plane API
@@ -75,6 +83,13 @@ class Store {
   // endpoint. kNotFound when the endpoint does not exist.
   Status put_autoscaler_state(const std::string& endpoint, const std::string& json);
   Result<std::map<std::string, std::string>> list_autoscaler_states();  // endpoint -> json
+
+  // An endpoint's demand history (the autoscaler's forecast): inserts or replaces `buckets` and
+  // deletes those that start before `keep_from_unix_ms`, in one transaction; deleted with the
+  // endpoint. kNotFound when the endpoint does not exist.
+  Status put_demand(const std::string& endpoint, const std::vector<DemandBucket>& buckets,
+                    int64_t keep_from_unix_ms);
+  Result<std::vector<DemandBucket>> list_demand(const std::string& endpoint);  // oldest first
 
   // kFailedPrecondition when the id exists.
   Status create_token(const TokenRow& token);

@@ -75,6 +75,35 @@ std::map<std::string, Scenario> all_scenarios() {
     all[s.name] = s;
   }
   {
+    // Issue 21's forecasting scenario: a pattern that repeats, with a peak no reactive policy
+    // meets on time (a nightly batch job), five days (each compressed as `diurnal`'s).
+    Scenario s = base("days",
+                      "5 days, each compressed to 24 minutes: 500 to 5K req/s and back, and a "
+                      "batch job at 02:00 adding 6K req/s for 30 s");
+    constexpr double kDay = 1440;
+    for (int day = 0; day < 5; ++day) {
+      const double start = day * kDay;
+      for (int minute = 0; minute < 1440; minute += 10) {
+        const double phase = 2 * 3.141592653589793 * minute / 1440;
+        const double rate = 500 + 4500 * (1 - std::cos(phase)) / 2;
+        if (minute > 120 && minute <= 150) {
+          continue;  // the job's own points below hold these minutes
+        }
+        s.load.points.emplace_back(start + minute, rate);
+        if (minute == 120) {  // 02:00: the job starts within a second and runs 30 s
+          s.load.points.emplace_back(start + 120.001, rate);
+          s.load.points.emplace_back(start + 121, rate + 6000);
+          s.load.points.emplace_back(start + 150, rate + 6000);
+          s.load.points.emplace_back(start + 151, rate);
+        }
+      }
+    }
+    s.load.points.emplace_back(5 * kDay, 500);
+    s.season_s = kDay;
+    s.initial_replicas = 1;
+    add_with_pod_variant(all, s);
+  }
+  {
     Scenario s = base("ramp", "10 to 10K req/s in 60 s, then held");
     s.load.points = {{0, 10}, {30, 10}, {90, 10000}, {300, 10000}};
     s.initial_replicas = 1;
@@ -247,6 +276,32 @@ Result<Scenario> trace_scenario(const std::string& path, double rate_scale) {
   scenario.min_replicas = 1;
   scenario.initial_replicas = 1;
   return scenario;
+}
+
+void repeat_load(Scenario& scenario, int64_t times) {
+  const double length = scenario.load.end_seconds();
+  if (times <= 1 || length <= 0) {
+    return;
+  }
+  LoadShape& load = scenario.load;
+  if (!load.per_second.empty()) {
+    const std::vector<double> once = load.per_second;
+    for (int64_t play = 1; play < times; ++play) {
+      load.per_second.insert(load.per_second.end(), once.begin(), once.end());
+    }
+  } else {
+    const auto once = load.points;
+    for (int64_t play = 1; play < times; ++play) {
+      for (const auto& [time, rate] : once) {
+        // Just after the play before it ends, so time stays sorted.
+        load.points.emplace_back(std::max(time + length * static_cast<double>(play),
+                                          load.points.back().first + 0.001),
+                                 rate);
+      }
+    }
+  }
+  scenario.season_s = length;
+  scenario.description += " (played " + std::to_string(times) + " times, each a day)";
 }
 
 void scale_rate(Scenario& scenario, double factor) {

@@ -81,6 +81,9 @@ struct Scenario {
   // Instead: no sharing; each gateway balances on its own counts alone and caps them at its
   // share, max(1, cap / gateways) (the cap split, as gateways that exchange nothing would).
   bool gateway_own_view = false;
+  // A day as the scenario runs it: the season APA's forecaster learns (its buckets a 1,440th of
+  // it: a minute of a real day). Scenarios that compress days shorten it with them.
+  double season_s = 86'400;
 };
 
 // The scenarios shipped with the simulator (spike, diurnal, ramp, zero, unknown-capacity,
@@ -95,6 +98,11 @@ Result<Scenario> trace_scenario(const std::string& path, double rate_scale);
 
 // Multiplies the offered load, and the starting and maximum replica counts with it.
 void scale_rate(Scenario& scenario, double factor);
+
+// Plays the load `times` times in a row (each time its own Poisson arrivals), each play a day:
+// the season APA's forecaster learns. A trace of one hour replayed as the same hour of
+// successive days.
+void repeat_load(Scenario& scenario, int64_t times);
 
 // The baselines run two ways: configured as a user would for the endpoint (kHpa, kKpa, kRay: the
 // endpoint's per-replica target and replica range), and at their published defaults (kKpaDefault:
@@ -116,6 +124,7 @@ struct SimOptions {
   int64_t apa_period_ms = 0;
   double apa_max_up_factor = 0;
   bool apa_no_fast_path = false;  // APA's ups on the full period only (ApaOptions::fast_period)
+  bool apa_no_forecast = false;   // APA without its seasonal floor (ForecastOptions::enabled)
   // The knob a cost-versus-misses sweep turns, the share of the per-replica target each policy
   // sizes the fleet for: APA's ApaOptions::utilization; HPA's and Ray's target, this share of the
   // configured concurrency; KPA's target utilization; static: provisioned for the peak at this

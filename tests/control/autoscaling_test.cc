@@ -19,7 +19,7 @@ ServedModelSpec served(int64_t min_concurrency, int64_t max_concurrency, int64_t
 }
 
 EndpointSpec endpoint(std::vector<ServedModelSpec> versions) {
-  return EndpointSpec{"fraud", std::move(versions)};
+  return EndpointSpec{"fraud", std::move(versions), {}};
 }
 
 AutoscalingOptions fast_options() {
@@ -33,6 +33,37 @@ AutoscalingOptions fast_options() {
 
 using sample_builders::light_usage;
 using sample_builders::steady;
+
+// The forecast's history comes back from the store (restore_demand) and the spec turns the floor
+// on and off without losing it. A "day" of 1,440 s: buckets of a second.
+TEST(EndpointScalerTest, TheForecastRestoresItsHistoryAndFollowsTheSpec) {
+  AutoscalingOptions options = fast_options();
+  options.forecast_day = Millis(1'440'000);
+  EndpointSpec spec = endpoint({served(1, 256)});
+  spec.autoscaling.forecast = false;
+  const Millis day2(2 * 1'440'000);
+  EndpointScaler scaler(spec, options, 1, day2);
+  // Two past days with 48 in flight from 100 s to 110 s into the day.
+  std::vector<std::pair<Millis, double>> history;
+  for (int64_t day = 0; day < 2; ++day) {
+    for (int64_t second = 0; second < 1'440; ++second) {
+      history.emplace_back(Millis(day * 1'440'000 + second * 1'000),
+                           second >= 100 && second < 110 ? 48 : 2);
+    }
+  }
+  scaler.restore_demand(history);
+  EXPECT_TRUE(scaler.take_closed_demand().empty());  // already stored
+  EXPECT_EQ(scaler.demand_kept_from(day2), day2 - Millis(50 * 1'440'000 + 10'000 + 1'000));
+  scaler.add_samples(steady(day2.count() + 90'000, 5, 2), 1);
+  scaler.tick(day2 + Millis(95'000), 1, 0, 0, light_usage);
+  EXPECT_EQ(scaler.scale().replicas, 1);  // off: 2 in flight asks for one
+  spec.autoscaling.forecast = true;
+  scaler.update_spec(spec);
+  const auto changes = scaler.tick(day2 + Millis(100'000), 1, 0, 0, light_usage);
+  EXPECT_EQ(scaler.scale().replicas, 3);  // ceil(48 / 16), before the peak
+  ASSERT_EQ(changes.size(), 1u);
+  EXPECT_NE(changes[0].find("forecast:"), std::string::npos) << changes[0];
+}
 
 TEST(ReplicaRangeTest, SumsServedModelsOverTheTarget) {
   const auto range = replica_range(endpoint({served(40, 200, 50), served(8, 56, 50)}), 16);

@@ -2,6 +2,7 @@
 // stand in for the replica driver and the gateway, so what it publishes and asks for is read
 // directly. Real parts otherwise: the SQLite store in a temporary directory and the REST API on
 // a loopback port.
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -10,8 +11,10 @@
 #include <thread>
 
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 
 #include "control/control.h"
+#include "control/store.h"
 #include "fakes/autoscaler/load_samples.h"
 #include "fakes/common/fake_clock.h"
 #include "fakes/gateway/recording_gateway.h"
@@ -198,6 +201,72 @@ TEST_F(ControlPlaneTest, TheAutoscalerScalesOnTheGatewaysSamplesAtItsCadence) {
   }
   EXPECT_EQ(orchestrator_.wanted(key), 3);
   EXPECT_LE(seconds, 2);
+}
+
+// The forecast on compressed days (a "day" of 20 s, looking 10 s ahead): two days of a peak of
+// 40 in flight from the 11th to the 15th second are stored in the state database, and on the
+// third day the replicas are asked for before the peak comes, as an event that gives the
+// forecast.
+TEST_F(ControlPlaneTest, TheForecastStoresDemandAndRaisesTheFloorBeforeADailyPeak) {
+  options_.autoscaling.forecast_day = std::chrono::seconds(20);
+  // Short windows and cycles: the replicas the peaks themselves brought are gone before the
+  // next day's peak, so what raises them then is the forecast.
+  options_.autoscaling.horizontal_period = std::chrono::seconds(1);
+  options_.autoscaling.up_window = std::chrono::seconds(2);
+  options_.autoscaling.down_window = std::chrono::seconds(2);
+  options_.autoscaling.vertical_period = std::chrono::hours(1);  // the target stays 16
+  start();
+  ASSERT_EQ(
+      api(http::Method::kPost, "/api/2.0/serving-endpoints", spec("fraud", 1, "", 256)).status,
+      200);
+  ASSERT_TRUE(orchestrator_.wait_for_wanted("fraud", 1, kWait));
+  const std::string key = orchestrator_.list().at(0).deployment.key;
+  // Days start at a multiple of 20 s, as the forecaster's seasons do.
+  clock_.advance(std::chrono::milliseconds(20'000 - clock_.unix_ms() % 20'000));
+  const int64_t day0_ms = clock_.unix_ms();
+  std::vector<LoadSample> samples;
+  const auto live_second = [&](int second) {
+    const int of_day = second % 20;
+    const bool peak = of_day >= 11 && of_day <= 15;
+    const int reads = gateway_.sample_reads();
+    clock_.advance(std::chrono::seconds(1));
+    LoadSample sample = sample_builders::steady(day0_ms + second * 1'000, 1, peak ? 40 : 2)[0];
+    samples.push_back(sample);
+    gateway_.set_samples("fraud", samples);
+    ASSERT_TRUE(gateway_.wait_for_sample_reads(reads + 2, kWait));
+  };
+  for (int second = 0; second < 40; ++second) {
+    live_second(second);
+  }
+  ASSERT_EQ(orchestrator_.wanted(key), 1);  // down again after day 1's peak
+  // Day 2, before the peak: 2 in flight, which asks for one replica. The forecast looks 10 s
+  // ahead and sees the peak from the day's second 1 on.
+  for (int second = 40; second <= 50 && orchestrator_.wanted(key) < 3; ++second) {
+    live_second(second);
+  }
+  EXPECT_EQ(orchestrator_.wanted(key), 3);  // ceil(40 / 16), with 2 in flight
+  const http::ClientResponse response =
+      api(http::Method::kGet, "/api/2.0/serving-endpoints/fraud/events?limit=1000");
+  ASSERT_EQ(response.status, 200);
+  std::string raise;
+  const nlohmann::json body = nlohmann::json::parse(response.body);
+  for (const auto& event : body["events"]) {
+    const std::string message = event["message"].get<std::string>();
+    raise = message.find("forecast:") != std::string::npos ? message : raise;
+  }
+  EXPECT_NE(raise.find("horizontal: 1 -> 3 replicas: forecast: "), std::string::npos) << raise;
+  EXPECT_NE(raise.find("concurrency 40.0 (the median of the last 2 days)"), std::string::npos)
+      << raise;
+
+  // The history is in the database, for the next start.
+  auto store = Store::open((dir_ / "state.db").string());
+  ASSERT_TRUE(store.is_ok()) << store.status().message();
+  auto history = store.value()->list_demand("fraud");
+  ASSERT_TRUE(history.is_ok());
+  EXPECT_GE(history->size(), 39u);  // every second but the newest
+  const auto peaks = std::count_if(history->begin(), history->end(),
+                                   [](const DemandBucket& bucket) { return bucket.peak == 40; });
+  EXPECT_EQ(peaks, 10);  // five seconds a day, two days
 }
 
 }  // namespace

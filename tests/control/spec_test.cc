@@ -79,7 +79,7 @@ served_models:
   v2.runtime = "synthetic";
   v2.concurrency = {0, 8};
   v2.traffic = 20;
-  EXPECT_EQ(*spec, (EndpointSpec{"fraud", {v1, v2}}));
+  EXPECT_EQ(*spec, (EndpointSpec{"fraud", {v1, v2}, {}}));
 }
 
 TEST(ParseEndpointSpecTest, JsonAndYamlGiveTheSameSpec) {
@@ -235,6 +235,16 @@ TEST(ParseEndpointSpecTest, RefusesInvalidSpecsNamingTheField) {
       {"repeated field", "name: e\nname: f\nserved_models: [{name: v, model: /m}]\n",
        "spec: field 'name' appears twice"},
       {"non-scalar field name", "{[a]: 1}", "spec: field names must be strings"},
+      // autoscaling.
+      {"autoscaling a list",
+       "{name: e, autoscaling: [1], served_models: [{name: v, model: /m}]}",
+       "autoscaling: must be a mapping"},
+      {"autoscaling unknown field",
+       "{name: e, autoscaling: {forcast: false}, served_models: [{name: v, model: /m}]}",
+       "autoscaling: unknown field 'forcast'"},
+      {"forecast not a boolean",
+       "{name: e, autoscaling: {forecast: sometimes}, served_models: [{name: v, model: /m}]}",
+       "autoscaling.forecast: must be true or false"},
       // name.
       {"missing name", "{served_models: [{name: v, model: /m}]}", "name: is required"},
       {"empty name", "{name: '', served_models: [{name: v, model: /m}]}",
@@ -437,9 +447,10 @@ TEST(ParseEndpointSpecTest, ValidatesTheNameTakenFromThePath) {
 // ---- Canonical JSON -----------------------------------------------------------------------------
 
 TEST(SpecToJsonTest, WritesEveryFieldWithDefaults) {
-  EndpointSpec spec{"fraud", {served_model("v1", "/models/fraud")}};
+  EndpointSpec spec{"fraud", {served_model("v1", "/models/fraud")}, {}};
   EXPECT_EQ(to_json(spec).dump(),
-            R"({"name":"fraud","served_models":[{"concurrency":{"max":64,"min":1},)"
+            R"({"autoscaling":{"forecast":true},"name":"fraud",)"
+            R"("served_models":[{"concurrency":{"max":64,"min":1},)"
             R"("model":"/models/fraud","name":"v1","resources":{"cpus":0.0,"memory_mb":0},)"
             R"("runtime":"auto","scale_to_zero":false,"traffic":100}]})");
 }
@@ -468,9 +479,9 @@ TEST(SpecToJsonTest, ParsingTheJsonGivesTheSameSpec) {
   third.resources.cpus = 1.0 / 3.0;  // needs every digit to come back equal
 
   const std::vector<EndpointSpec> specs = {
-      {"fraud", {served_model("v1", "/models/fraud")}},
-      {"multi", {full, other, third}},
-      {"quoted", {served_model("v1", "/path/with \"quotes\", \\ and: {yaml} [chars] #")}},
+      {"fraud", {served_model("v1", "/models/fraud")}, {}},
+      {"multi", {full, other, third}, {.forecast = false}},
+      {"quoted", {served_model("v1", "/path/with \"quotes\", \\ and: {yaml} [chars] #")}, {}},
   };
   for (const EndpointSpec& spec : specs) {
     SCOPED_TRACE(spec.name);
@@ -512,13 +523,13 @@ class CheckModelPathsTest : public ::testing::Test {
 };
 
 TEST_F(CheckModelPathsTest, AcceptsExistingFilesAndDirectories) {
-  const EndpointSpec spec{"e", {served_model("a", model_), served_model("b", dir_.string())}};
+  const EndpointSpec spec{"e", {served_model("a", model_), served_model("b", dir_.string())}, {}};
   EXPECT_TRUE(check_model_paths(spec).is_ok());
 }
 
 TEST_F(CheckModelPathsTest, NamesTheMissingModel) {
   const std::string missing = (dir_ / "missing.json").string();
-  const EndpointSpec spec{"e", {served_model("a", model_), served_model("b", missing)}};
+  const EndpointSpec spec{"e", {served_model("a", model_), served_model("b", missing)}, {}};
   const Status status = check_model_paths(spec);
   EXPECT_EQ(status.code(), StatusCode::kInvalidArgument);
   EXPECT_EQ(status.message(), "served_models[1].model: '" + missing + "' does not exist");

@@ -109,13 +109,14 @@ class StoreTest : public ::testing::Test {
 
 // ---- Opening ------------------------------------------------------------------------------------
 
-TEST_F(StoreTest, CreatesSchemaVersionTwoInWalMode) {
-  EXPECT_EQ(raw_query(path_, "PRAGMA user_version"), "2");
+TEST_F(StoreTest, CreatesSchemaVersionThreeInWalMode) {
+  EXPECT_EQ(raw_query(path_, "PRAGMA user_version"), "3");
   EXPECT_EQ(raw_query(path_, "PRAGMA journal_mode"), "wal");
   EXPECT_EQ(raw_query(path_,
                       "SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name IN "
-                      "('endpoints', 'replicas', 'tokens', 'events', 'autoscaler_state')"),
-            "5");
+                      "('endpoints', 'replicas', 'tokens', 'events', 'autoscaler_state', "
+                      "'demand_history')"),
+            "6");
 }
 
 TEST_F(StoreTest, UpgradesAVersionOneDatabaseKeepingItsData) {
@@ -134,12 +135,35 @@ TEST_F(StoreTest, UpgradesAVersionOneDatabaseKeepingItsData) {
             "PRAGMA user_version = 1;");
   Result<std::unique_ptr<Store>> opened = Store::open(path);
   ASSERT_TRUE(opened.is_ok()) << opened.status().to_string();
-  EXPECT_EQ(raw_query(path, "PRAGMA user_version"), "2");
+  EXPECT_EQ(raw_query(path, "PRAGMA user_version"), "3");
   Result<std::vector<EndpointRecord>> endpoints = opened.value()->list_endpoints();
   ASSERT_TRUE(endpoints.is_ok());
   ASSERT_EQ(endpoints->size(), 1u);
   EXPECT_EQ(endpoints->front().name, "fraud");
   EXPECT_TRUE(opened.value()->put_autoscaler_state("fraud", "{}").is_ok());
+  EXPECT_TRUE(opened.value()->put_demand("fraud", {{60'000, 4}}, 0).is_ok());
+}
+
+TEST_F(StoreTest, DemandHistoryIsKeptPrunedAndGoesWithTheEndpoint) {
+  EXPECT_EQ(store_->put_demand("fraud", {{0, 1}}, 0).code(), StatusCode::kNotFound);
+  ASSERT_TRUE(store_->create_endpoint(endpoint("fraud", 10)).is_ok());
+  ASSERT_TRUE(store_->create_endpoint(endpoint("churn", 10)).is_ok());
+  ASSERT_TRUE(store_->put_demand("fraud", {{0, 1.5}, {60'000, 4}, {120'000, 2}}, 0).is_ok());
+  ASSERT_TRUE(store_->put_demand("churn", {{60'000, 9}}, 0).is_ok());
+  // A bucket written again is replaced; those before the retention go.
+  ASSERT_TRUE(store_->put_demand("fraud", {{120'000, 3}, {180'000, 5}}, 60'000).is_ok());
+  reopen();
+  auto fraud = store_->list_demand("fraud");
+  ASSERT_TRUE(fraud.is_ok());
+  EXPECT_THAT(fraud.value(), ElementsAre(DemandBucket{60'000, 4}, DemandBucket{120'000, 3},
+                                         DemandBucket{180'000, 5}));
+  ASSERT_TRUE(store_->delete_endpoint("fraud").is_ok());
+  fraud = store_->list_demand("fraud");
+  ASSERT_TRUE(fraud.is_ok());
+  EXPECT_TRUE(fraud->empty());
+  auto churn = store_->list_demand("churn");
+  ASSERT_TRUE(churn.is_ok());
+  EXPECT_THAT(churn.value(), ElementsAre(DemandBucket{60'000, 9}));
 }
 
 TEST_F(StoreTest, AutoscalerStateBelongsToAnExistingEndpointAndGoesWithIt) {
@@ -203,7 +227,7 @@ TEST_F(StoreTest, ReopeningFindsTheSameData) {
   ASSERT_TRUE(first.is_ok());
 
   reopen();
-  EXPECT_EQ(raw_query(path_, "PRAGMA user_version"), "2");
+  EXPECT_EQ(raw_query(path_, "PRAGMA user_version"), "3");
   Result<std::vector<EndpointRecord>> endpoints = store_->list_endpoints();
   ASSERT_TRUE(endpoints.is_ok());
   EXPECT_THAT(endpoints.value(), ElementsAre(endpoint("fraud", 10)));
