@@ -34,8 +34,8 @@ void Forecaster::add(Millis time, double offered) {
 }
 
 Millis Forecaster::retention() const {
-  return options_.season * (options_.max_seasons * options_.seasons_per_week + 1) +
-         options_.lead + options_.bucket;
+  return options_.season * (options_.max_seasons * options_.seasons_per_week + 1) + options_.lead +
+         options_.bucket;
 }
 
 void Forecaster::restore(Millis bucket_start, double peak) {
@@ -65,8 +65,8 @@ std::vector<std::pair<Millis, double>> Forecaster::take_closed() {
 
 std::optional<double> Forecaster::busiest(Millis from, Millis to) const {
   std::optional<double> most;
-  for (auto it = peaks_.lower_bound(index_of(from)); it != peaks_.end() && it->first <= index_of(to);
-       ++it) {
+  for (auto it = peaks_.lower_bound(index_of(from));
+       it != peaks_.end() && it->first <= index_of(to); ++it) {
     most = std::max(most.value_or(0), it->second);
   }
   return most;

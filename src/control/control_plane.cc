@@ -595,8 +595,7 @@ void ControlPlaneImpl::save_demand(const std::string& endpoint, EndpointScaler& 
   // stored history only; the forecast in memory keeps them.
   if (Status saved = store_->put_demand(endpoint, buckets, scaler.demand_kept_from(now).count());
       !saved.is_ok()) {
-    spdlog::warn("control: cannot save the demand history of '{}': {}", endpoint,
-                 saved.message());
+    spdlog::warn("control: cannot save the demand history of '{}': {}", endpoint, saved.message());
   }
 }
 

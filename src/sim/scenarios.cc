@@ -294,9 +294,9 @@ void repeat_load(Scenario& scenario, int64_t times) {
     for (int64_t play = 1; play < times; ++play) {
       for (const auto& [time, rate] : once) {
         // Just after the play before it ends, so time stays sorted.
-        load.points.emplace_back(std::max(time + length * static_cast<double>(play),
-                                          load.points.back().first + 0.001),
-                                 rate);
+        load.points.emplace_back(
+            std::max(time + length * static_cast<double>(play), load.points.back().first + 0.001),
+            rate);
       }
     }
   }

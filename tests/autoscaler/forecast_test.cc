@@ -94,7 +94,9 @@ TEST(ForecasterTest, ADayWithoutHistoryDoesNotCount) {
 // Once two weeks are known, the same weekday decides: weekdays peak, weekends do not.
 TEST(ForecasterTest, WeeklyOnceTwoWeeksAreKnown) {
   Forecaster forecaster(small_days());
-  const auto weekend = [](int64_t day) { return day % 7 >= 5; };
+  const auto weekend = [](int64_t day) {
+    return day % 7 >= 5;
+  };
   for (int64_t day = 0; day < 19; ++day) {
     feed_day(forecaster, day, 2, weekend(day) ? std::nullopt : std::optional(40.0));
   }
@@ -175,17 +177,20 @@ void feed_history(EndpointAutoscaler& scaler) {
   for (int64_t day = 0; day < 3; ++day) {
     for (int64_t second = 1; second <= (day < 2 ? 100 : 40); ++second) {
       const bool peak = day < 2 && second > 50 && second <= 60;
-      scaler.add_samples(sample_builders::steady(day * kDayMs + (second - 1) * 1'000, 1,
-                                                 peak ? 40 : 4),
-                         peak ? 5 : 1);
+      scaler.add_samples(
+          sample_builders::steady(day * kDayMs + (second - 1) * 1'000, 1, peak ? 40 : 4),
+          peak ? 5 : 1);
     }
   }
 }
 
 TEST(EndpointAutoscalerForecastTest, RaisesTheFloorALeadAheadOfTheDailyPeak) {
   EndpointAutoscaler scaler(
-      full_cycles(), target_of(8), [](double) { return ReplicaRange{1, 100, false}; }, 1,
-      Millis(2 * kDayMs), small_days());
+      full_cycles(), target_of(8),
+      [](double) {
+        return ReplicaRange{1, 100, false};
+      },
+      1, Millis(2 * kDayMs), small_days());
   feed_history(scaler);
   const auto light = sample_builders::light_usage;
   // Day 2 at 40 s: the peak is 10 s away, past the 5 s lead: nothing yet.
@@ -205,12 +210,15 @@ TEST(EndpointAutoscalerForecastTest, OffRaisesNothingAndTheRangeBoundsTheFloor) 
   ForecastOptions off = small_days();
   off.enabled = false;
   EndpointAutoscaler without(
-      full_cycles(), target_of(8), [](double) { return ReplicaRange{1, 100, false}; }, 1,
-      Millis(2 * kDayMs), off);
+      full_cycles(), target_of(8),
+      [](double) {
+        return ReplicaRange{1, 100, false};
+      },
+      1, Millis(2 * kDayMs), off);
   feed_history(without);
   without.add_samples(sample_builders::steady(2 * kDayMs + 40'000, 5, 4), 1);
-  EXPECT_TRUE(without.tick(Millis(2 * kDayMs + 46'000), 1, 0, 0, sample_builders::light_usage)
-                  .empty());
+  EXPECT_TRUE(
+      without.tick(Millis(2 * kDayMs + 46'000), 1, 0, 0, sample_builders::light_usage).empty());
   EXPECT_EQ(without.replicas(), 1);
   // Turned on (a spec change), the same history raises the floor at once.
   without.set_forecast_enabled(true);
@@ -218,8 +226,11 @@ TEST(EndpointAutoscalerForecastTest, OffRaisesNothingAndTheRangeBoundsTheFloor) 
   EXPECT_EQ(without.replicas(), 5);
 
   EndpointAutoscaler capped(
-      full_cycles(), target_of(8), [](double) { return ReplicaRange{1, 3, false}; }, 1,
-      Millis(2 * kDayMs), small_days());
+      full_cycles(), target_of(8),
+      [](double) {
+        return ReplicaRange{1, 3, false};
+      },
+      1, Millis(2 * kDayMs), small_days());
   feed_history(capped);
   capped.add_samples(sample_builders::steady(2 * kDayMs + 40'000, 5, 4), 1);
   capped.tick(Millis(2 * kDayMs + 46'000), 1, 0, 0, sample_builders::light_usage);

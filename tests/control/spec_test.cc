@@ -236,8 +236,7 @@ TEST(ParseEndpointSpecTest, RefusesInvalidSpecsNamingTheField) {
        "spec: field 'name' appears twice"},
       {"non-scalar field name", "{[a]: 1}", "spec: field names must be strings"},
       // autoscaling.
-      {"autoscaling a list",
-       "{name: e, autoscaling: [1], served_models: [{name: v, model: /m}]}",
+      {"autoscaling a list", "{name: e, autoscaling: [1], served_models: [{name: v, model: /m}]}",
        "autoscaling: must be a mapping"},
       {"autoscaling unknown field",
        "{name: e, autoscaling: {forcast: false}, served_models: [{name: v, model: /m}]}",
