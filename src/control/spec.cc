@@ -437,9 +437,13 @@ nlohmann::json to_json(const EndpointSpec& spec) {
   for (const ServedModelSpec& served : spec.served_models) {
     served_models.push_back(to_json(served));
   }
-  return {{"name", spec.name},
-          {"served_models", std::move(served_models)},
-          {"autoscaling", {{"forecast", spec.autoscaling.forecast}}}};
+  nlohmann::json json = {{"name", spec.name}, {"served_models", std::move(served_models)}};
+  // Only when it differs from the default: a spec that never named it reads back as it was
+  // sent, as before the field existed.
+  if (spec.autoscaling != AutoscalingSpec{}) {
+    json["autoscaling"] = {{"forecast", spec.autoscaling.forecast}};
+  }
+  return json;
 }
 
 Status check_model_paths(const EndpointSpec& spec) {

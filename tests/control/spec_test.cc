@@ -448,10 +448,16 @@ TEST(ParseEndpointSpecTest, ValidatesTheNameTakenFromThePath) {
 TEST(SpecToJsonTest, WritesEveryFieldWithDefaults) {
   EndpointSpec spec{"fraud", {served_model("v1", "/models/fraud")}, {}};
   EXPECT_EQ(to_json(spec).dump(),
-            R"({"autoscaling":{"forecast":true},"name":"fraud",)"
-            R"("served_models":[{"concurrency":{"max":64,"min":1},)"
+            R"({"name":"fraud","served_models":[{"concurrency":{"max":64,"min":1},)"
             R"("model":"/models/fraud","name":"v1","resources":{"cpus":0.0,"memory_mb":0},)"
             R"("runtime":"auto","scale_to_zero":false,"traffic":100}]})");
+}
+
+TEST(SpecToJsonTest, WritesAutoscalingOnlyWhenNotTheDefault) {
+  EndpointSpec spec{"fraud", {served_model("v1", "/models/fraud")}, {}};
+  EXPECT_FALSE(to_json(spec).contains("autoscaling"));
+  spec.autoscaling.forecast = false;
+  EXPECT_EQ(to_json(spec)["autoscaling"], nlohmann::json({{"forecast", false}}));
 }
 
 TEST(SpecToJsonTest, WritesPerReplicaConcurrencyOnlyWhenSet) {
