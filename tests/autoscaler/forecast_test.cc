@@ -91,27 +91,25 @@ TEST(ForecasterTest, ADayWithoutHistoryDoesNotCount) {
   EXPECT_DOUBLE_EQ(forecast->concurrency, 40);
 }
 
+// `days` days whose weekdays peak at 40 and whose weekends (days 5 and 6 of each week) do not.
+Forecaster weekdays_peak(int64_t days) {
+  Forecaster forecaster(small_days());
+  for (int64_t day = 0; day < days; ++day) {
+    feed_day(forecaster, day, 2, day % 7 >= 5 ? std::nullopt : std::optional(40.0));
+  }
+  return forecaster;
+}
+
 // Once two weeks are known, the same weekday decides: weekdays peak, weekends do not.
 TEST(ForecasterTest, WeeklyOnceTwoWeeksAreKnown) {
-  Forecaster forecaster(small_days());
-  const auto weekend = [](int64_t day) {
-    return day % 7 >= 5;
-  };
-  for (int64_t day = 0; day < 19; ++day) {
-    feed_day(forecaster, day, 2, weekend(day) ? std::nullopt : std::optional(40.0));
-  }
   // Day 19 is a Saturday (19 % 7 == 5): its past days mostly peaked, its past Saturdays did not.
-  const auto saturday = forecaster.forecast(Millis(19 * kDayMs + 50'000));
+  const auto saturday = weekdays_peak(19).forecast(Millis(19 * kDayMs + 50'000));
   ASSERT_TRUE(saturday);
   EXPECT_TRUE(saturday->weekly);
   EXPECT_EQ(saturday->seasons, 2);
   EXPECT_DOUBLE_EQ(saturday->concurrency, 2);
-  // Day 13, a Saturday with only one past Saturday: by day, whose median peaks.
-  Forecaster one_week(small_days());
-  for (int64_t day = 0; day < 13; ++day) {
-    feed_day(one_week, day, 2, weekend(day) ? std::nullopt : std::optional(40.0));
-  }
-  const auto by_day = one_week.forecast(Millis(13 * kDayMs + 50'000));
+  // Day 12, a Saturday with only one past Saturday: by day, whose median peaks.
+  const auto by_day = weekdays_peak(12).forecast(Millis(12 * kDayMs + 50'000));
   ASSERT_TRUE(by_day);
   EXPECT_FALSE(by_day->weekly);
   EXPECT_DOUBLE_EQ(by_day->concurrency, 40);

@@ -87,6 +87,24 @@ class ControlPlaneTest : public ::testing::Test {
            R"(, "max": )" + std::to_string(max_concurrency) + "}" + extra + "}]}";
   }
 
+  // Creates endpoint `fraud` (concurrency 1..256, xgboost) and waits for its one replica;
+  // returns its deployment key.
+  std::string deploy_fraud() {
+    EXPECT_EQ(
+        api(http::Method::kPost, "/api/2.0/serving-endpoints", spec("fraud", 1, "", 256)).status,
+        200);
+    EXPECT_TRUE(orchestrator_.wait_for_wanted("fraud", 1, kWait));
+    return orchestrator_.list().at(0).deployment.key;
+  }
+  // One fake second: the clock moves, the gateway's samples become `samples`, and two passes of
+  // the reconciler run (the second began after the clock moved and the samples grew).
+  void pass_a_second(std::vector<LoadSample> samples) {
+    const int reads = gateway_.sample_reads();
+    clock_.advance(std::chrono::seconds(1));
+    gateway_.set_samples("fraud", std::move(samples));
+    ASSERT_TRUE(gateway_.wait_for_sample_reads(reads + 2, kWait));
+  }
+
   std::filesystem::path dir_;
   std::string model_;
   ControlOptions options_;
@@ -181,11 +199,7 @@ TEST_F(ControlPlaneTest, ACapacityRequestFromTheGatewayStartsAScaledToZeroEndpoi
 // fake seconds of steady load pass without sleeping, and its decision reaches the orchestrator.
 TEST_F(ControlPlaneTest, TheAutoscalerScalesOnTheGatewaysSamplesAtItsCadence) {
   start();
-  ASSERT_EQ(
-      api(http::Method::kPost, "/api/2.0/serving-endpoints", spec("fraud", 1, "", 256)).status,
-      200);
-  ASSERT_TRUE(orchestrator_.wait_for_wanted("fraud", 1, kWait));
-  const std::string key = orchestrator_.list().at(0).deployment.key;
+  const std::string key = deploy_fraud();
 
   // 40 in flight on one replica at a learned target of 16 asks for ceil(40 / 16) = 3 replicas.
   // More than the ready replica holds: the fast path decides at the next 1 s sample, not at the
@@ -193,11 +207,7 @@ TEST_F(ControlPlaneTest, TheAutoscalerScalesOnTheGatewaysSamplesAtItsCadence) {
   const int64_t from_ms = clock_.unix_ms();
   int seconds = 0;
   for (; seconds < 30 && orchestrator_.wanted(key) < 3; ++seconds) {
-    const int reads = gateway_.sample_reads();
-    clock_.advance(std::chrono::seconds(1));
-    gateway_.set_samples("fraud", sample_builders::steady(from_ms, seconds + 1, 40));
-    // Two passes: the second began after the clock moved and the samples grew.
-    ASSERT_TRUE(gateway_.wait_for_sample_reads(reads + 2, kWait));
+    pass_a_second(sample_builders::steady(from_ms, seconds + 1, 40));
   }
   EXPECT_EQ(orchestrator_.wanted(key), 3);
   EXPECT_LE(seconds, 2);
@@ -216,11 +226,7 @@ TEST_F(ControlPlaneTest, TheForecastStoresDemandAndRaisesTheFloorBeforeADailyPea
   options_.autoscaling.down_window = std::chrono::seconds(2);
   options_.autoscaling.vertical_period = std::chrono::hours(1);  // the target stays 16
   start();
-  ASSERT_EQ(
-      api(http::Method::kPost, "/api/2.0/serving-endpoints", spec("fraud", 1, "", 256)).status,
-      200);
-  ASSERT_TRUE(orchestrator_.wait_for_wanted("fraud", 1, kWait));
-  const std::string key = orchestrator_.list().at(0).deployment.key;
+  const std::string key = deploy_fraud();
   // Days start at a multiple of 20 s, as the forecaster's seasons do.
   clock_.advance(std::chrono::milliseconds(20'000 - clock_.unix_ms() % 20'000));
   const int64_t day0_ms = clock_.unix_ms();
@@ -228,12 +234,8 @@ TEST_F(ControlPlaneTest, TheForecastStoresDemandAndRaisesTheFloorBeforeADailyPea
   const auto live_second = [&](int second) {
     const int of_day = second % 20;
     const bool peak = of_day >= 11 && of_day <= 15;
-    const int reads = gateway_.sample_reads();
-    clock_.advance(std::chrono::seconds(1));
-    LoadSample sample = sample_builders::steady(day0_ms + second * 1'000, 1, peak ? 40 : 2)[0];
-    samples.push_back(sample);
-    gateway_.set_samples("fraud", samples);
-    ASSERT_TRUE(gateway_.wait_for_sample_reads(reads + 2, kWait));
+    samples.push_back(sample_builders::steady(day0_ms + second * 1'000, 1, peak ? 40 : 2)[0]);
+    pass_a_second(samples);
   };
   for (int second = 0; second < 40; ++second) {
     live_second(second);
