@@ -76,8 +76,8 @@ Result<EndpointSpec> parse_endpoint_spec(std::string_view text,
                                          std::string_view name_from_path = {});
 
 // The canonical JSON form: every field present, defaults filled in except an absent
-// per_replica_concurrency and a default `autoscaling`. parse_endpoint_spec(to_json(spec).dump()) ==
-// spec.
+// per_replica_concurrency and a default `autoscaling`.
+// parse_endpoint_spec(to_json(spec).dump()) == spec.
 nlohmann::json to_json(const EndpointSpec& spec);
 nlohmann::json to_json(const ServedModelSpec& served);
 
