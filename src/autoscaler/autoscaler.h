@@ -243,6 +243,10 @@ struct ForecastOptions {
   Millis lead{10'000};
 };
 
+// The forecast on a day of `day` (shorter in simulations and tests that compress days): its
+// buckets a 1,440th of it, a minute of a real day.
+ForecastOptions forecast_options_for_day(Millis day, bool enabled);
+
 // What the seasonal model expects over the next `lead`.
 struct Forecast {
   double concurrency = 0;  // the offered concurrency to be ready for
@@ -357,6 +361,10 @@ class EndpointAutoscaler {
   Millis next_vertical() const { return next_vertical_; }
 
  private:
+  // The replicas the forecast asks for now (within `range`) and why; nullopt when it is off or
+  // has nothing to say.
+  std::optional<Decision> forecast_floor(Millis now, const ReplicaRange& range) const;
+
   Millis horizontal_period_;
   Millis vertical_period_;
   RangeFor range_for_;
@@ -380,10 +388,6 @@ class EndpointAutoscaler {
   double peak_concurrency_ = 0;  // in flight per ready replica in the busiest second
   double peak_latency_ms_ = 0;   // in that second
   int64_t last_sample_unix_ms_ = 0;
-  // The replicas the forecast asks for now (within `range`) and why; nullopt when it is off or
-  // has nothing to say.
-  std::optional<Decision> forecast_floor(Millis now, const ReplicaRange& range) const;
-
   // The fast path decides on each new sample as soon as it arrives (not on a timer of its own,
   // which could wait most of a second more); the newest sample a decision has seen.
   bool decide_on_samples_ = false;

@@ -8,6 +8,14 @@
 
 namespace flotilla::autoscaler {
 
+ForecastOptions forecast_options_for_day(Millis day, bool enabled) {
+  ForecastOptions options;
+  options.enabled = enabled;
+  options.season = day;
+  options.bucket = std::max(Millis(1), day / 1440);
+  return options;
+}
+
 Forecaster::Forecaster(const ForecastOptions& options) : options_(options) {
   FLOTILLA_CHECK(options_.bucket > Millis(0) && options_.season >= options_.bucket);
   options_.min_seasons = std::max<int64_t>(1, options_.min_seasons);

@@ -125,12 +125,9 @@ EndpointScaler::EndpointScaler(const EndpointSpec& spec, const AutoscalingOption
   horizontal.fast_period = options_.fast_period;
   horizontal.up_window = options_.up_window;
   horizontal.down_window = options_.down_window;
-  autoscaler::ForecastOptions forecast;
-  forecast.enabled = spec.autoscaling.forecast;
-  forecast.season = options_.forecast_day;
-  forecast.bucket = std::max(autoscaler::Millis(1), options_.forecast_day / 1440);
-  autoscaler_ = std::make_unique<autoscaler::EndpointAutoscaler>(horizontal, vertical, range_for(),
-                                                                 current_replicas, now, forecast);
+  autoscaler_ = std::make_unique<autoscaler::EndpointAutoscaler>(
+      horizontal, vertical, range_for(), current_replicas, now,
+      autoscaler::forecast_options_for_day(options_.forecast_day, spec.autoscaling.forecast));
 }
 
 void EndpointScaler::restore_demand(

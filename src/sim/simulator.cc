@@ -167,15 +167,12 @@ std::unique_ptr<autoscaler::EndpointAutoscaler> make_apa_autoscaler(const Scenar
   vertical.initial_target = scenario.configured_concurrency;
   vertical.min_target = 1;
   vertical.max_target = 256;
-  // The forecaster on the scenario's day: a bucket is its minute (a second of a day compressed
-  // to 24 minutes), the lead the live loop's.
-  autoscaler::ForecastOptions forecast;
-  forecast.enabled = !options.apa_no_forecast;
-  forecast.season = Millis(std::llround(scenario.season_s * 1000));
-  forecast.bucket = std::max(Millis(1), forecast.season / 1440);
+  // The forecaster on the scenario's day (a bucket a second of a day compressed to 24 minutes),
+  // the lead the live loop's.
   return std::make_unique<autoscaler::EndpointAutoscaler>(
       apa, vertical, [range](double) { return range; }, scenario.initial_replicas, Millis(0),
-      forecast);
+      autoscaler::forecast_options_for_day(Millis(std::llround(scenario.season_s * 1000)),
+                                           !options.apa_no_forecast));
 }
 
 namespace {

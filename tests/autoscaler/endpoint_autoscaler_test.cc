@@ -10,16 +10,6 @@ ReplicaRange fixed_range(int64_t min, int64_t max) {
   return ReplicaRange{min, max, min == 0};
 }
 
-// The full cycle alone (the fast path has its own test).
-ApaOptions horizontal() {
-  ApaOptions options;
-  options.period = Millis(5'000);
-  options.fast_period = Millis(0);
-  options.up_window = Millis(20'000);
-  options.down_window = Millis(60'000);
-  return options;
-}
-
 VerticalOptions vertical(double target = 16) {
   VerticalOptions options;
   options.period = Millis(30'000);
@@ -29,12 +19,13 @@ VerticalOptions vertical(double target = 16) {
   return options;
 }
 
+using sample_builders::full_cycles;
 using sample_builders::light_usage;
 using sample_builders::steady;
 
 TEST(EndpointAutoscalerTest, DecidesOnlyWhenAPeriodIsDue) {
   EndpointAutoscaler scaler(
-      horizontal(), vertical(), [](double) { return fixed_range(1, 100); }, 1, Millis(1'000));
+      full_cycles(), vertical(), [](double) { return fixed_range(1, 100); }, 1, Millis(1'000));
   EXPECT_EQ(scaler.next_horizontal(), Millis(6'000));
   EXPECT_EQ(scaler.next_vertical(), Millis(31'000));
   scaler.add_samples(steady(1'000, 4, 40), 1);
@@ -48,7 +39,7 @@ TEST(EndpointAutoscalerTest, DecidesOnlyWhenAPeriodIsDue) {
 // With the fast path on, the loop decides every second: a second that asks for more than the
 // ready replicas hold scales up before the next full cycle.
 TEST(EndpointAutoscalerTest, FastPathDecidesEverySecond) {
-  ApaOptions options = horizontal();
+  ApaOptions options = full_cycles();
   options.fast_period = Millis(1'000);
   EndpointAutoscaler scaler(
       options, vertical(), [](double) { return fixed_range(1, 100); }, 1, Millis(1'000));
@@ -63,7 +54,7 @@ TEST(EndpointAutoscalerTest, FastPathDecidesEverySecond) {
 
 TEST(EndpointAutoscalerTest, ScalesDownOnlyAfterTheDownWindow) {
   EndpointAutoscaler scaler(
-      horizontal(), vertical(), [](double) { return fixed_range(1, 100); }, 4, Millis(0));
+      full_cycles(), vertical(), [](double) { return fixed_range(1, 100); }, 4, Millis(0));
   scaler.add_samples(steady(0, 55, 1), 4);
   for (int64_t t = 5'000; t <= 55'000; t += 5'000) {
     scaler.tick(Millis(t), 4, 0, 0, light_usage);
@@ -76,7 +67,7 @@ TEST(EndpointAutoscalerTest, ScalesDownOnlyAfterTheDownWindow) {
 
 TEST(EndpointAutoscalerTest, ScalesToZeroWhenTheRangeAllowsAndNotWhileStarting) {
   EndpointAutoscaler scaler(
-      horizontal(), vertical(), [](double) { return fixed_range(0, 10); }, 1, Millis(0));
+      full_cycles(), vertical(), [](double) { return fixed_range(0, 10); }, 1, Millis(0));
   scaler.add_samples(steady(0, 61, 0), 1);
   scaler.tick(Millis(61'000), 1, 0, 0, light_usage);
   EXPECT_EQ(scaler.replicas(), 0);
@@ -90,7 +81,7 @@ TEST(EndpointAutoscalerTest, ScalesToZeroWhenTheRangeAllowsAndNotWhileStarting) 
 TEST(EndpointAutoscalerTest, VerticalMovesTheTargetAndTheRangeFollows) {
   // The range in replicas is a concurrency range over the target.
   EndpointAutoscaler scaler(
-      horizontal(), vertical(),
+      full_cycles(), vertical(),
       [](double target) { return fixed_range(1, static_cast<int64_t>(64 / target)); }, 2,
       Millis(0));
   int reads = 0;
@@ -117,7 +108,7 @@ TEST(EndpointAutoscalerTest, VerticalMovesTheTargetAndTheRangeFollows) {
 TEST(EndpointAutoscalerTest, PeakPerReplicaIsOfTheReplicasReadyInThatSecond) {
   // 20 in flight on 2 replicas (10 each) is the busiest second, not 20 over the 4 ready later.
   EndpointAutoscaler scaler(
-      horizontal(), vertical(16), [](double) { return fixed_range(1, 100); }, 2, Millis(0));
+      full_cycles(), vertical(16), [](double) { return fixed_range(1, 100); }, 2, Millis(0));
   scaler.add_samples(steady(0, 30, 6, 10), 2);
   scaler.tick(Millis(30'000), 2, 0, 0, light_usage);  // baseline 10 ms
   scaler.add_samples(steady(30'000, 10, 20, 25), 2);
@@ -131,7 +122,7 @@ TEST(EndpointAutoscalerTest, PeakPerReplicaIsOfTheReplicasReadyInThatSecond) {
 
 TEST(EndpointAutoscalerTest, NoVerticalDecisionWithoutCompletionsOrAQueueReading) {
   EndpointAutoscaler scaler(
-      horizontal(), vertical(), [](double) { return fixed_range(1, 100); }, 2, Millis(0));
+      full_cycles(), vertical(), [](double) { return fixed_range(1, 100); }, 2, Millis(0));
   scaler.add_samples(steady(0, 30, 32, 66), 2);
   const auto unknown = [] {
     return ReplicaUsage{.cpu_utilization = 0.1, .queued = std::nullopt};

@@ -152,14 +152,7 @@ TEST(ForecasterTest, RefusesNonsenseSamples) {
 
 // ---- The floor in the endpoint's loop -------------------------------------------------------
 
-ApaOptions full_cycles() {
-  ApaOptions options;
-  options.period = Millis(5'000);
-  options.fast_period = Millis(0);
-  options.up_window = Millis(20'000);
-  options.down_window = Millis(60'000);
-  return options;
-}
+using sample_builders::full_cycles;
 
 VerticalOptions target_of(double target) {
   VerticalOptions options;

@@ -1,5 +1,5 @@
-// Gateway sample builders (helpers, not fakes) that the autoscaler's and the control plane's
-// autoscaling tests share.
+// Gateway sample builders and APA settings (helpers, not fakes) that the autoscaler's and the
+// control plane's autoscaling tests share.
 #pragma once
 
 #include <cstdint>
@@ -26,6 +26,17 @@ inline std::vector<LoadSample> steady(int64_t from_ms, int seconds, double concu
     samples.push_back(sample);
   }
   return samples;
+}
+
+// APA on its full 5 s cycle alone (the fast path has tests of its own), a 20 s up window and a
+// 60 s down window.
+inline autoscaler::ApaOptions full_cycles() {
+  autoscaler::ApaOptions options;
+  options.period = autoscaler::Millis(5'000);
+  options.fast_period = autoscaler::Millis(0);
+  options.up_window = autoscaler::Millis(20'000);
+  options.down_window = autoscaler::Millis(60'000);
+  return options;
 }
 
 // Replicas at 10% CPU with nothing queued inside them.
