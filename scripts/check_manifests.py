@@ -393,6 +393,8 @@ def check_specs(spec_schema, sample):
         "concurrency.max 0": lambda s: s["served_models"][0].update(concurrency={"max": 0}),
         "per_replica_concurrency.max 4097":
             lambda s: s["served_models"][0].update(per_replica_concurrency={"max": 4097}),
+        "per_replica_concurrency.initial 0":
+            lambda s: s["served_models"][0].update(per_replica_concurrency={"initial": 0}),
         "unknown resources field":
             lambda s: s["served_models"][0].update(resources={"gpus": 1}),
         "cpus above 1024": lambda s: s["served_models"][0].update(resources={"cpus": 1025}),

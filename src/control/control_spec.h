@@ -38,6 +38,10 @@ struct ServedModelSpec {
   ConcurrencyRange concurrency{1, 64};
   // Bounds for the per-replica target concurrency; nullopt: the runtime's defaults.
   std::optional<ConcurrencyRange> per_replica_concurrency;
+  // per_replica_concurrency.initial: the target to start from until the autoscaler learns one
+  // (nullopt: the runtime's default). Only a starting point: a learned target is kept when it
+  // changes, and replicas are not restarted.
+  std::optional<int64_t> initial_per_replica_concurrency;
   bool scale_to_zero = false;
   int64_t traffic = 100;  // percent; the served models of an endpoint sum to 100
   Resources resources;
@@ -69,9 +73,9 @@ struct EndpointSpec {
 // list with unique names (same rule); model non-empty and an absolute path (an http(s):// URL
 // is refused until the artifact store lands, #6); runtime one of auto, xgboost, synthetic;
 // concurrency 0 <= min <= max <= 1,000,000, max >= 1; per_replica_concurrency 1 <= min <= max <=
-// 4096; traffic an integer in [0, 100], may be left out only when there is one served model;
-// resources.cpus in [0, 1024], resources.memory_mb in [0, 2^30]; autoscaling.forecast a boolean
-// (default true); unknown fields refused at every level.
+// 4096, its optional initial within [min, max]; traffic an integer in [0, 100], may be left out
+// only when there is one served model; resources.cpus in [0, 1024], resources.memory_mb in [0,
+// 2^30]; autoscaling.forecast a boolean (default true); unknown fields refused at every level.
 Result<EndpointSpec> parse_endpoint_spec(std::string_view text,
                                          std::string_view name_from_path = {});
 
@@ -95,8 +99,9 @@ std::string deployment_key(std::string_view endpoint, const ServedModelSpec& ser
 // today: {1, 64}).
 ConcurrencyRange per_replica_bounds(const ServedModelSpec& served);
 
-// The per-replica target concurrency until the autoscaler learns it: the runtime's default
-// (xgboost 16, synthetic 8, auto 16) clamped into per_replica_bounds(). It is also the cap the
+// The per-replica target concurrency until the autoscaler learns it: per_replica_concurrency's
+// initial when set, else the runtime's default (xgboost 16, synthetic 8, auto 16), clamped into
+// per_replica_bounds(). It is also the cap the
 // gateway enforces per replica.
 int64_t initial_target_concurrency(const ServedModelSpec& served);
 

@@ -212,10 +212,12 @@ Result<bool> read_bool(const YAML::Node& node, const std::string& where) {
   return invalid_argument(message);
 }
 
-// {min, max} with either key optional: a missing one keeps its value in `range`.
+// {min, max} with either key optional: a missing one keeps its value in `range`. `keys`: the
+// fields the mapping may hold (the caller reads any besides min and max).
 Status read_range(const YAML::Node& node, const std::string& where, int64_t lowest, int64_t highest,
-                  ConcurrencyRange& range) {
-  FLOTILLA_RETURN_IF_ERROR(check_keys(node, {"min", "max"}, where));
+                  ConcurrencyRange& range,
+                  std::initializer_list<std::string_view> keys = {"min", "max"}) {
+  FLOTILLA_RETURN_IF_ERROR(check_keys(node, keys, where));
   if (const YAML::Node min = node["min"]) {
     FLOTILLA_ASSIGN_OR_RETURN(range.min, read_int(min, where + ".min", lowest, highest));
   }
@@ -296,8 +298,21 @@ Result<ServedModelSpec> read_served_model(const YAML::Node& node, const std::str
   if (const YAML::Node bounds = node["per_replica_concurrency"]; bounds && !bounds.IsNull()) {
     ConcurrencyRange range = kDefaultPerReplicaBounds;
     FLOTILLA_RETURN_IF_ERROR(read_range(bounds, where + ".per_replica_concurrency", 1,
-                                        kMaxPerReplicaConcurrency, range));
+                                        kMaxPerReplicaConcurrency, range,
+                                        {"min", "max", "initial"}));
     served.per_replica_concurrency = range;
+    if (const YAML::Node initial = bounds["initial"]; initial && !initial.IsNull()) {
+      const std::string field = where + ".per_replica_concurrency.initial";
+      FLOTILLA_ASSIGN_OR_RETURN(served.initial_per_replica_concurrency,
+                                read_int(initial, field, 1, kMaxPerReplicaConcurrency));
+      if (*served.initial_per_replica_concurrency < range.min ||
+          *served.initial_per_replica_concurrency > range.max) {
+        return invalid_argument(field + ": " +
+                                std::to_string(*served.initial_per_replica_concurrency) +
+                                " must be within min (" + std::to_string(range.min) +
+                                ") and max (" + std::to_string(range.max) + ")");
+      }
+    }
   }
 
   if (const YAML::Node scale_to_zero = node["scale_to_zero"]) {
@@ -428,6 +443,9 @@ nlohmann::json to_json(const ServedModelSpec& served) {
   };
   if (served.per_replica_concurrency) {
     json["per_replica_concurrency"] = range_json(*served.per_replica_concurrency);
+    if (served.initial_per_replica_concurrency) {
+      json["per_replica_concurrency"]["initial"] = *served.initial_per_replica_concurrency;
+    }
   }
   return json;
 }
@@ -489,6 +507,9 @@ ConcurrencyRange per_replica_bounds(const ServedModelSpec& served) {
 
 int64_t initial_target_concurrency(const ServedModelSpec& served) {
   const ConcurrencyRange bounds = per_replica_bounds(served);
+  if (served.initial_per_replica_concurrency) {
+    return std::min(std::max(*served.initial_per_replica_concurrency, bounds.min), bounds.max);
+  }
   // Not std::clamp: it is undefined for min > max, which only a hand-built spec could hold.
   return std::min(std::max(runtime_default_target(served.runtime), bounds.min), bounds.max);
 }

@@ -165,6 +165,21 @@ TEST(ParseEndpointSpecTest, AcceptsEdgeValues) {
        [](const EndpointSpec& s) {
          EXPECT_EQ(s.served_models[0].per_replica_concurrency, (ConcurrencyRange{1, 4096}));
        }},
+      {"per_replica_concurrency with an initial target",
+       "{name: e, served_models: [{name: a, model: /a, "
+       "per_replica_concurrency: {min: 2, max: 128, initial: 4}}]}",
+       [](const EndpointSpec& s) {
+         EXPECT_EQ(s.served_models[0].per_replica_concurrency, (ConcurrencyRange{2, 128}));
+         EXPECT_EQ(s.served_models[0].initial_per_replica_concurrency, 4);
+         EXPECT_EQ(initial_target_concurrency(s.served_models[0]), 4);
+       }},
+      {"per_replica_concurrency initial at the default bounds' max",
+       "{name: e, served_models: [{name: a, model: /a, "
+       "per_replica_concurrency: {initial: 64}}]}",
+       [](const EndpointSpec& s) {
+         EXPECT_EQ(s.served_models[0].per_replica_concurrency, (ConcurrencyRange{1, 64}));
+         EXPECT_EQ(initial_target_concurrency(s.served_models[0]), 64);
+       }},
       {"per_replica_concurrency null means absent",
        R"({"name": "e", "served_models": [{"name": "a", "model": "/a",
            "per_replica_concurrency": null}]})",
@@ -336,6 +351,16 @@ TEST(ParseEndpointSpecTest, RefusesInvalidSpecsNamingTheField) {
        "served_models[0].per_replica_concurrency.max: must be an integer from 1 to 4096"},
       {"per-replica min above max", one_version("per_replica_concurrency: {min: 9, max: 8}"),
        "served_models[0].per_replica_concurrency: min (9) must not exceed max (8)"},
+      {"per-replica initial below min",
+       one_version("per_replica_concurrency: {min: 4, max: 8, initial: 2}"),
+       "served_models[0].per_replica_concurrency.initial: 2 must be within min (4) and max (8)"},
+      {"per-replica initial above max",
+       one_version("per_replica_concurrency: {min: 4, max: 8, initial: 9}"),
+       "served_models[0].per_replica_concurrency.initial: 9 must be within min (4) and max (8)"},
+      {"per-replica initial 0", one_version("per_replica_concurrency: {initial: 0}"),
+       "served_models[0].per_replica_concurrency.initial: must be an integer from 1 to 4096"},
+      {"per-replica initial a string", one_version("per_replica_concurrency: {initial: many}"),
+       "served_models[0].per_replica_concurrency.initial: must be an integer from 1 to 4096"},
       {"per-replica a list", one_version("per_replica_concurrency: [1, 8]"),
        "served_models[0].per_replica_concurrency: must be a mapping"},
       // scale_to_zero.
@@ -465,6 +490,9 @@ TEST(SpecToJsonTest, WritesPerReplicaConcurrencyOnlyWhenSet) {
   EXPECT_FALSE(to_json(served).contains("per_replica_concurrency"));
   served.per_replica_concurrency = ConcurrencyRange{2, 8};
   EXPECT_EQ(to_json(served)["per_replica_concurrency"], nlohmann::json({{"min", 2}, {"max", 8}}));
+  served.initial_per_replica_concurrency = 3;
+  EXPECT_EQ(to_json(served)["per_replica_concurrency"],
+            nlohmann::json({{"min", 2}, {"max", 8}, {"initial", 3}}));
 }
 
 TEST(SpecToJsonTest, ParsingTheJsonGivesTheSameSpec) {
@@ -472,6 +500,7 @@ TEST(SpecToJsonTest, ParsingTheJsonGivesTheSameSpec) {
   full.runtime = "xgboost";
   full.concurrency = {0, 1000};
   full.per_replica_concurrency = ConcurrencyRange{3, 4096};
+  full.initial_per_replica_concurrency = 100;
   full.scale_to_zero = true;
   full.traffic = 35;
   full.resources = {0.1, 512};
