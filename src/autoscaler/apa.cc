@@ -2,6 +2,8 @@
 #include <algorithm>
 #include <cmath>
 #include <deque>
+#include <iterator>
+#include <map>
 #include <optional>
 #include <vector>
 
@@ -162,6 +164,79 @@ std::unique_ptr<Policy> make_apa_policy(const ApaOptions& options,
   return std::make_unique<ApaPolicy>(options, target_concurrency);
 }
 
+namespace {
+
+constexpr double kShortMargin = 0.03;
+
+// What a throughput curve says: its knee, and where it was seen.
+struct Knee {
+  double concurrency = 0;  // the smallest concurrency at the fraction of the best throughput
+  double best = 0;         // the best throughput per replica, per second
+  double lowest = 0;       // the smallest and largest concurrency seen
+  double top = 0;
+  bool below_seen = false;  // a concurrency short of the fraction was seen under the knee
+};
+
+double median_of(std::vector<double> values) {
+  std::sort(values.begin(), values.end());
+  const size_t n = values.size();
+  return n % 2 == 1 ? values[n / 2] : (values[n / 2 - 1] + values[n / 2]) / 2;
+}
+
+// nullopt while the curve is empty.
+template <typename Curve>
+std::optional<Knee> knee_of(const Curve& curve, double fraction) {
+  std::vector<std::pair<double, double>> points;  // (concurrency, throughput), ascending
+  for (const auto& [bin, readings] : curve) {
+    std::vector<double> concurrency;
+    std::vector<double> throughput;
+    for (const auto& reading : readings) {
+      concurrency.push_back(reading.concurrency);
+      throughput.push_back(reading.throughput);
+    }
+    points.emplace_back(median_of(concurrency), median_of(throughput));
+  }
+  if (points.empty()) {
+    return std::nullopt;
+  }
+  Knee knee;
+  knee.lowest = points.front().first;
+  knee.top = points.back().first;
+  // The best: the highest median of three neighbouring points (one cycle's noise at the top of
+  // a flat curve would set it alone otherwise, and make the knee's neighbours look short).
+  for (size_t i = 0; i < points.size(); ++i) {
+    std::vector<double> around = {points[i].second};
+    if (i > 0) {
+      around.push_back(points[i - 1].second);
+    }
+    if (i + 1 < points.size()) {
+      around.push_back(points[i + 1].second);
+    }
+    knee.best = std::max(knee.best, points.size() < 3 ? points[i].second : median_of(around));
+  }
+  const double goal = fraction * knee.best;
+  for (size_t i = 0; i < points.size(); ++i) {
+    if (points[i].second >= goal) {
+      knee.concurrency = points[i].first;
+      if (i > 0) {
+        // Linear between the last point short of the goal and the first one at it.
+        const auto [c0, x0] = points[i - 1];
+        const auto [c1, x1] = points[i];
+        knee.concurrency = c0 + (c1 - c0) * (goal - x0) / std::max(x1 - x0, 1e-12);
+      }
+      // Seen below: a point short of the goal by a margin (noise on a gently rising curve is
+      // not the knee).
+      for (size_t j = 0; j < i; ++j) {
+        knee.below_seen = knee.below_seen || points[j].second < goal * (1 - kShortMargin);
+      }
+      break;
+    }
+  }
+  return knee;
+}
+
+}  // namespace
+
 VerticalPolicy::VerticalPolicy(const VerticalOptions& options)
     : options_(options),
       target_(std::clamp(options.initial_target, options.min_target, options.max_target)),
@@ -172,7 +247,11 @@ VerticalPolicy::VerticalPolicy(const VerticalOptions& options)
 }
 
 Decision VerticalPolicy::decide_target(const ReplicaSignals& signals) {
-  const bool queueing = signals.queued_in_replica >= 1;
+  // Requests queued inside replicas are overload when they are a real share of what is in
+  // flight: an LLM engine's new request waits for the step under way (live, one queued at 4 in
+  // flight cut bench-50m's target from 4 with its knee at 14).
+  const bool queueing =
+      signals.queued_in_replica >= std::max(1.0, options_.queue_fraction * signals.concurrency);
   const bool saturated = signals.cpu_utilization >= options_.cpu_saturated;
   // The baseline: a low percentile of recent cycles' latency while nothing queued and the CPU
   // had room.
@@ -188,22 +267,60 @@ Decision VerticalPolicy::decide_target(const ReplicaSignals& signals) {
         std::clamp(options_.baseline_percentile, 0.0, 1.0) * static_cast<double>(sorted.size() - 1);
     baseline_ms_ = sorted[static_cast<size_t>(std::floor(rank))];
   }
-  // Slow means slower by a ratio and by an absolute floor, under load.
+  // The throughput curve. Little's law holds at any load, so a cycle below the target is a
+  // point of the curve too (at its own concurrency).
+  if (signals.concurrency > 0 && signals.latency_ms > 0) {
+    const int bin = static_cast<int>(std::lround(
+        std::log(signals.concurrency) / std::log(std::max(1.01, options_.curve_bin_ratio))));
+    const double throughput = signals.concurrency / signals.latency_ms * 1000;
+    auto& readings = curve_[bin];
+    if (readings.size() >= 3) {
+      std::vector<double> values;
+      for (const Reading& reading : readings) {
+        values.push_back(reading.throughput);
+      }
+      const double usual = median_of(std::move(values));
+      drift_streak_ =
+          std::abs(throughput / usual - 1) > options_.relearn_drift ? drift_streak_ + 1 : 0;
+    }
+    if (drift_streak_ >= std::max(1, options_.relearn_cycles)) {
+      drift_streak_ = 0;
+      curve_.clear();
+      explored_above_ = false;
+      explored_below_ = false;
+    }
+    auto& kept = curve_[bin];
+    kept.push_back({signals.concurrency, throughput});
+    while (kept.size() > static_cast<size_t>(std::max(1, options_.curve_samples))) {
+      kept.pop_front();
+    }
+  }
+  const std::optional<Knee> knee = knee_of(curve_, options_.knee_fraction);
+  explored_above_ =
+      explored_above_ || target_ >= options_.max_target ||
+      (knee && knee->top >= std::min(0.9 * options_.max_target,
+                                     options_.explored_above_factor * knee->concurrency));
+  explored_below_ =
+      explored_below_ || (knee && (knee->below_seen || knee->concurrency <= options_.min_target));
+  const bool explored_above = explored_above_;
+  const bool explored_below = explored_below_;
+  const bool knee_known = knee && explored_above && explored_below;
+
+  // Slow means slower by a ratio and by an absolute floor, under load; at or below a knee known
+  // from both sides, the latency is the price of the knee's throughput.
   const bool loaded = signals.peak_concurrency >= options_.overload_busy_fraction * target_;
   const bool slow = baseline_ms_ && loaded &&
                     signals.latency_ms > *baseline_ms_ * options_.overload_latency_ratio &&
-                    signals.latency_ms - *baseline_ms_ >= options_.overload_min_excess_ms;
+                    signals.latency_ms - *baseline_ms_ >= options_.overload_min_excess_ms &&
+                    !(knee_known && target_ <= knee->concurrency * (1 + options_.knee_band));
   const bool overload = slow || queueing;
-  const bool headroom = baseline_ms_ && !overload &&
-                        signals.latency_ms <= *baseline_ms_ * options_.headroom_latency_ratio &&
-                        signals.cpu_utilization < options_.cpu_headroom &&
-                        signals.peak_concurrency >= options_.busy_fraction * target_ &&
-                        signals.peak_latency_ms <= *baseline_ms_ * options_.headroom_latency_ratio;
   overload_streak_ = overload ? overload_streak_ + 1 : 0;
-  headroom_streak_ = headroom ? headroom_streak_ + 1 : 0;
-
-  if (overload_streak_ >= options_.decrease_cycles) {
+  if (overload) {
+    if (overload_streak_ < options_.decrease_cycles) {
+      return {0, ""};
+    }
     overload_streak_ = 0;
+    explored_above_ = true;
     const double next = std::max(options_.min_target, target_ * options_.decrease_factor);
     if (next < target_) {
       Decision decision{0, fmt::format("target {:.2f} -> {:.2f}: overload (latency {:.1f} ms vs "
@@ -213,22 +330,47 @@ Decision VerticalPolicy::decide_target(const ReplicaSignals& signals) {
       target_ = next;
       return decision;
     }
-  } else if (headroom_streak_ >= options_.increase_cycles) {
-    headroom_streak_ = 0;
-    const double next =
-        std::min(options_.max_target,
-                 target_ + std::min(options_.increase_step, target_ * options_.max_change));
-    if (next > target_) {
-      Decision decision{
-          0, fmt::format("target {:.2f} -> {:.2f}: headroom (latency {:.1f} ms vs baseline {:.1f} "
-                         "ms, {:.1f} ms at the busiest {:.1f} in flight, cpu {:.0f}%)",
-                         target_, next, signals.latency_ms, *baseline_ms_, signals.peak_latency_ms,
-                         signals.peak_concurrency, signals.cpu_utilization * 100)};
-      target_ = next;
-      return decision;
-    }
+    return {0, ""};
   }
-  return {0, ""};
+
+  // The curve moves the target only under load: the busiest second filled the replicas, and
+  // the cycle ran near the target; both against the gateway's cap, the target rounded (a
+  // replica capped at 3 never fills 90% of 3.45).
+  const double cap = std::max(1.0, std::round(target_));
+  const bool full = signals.peak_concurrency >= options_.busy_fraction * cap &&
+                    signals.concurrency >= options_.probe_mean_fraction * cap;
+  if (!full || !knee) {
+    return {0, ""};
+  }
+  double next = target_;
+  std::string_view why;
+  // A probe moves the gateway's cap (the target rounded) by one at least: below 4, 25% of the
+  // target would leave it where it is, and the replica would never fill a target above it.
+  if (!explored_below) {
+    next = std::min(target_ * (1 - options_.max_change), std::round(target_) - 1);
+    why = "probe down";
+  } else if (!explored_above) {
+    next = std::max(target_ * (1 + options_.max_change), std::round(target_) + 1);
+    why = "probe up";
+  } else if (target_ > knee->concurrency * (1 + options_.knee_band)) {
+    next = std::max(knee->concurrency, target_ * (1 - options_.max_change));
+    why = "down to the knee";
+  } else if (target_ < knee->concurrency * (1 - options_.knee_band)) {
+    next = std::min(knee->concurrency, target_ * (1 + options_.max_change));
+    why = "up to the knee";
+  }
+  next = std::clamp(next, options_.min_target, options_.max_target);
+  if (next == target_) {
+    return {0, ""};
+  }
+  Decision decision{
+      0,
+      fmt::format("target {:.2f} -> {:.2f}: {} (knee {:.1f}: {:.0f}% of the best {:.1f}/s a "
+                  "replica, seen {:.1f} to {:.1f} in flight; latency {:.1f} ms, cpu {:.0f}%)",
+                  target_, next, why, knee->concurrency, options_.knee_fraction * 100, knee->best,
+                  knee->lowest, knee->top, signals.latency_ms, signals.cpu_utilization * 100)};
+  target_ = next;
+  return decision;
 }
 
 }  // namespace flotilla::autoscaler

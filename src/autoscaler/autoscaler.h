@@ -179,32 +179,58 @@ struct VerticalOptions {
   // ... and the cycle was loaded: its busiest second had at least this share of the target in
   // flight per replica (an idle replica's latency says nothing about its capacity).
   double overload_busy_fraction = 0.5;
-  double headroom_latency_ratio = 1.1;  // latency within baseline x this is headroom
   double cpu_saturated = 0.95;
-  double cpu_headroom = 0.85;
+  // Queued inside replicas is overload from max(1, this x in flight per replica) on.
+  double queue_fraction = 0.5;
   double decrease_factor = 0.75;  // multiplicative decrease (-25%, the per-cycle bound)
-  double increase_step = 1;       // additive increase ...
-  double max_change = 0.25;       // ... bounded to +25% per cycle
-  double busy_fraction = 0.9;     // raise only when the busiest second filled replicas this far
-  int decrease_cycles = 1;        // cycles in a row an overload must last before a decrease
-  int increase_cycles = 1;        // cycles in a row headroom must last before an increase
+  double max_change = 0.25;       // a probe or a move to the knee: at most +-25% a cycle
+  double busy_fraction = 0.9;     // probe only when the busiest second filled replicas this far
+  // ... and the cycle's mean did this far: a probe up reads the curve at the target, and a
+  // fleet that the horizontal policy has not yet sized for it runs below it (the busiest second
+  // alone moved a simulated target to 2x the knee, one scale-down at a time).
+  double probe_mean_fraction = 0.8;
+  int decrease_cycles = 1;  // cycles in a row an overload must last before a decrease
   // The baseline: this percentile (nearest rank) of the latencies of the last
   // baseline_window_cycles cycles that qualified (nothing queued, the CPU not saturated).
   int baseline_window_cycles = 20;
   double baseline_percentile = 0.1;
+  // The throughput curve: each cycle's throughput per replica, by Little's law (in flight over
+  // latency), kept per concurrency in bins curve_bin_ratio wide (the median of a bin's newest
+  // curve_samples cycles). The knee: the smallest concurrency whose throughput reaches
+  // knee_fraction of the best seen, interpolated between bins: past it, more requests in
+  // flight buy at most 1/knee_fraction more throughput and cost latency in proportion.
+  double knee_fraction = 0.9;
+  double curve_bin_ratio = 1.1;
+  int curve_samples = 5;
+  // The curve is known above the knee once a concurrency this many times the knee was seen (or
+  // 90% of the max target, or an overload); a target within knee_band of the knee holds.
+  double explored_above_factor = 4;
+  double knee_band = 0.1;
+  // Once known, the curve is kept (no probe while nothing changes) until the replicas' throughput
+  // at a concurrency moves by more than relearn_drift from the median of that bin's readings for
+  // relearn_cycles cycles in a row (a model or a machine that became faster or slower): then it
+  // is learned anew.
+  double relearn_drift = 0.25;
+  int relearn_cycles = 3;
 };
 
-// Learns the latency baseline (a low percentile of the latencies of recent cycles without
-// queueing or CPU saturation, so one lucky cycle does not set it for good) and moves the target:
-// fast multiplicative decrease on overload (requests queued inside replicas; or latency past the
-// threshold, by the absolute floor too, while the busiest second filled replicas to
-// overload_busy_fraction of the target), slow additive increase with headroom (latency at baseline,
-// CPU below cpu_headroom), only on evidence: the cycle's busiest second filled replicas to
-// busy_fraction of the target and their latency then was at baseline too. (A mean of 70% of
-// the target at baseline latency let the target climb 25% past the knee of a model's latency
-// curve.) A saturated CPU at baseline latency changes
-// nothing: the replica is at its most efficient point. A signal acts only past its threshold
-// and after it held for the configured cycles in a row.
+// Moves the per-replica target to the knee of the replicas' throughput curve, learned from
+// the cycles themselves: each cycle's throughput per replica (in flight over latency, Little's
+// law) is kept per concurrency. Under load (the cycle's busiest second filled replicas to
+// busy_fraction of the target) the target probes: down (x0.75) until a concurrency below the
+// knee was seen, up (x1.25) until the curve is known above it (explored_above_factor x the
+// knee, 90% of the max, or an overload); then it moves to the knee (at most +-25% a cycle) and
+// holds within knee_band of it. Nothing changes without load, nor while the knee holds still.
+// (Latency against a baseline alone would leave real replicas near where they started: an
+// LLM's CPU is saturated at any load, which made every cycle say nothing; its latency climbs
+// from one request in flight while its throughput still rises 2.7x; and a target that starts
+// past the knee learns its baseline there. bench/RESULTS.md, "Vertical on real models".)
+// Overload cuts at once (x0.75): requests queued inside replicas (queue_fraction of what is in
+// flight, one at least); or latency past
+// overload_latency_ratio x a learned baseline (a low percentile of the latencies of recent
+// cycles without queueing or CPU saturation) by overload_min_excess_ms too, while the busiest
+// second filled replicas to overload_busy_fraction of the target; except at or below a knee
+// known from both sides (its throughput is worth its latency). Always within [min, max].
 class VerticalPolicy {
  public:
   explicit VerticalPolicy(const VerticalOptions& options);
@@ -220,7 +246,18 @@ class VerticalPolicy {
   std::optional<double> baseline_ms_;
   std::deque<double> baseline_window_;  // qualifying cycle latencies, oldest first
   int overload_streak_ = 0;
-  int headroom_streak_ = 0;
+  // The throughput curve: bin index (log of the concurrency, base curve_bin_ratio) to the
+  // newest readings in it, oldest first.
+  struct Reading {
+    double concurrency = 0;
+    double throughput = 0;  // per replica, per second
+  };
+  std::map<int, std::deque<Reading>> curve_;
+  // Whether the curve was seen past the knee (or an overload) and short of it; kept until the
+  // curve is learned anew, so a knee that moves with new readings does not start a probe.
+  bool explored_above_ = false;
+  bool explored_below_ = false;
+  int drift_streak_ = 0;  // cycles in a row whose throughput left their bin's median
 };
 
 // ---- Forecast: a floor raised ahead of a predictable peak (issue 21) -------------------------

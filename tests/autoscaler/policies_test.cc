@@ -1,5 +1,6 @@
 // Hand-computed cases for every policy: windows, caps, clamps, asymmetry and safeguards.
 #include <functional>
+#include <random>
 
 #include <gtest/gtest.h>
 
@@ -312,39 +313,22 @@ TEST(VerticalPolicyTest, DecreasesFastOnOverload) {
   EXPECT_NE(decision.reason.find("overload"), std::string::npos) << decision.reason;
   policy.decide_target(steady(10, 3, 2, 0.5));  // queueing inside the replica is overload too
   EXPECT_DOUBLE_EQ(policy.target(), 2.25);
-  // A saturated CPU at baseline latency is a replica at its sweet spot: no change either way.
-  EXPECT_TRUE(policy.decide_target(steady(10, 2.25, 0, 0.97)).reason.empty());
-  EXPECT_DOUBLE_EQ(policy.target(), 2.25);
 }
 
-TEST(VerticalPolicyTest, IncreasesAdditivelyOnlyWithHeadroomUnderLoad) {
-  VerticalPolicy policy(VerticalOptions{});
-  policy.decide_target(steady(10, 1, 0, 0.2));
-  EXPECT_FALSE(policy.decide_target(steady(10.5, 3.8, 0, 0.5)).reason.empty());
-  EXPECT_DOUBLE_EQ(policy.target(), 5);                                       // +1 (<= +25%)
-  EXPECT_TRUE(policy.decide_target(steady(12, 4.8, 0, 0.5)).reason.empty());  // 1.2x: hold
-  EXPECT_DOUBLE_EQ(policy.target(), 5);
-  // Idle replicas say nothing about their capacity: no increase.
-  for (int i = 0; i < 5; ++i) {
-    policy.decide_target(steady(10, 0.5, 0, 0.1));
-  }
-  EXPECT_DOUBLE_EQ(policy.target(), 5);
-}
-
-// An increase needs evidence from the cycle's busiest second: replicas at 90% of the target or
-// more, at baseline latency then. A mean at baseline over a quieter cycle is not enough.
-TEST(VerticalPolicyTest, IncreasesOnlyWhenTheBusiestSecondWasFullAndFast) {
+// The curve moves the target only under load: a cycle whose busiest second did not fill the
+// replicas to 90% of the target is a point of the curve, never a probe.
+TEST(VerticalPolicyTest, ProbesOnlyWhenTheBusiestSecondWasFull) {
   VerticalPolicy policy(VerticalOptions{});  // target 4
-  policy.decide_target(steady(10, 1, 0, 0.2));
-  // The busiest second had 3.5 in flight per replica: below 90% of 4.
-  EXPECT_TRUE(policy.decide_target({10, 3, 0, 0.4, 3.5, 10}).reason.empty());
-  // Full (4), but 13 ms then: past 1.1x the baseline.
-  EXPECT_TRUE(policy.decide_target({10, 3, 0, 0.4, 4, 13}).reason.empty());
+  // Throughput in proportion to the concurrency: no knee in sight, but no load either.
+  for (int i = 0; i < 5; ++i) {
+    EXPECT_TRUE(policy.decide_target({10, 1, 0, 0.2, 1, 10}).reason.empty());
+    EXPECT_TRUE(policy.decide_target({10, 3, 0, 0.4, 3.5, 10}).reason.empty());
+  }
   EXPECT_DOUBLE_EQ(policy.target(), 4);
-  const Decision decision = policy.decide_target({10, 3, 0, 0.4, 3.6, 10.5});
+  // Full: the curve is known below (1 in flight gave a third of 3's throughput), not above.
+  const Decision decision = policy.decide_target({10, 3.8, 0, 1.0, 3.6, 10});
   EXPECT_DOUBLE_EQ(policy.target(), 5);
-  EXPECT_NE(decision.reason.find("10.5 ms at the busiest 3.6 in flight"), std::string::npos)
-      << decision.reason;
+  EXPECT_NE(decision.reason.find("probe up"), std::string::npos) << decision.reason;
 }
 
 TEST(VerticalPolicyTest, StartsFromALearnedBaseline) {
@@ -360,16 +344,19 @@ TEST(VerticalPolicyTest, StaysWithinBounds) {
   VerticalOptions options;
   options.min_target = 2;
   options.max_target = 5;
-  VerticalPolicy policy(options);
-  policy.decide_target(steady(10, 1, 0, 0.2));
+  VerticalPolicy policy(options);  // target 4
   for (int i = 0; i < 10; ++i) {
-    policy.decide_target(steady(50, 4, 3, 1.0));
+    policy.decide_target(steady(50, policy.target(), 3, 1.0));  // queueing: down to the min
   }
   EXPECT_DOUBLE_EQ(policy.target(), 2);
+  // A replica whose throughput never stops rising: up to the max at most.
+  VerticalPolicy rising(options);
   for (int i = 0; i < 20; ++i) {
-    policy.decide_target(steady(10, policy.target(), 0, 0.3));
+    rising.decide_target(steady(10, rising.target(), 0, 0.3));
+    EXPECT_LE(rising.target(), 5);
+    EXPECT_GE(rising.target(), 2);
   }
-  EXPECT_DOUBLE_EQ(policy.target(), 5);
+  EXPECT_GE(rising.target(), 3.5);  // near 90% of the max: the knee of a line seen up to it
 }
 
 // A model whose latency grows past 8 concurrent requests per replica (processor sharing with a
@@ -424,12 +411,13 @@ TEST(VerticalPolicyTest, OverloadNeedsAnAbsoluteExcess) {
   options.initial_target = 16;
   VerticalPolicy policy(options);
   policy.decide_target({0.1, 1, 0, 0.1, 1, 0.1});
-  // Fewer cycles than would make 0.2 ms the baseline's percentile (then it is headroom).
+  // Fewer cycles than would make 0.2 ms the baseline's percentile. Loaded (14 of 16 in flight
+  // at the busiest second) but not full: no probe either.
   for (int cycle = 0; cycle < 8; ++cycle) {
-    EXPECT_TRUE(policy.decide_target({0.2, 15, 0, 0.5, 16, 0.2}).reason.empty()) << cycle;
+    EXPECT_TRUE(policy.decide_target({0.2, 13, 0, 0.5, 14, 0.2}).reason.empty()) << cycle;
   }
   EXPECT_DOUBLE_EQ(policy.target(), 16);
-  const Decision decision = policy.decide_target({1.5, 15, 0, 0.6, 16, 1.5});
+  const Decision decision = policy.decide_target({1.5, 13, 0, 0.6, 14, 1.5});
   EXPECT_DOUBLE_EQ(policy.target(), 12);
   EXPECT_NE(decision.reason.find("overload"), std::string::npos) << decision.reason;
 }
@@ -443,8 +431,9 @@ TEST(VerticalPolicyTest, TrueOverloadIsStillDetected) {
   policy.decide_target({10, 2, 0, 0.1, 3, 10});
   policy.decide_target({25, 15, 0, 0.9, 16, 30});
   EXPECT_DOUBLE_EQ(policy.target(), 12);
-  policy.decide_target({10, 12, 3, 0.9, 12, 10});  // 3 queued inside each replica
+  const Decision decision = policy.decide_target({10, 12, 7, 0.9, 12, 10});  // 7 of 12 queued
   EXPECT_DOUBLE_EQ(policy.target(), 9);
+  EXPECT_NE(decision.reason.find("overload"), std::string::npos) << decision.reason;
 }
 
 // The baseline is a low percentile of recent cycles, not the lowest latency ever seen: one
@@ -464,6 +453,124 @@ TEST(VerticalPolicyTest, BaselineIsALowPercentileOfRecentCycles) {
   EXPECT_EQ(policy.baseline_ms(), 10);
   policy.decide_target({2, 1, 0, 0.1, 1, 2});
   EXPECT_EQ(policy.baseline_ms(), 2);
+}
+
+// Issue 21, item 6: a replica's throughput at c in flight, the CPU it reads under load, and the
+// bounds; the policy runs closed-loop on it (the replica full at the target, as under more
+// clients than it takes) and must settle within 15% of the knee by the capacity sweep's
+// definition (bench/control/live_vertical.py: the smallest concurrency at 90% of the best
+// throughput over [1, max]) from 4x below and 4x above, in a bounded number of changes, and
+// then hold. `noise` multiplies each cycle's latency by a seeded factor in [1 - noise, 1 + noise].
+struct KneeCase {
+  std::string name;
+  std::function<double(double)> throughput;  // per second
+  double cpu;
+  double max_target;
+  double noise;
+};
+
+double sweep_knee(const std::function<double(double)>& throughput, double max) {
+  double best = 0;
+  for (double c = 1; c <= max; c += 0.01) {
+    best = std::max(best, throughput(c));
+  }
+  for (double c = 1; c <= max; c += 0.01) {
+    if (throughput(c) >= 0.9 * best) {
+      return c;
+    }
+  }
+  return max;
+}
+
+TEST(VerticalPolicyTest, ConvergesOnTheKneeOfTheThroughputCurve) {
+  const auto sharp = [](double c) {
+    return 100 * std::min(c, 16.0);
+  };
+  // bench-50m on two cores: continuous batching, throughput rising to 64 in flight.
+  const auto batched = [](double c) {
+    return 16 * c / (c + 3.5);
+  };
+  const std::vector<KneeCase> cases = {
+      {"sharp knee at 16, cpu saturated (no baseline)", sharp, 1.0, 64, 0},
+      {"sharp knee at 16, cpu 50%", sharp, 0.5, 64, 0},
+      {"batched, cpu saturated", batched, 1.0, 64, 0},
+      {"sharp knee, 5% noise", sharp, 1.0, 64, 0.05},
+      // Flat at the top: 90% of the best is ill-conditioned there (a 3% error in the best moves
+      // it by 25%, for the sweep as for the policy), so less noise.
+      {"batched, 2% noise", batched, 1.0, 64, 0.02},
+  };
+  for (const KneeCase& c : cases) {
+    const double knee = sweep_knee(c.throughput, c.max_target);
+    for (const double start : {knee / 4, std::min(c.max_target, knee * 4)}) {
+      SCOPED_TRACE(c.name + ", from " + std::to_string(start));
+      VerticalOptions options;
+      options.max_target = c.max_target;
+      options.initial_target = start;
+      VerticalPolicy policy(options);
+      std::mt19937 random(7);
+      std::uniform_real_distribution<double> noise(1 - c.noise, 1 + c.noise);
+      int changes = 0;
+      int changes_late = 0;
+      for (int cycle = 0; cycle < 100; ++cycle) {
+        const double load = policy.target();
+        const double latency_ms = load / c.throughput(load) * 1000 * noise(random);
+        if (!policy.decide_target({latency_ms, load, 0, c.cpu, load, latency_ms}).reason.empty()) {
+          changes += 1;
+          changes_late += cycle >= 60 ? 1 : 0;
+        }
+      }
+      EXPECT_NEAR(policy.target() / knee, 1, 0.15) << "knee " << knee;
+      EXPECT_LE(changes, 25);
+      EXPECT_EQ(changes_late, 0);  // steady load, no change
+    }
+  }
+}
+
+// An LLM engine's new request waits for the step under way: one queued among 4 in flight is
+// not overload (live, it cut bench-50m's target from 4 with its knee at 14); half of them is.
+TEST(VerticalPolicyTest, AQueueIsOverloadWhenItIsAShareOfTheInFlight) {
+  VerticalPolicy policy(VerticalOptions{});  // target 4
+  EXPECT_EQ(policy.decide_target({60, 4, 1.1, 1.0, 4, 60}).reason.find("overload"),
+            std::string::npos);
+  const Decision decision = policy.decide_target({60, 4, 2, 1.0, 4, 60});
+  EXPECT_NE(decision.reason.find("overload"), std::string::npos) << decision.reason;
+}
+
+// The gateway caps a replica at the target rounded: at 3.45 it holds 3, and a probe must read
+// that as full (it stopped a live xgboost endpoint at 3.45 on its way down).
+TEST(VerticalPolicyTest, AFractionalTargetIsFullAtItsRoundedCap) {
+  VerticalOptions options;
+  options.initial_target = 3.45;
+  VerticalPolicy policy(options);
+  // Throughput flat from 1 in flight: the knee is below; the replica holds 3 at its cap.
+  const Decision decision = policy.decide_target({10, 3, 0, 0.5, 3, 10});
+  EXPECT_NE(decision.reason.find("probe down"), std::string::npos) << decision.reason;
+  EXPECT_DOUBLE_EQ(policy.target(), 2);
+}
+
+// A known curve is kept while the replicas' throughput holds (no probe), and learned anew when
+// it moves: replicas that became twice as fast (5 ms a request, saturated at 16 in flight, not
+// 10 ms at 8) end within 15% of their new knee.
+TEST(VerticalPolicyTest, AFasterModelIsLearnedAgain) {
+  VerticalOptions options;
+  options.initial_target = 8;
+  VerticalPolicy policy(options);
+  double service_ms = 10;
+  double saturation = 8;
+  int late_changes = 0;
+  for (int cycle = 0; cycle < 150; ++cycle) {
+    if (cycle == 50) {
+      EXPECT_NEAR(policy.target(), 8, 8 * 0.15);
+      EXPECT_EQ(late_changes, 0);
+      service_ms = 5;
+      saturation = 16;
+    }
+    const double load = policy.target();
+    const double latency_ms = service_ms * std::max(1.0, load / saturation);
+    const Decision decision = policy.decide_target({latency_ms, load, 0, 1.0, load, latency_ms});
+    late_changes += (cycle >= 30 && cycle < 50 && !decision.reason.empty()) ? 1 : 0;
+  }
+  EXPECT_NEAR(policy.target(), 16, 16 * 0.15);
 }
 
 // ---- Kubernetes HPA --------------------------------------------------------------------------
