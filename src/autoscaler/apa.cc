@@ -247,11 +247,10 @@ VerticalPolicy::VerticalPolicy(const VerticalOptions& options)
 }
 
 Decision VerticalPolicy::decide_target(const ReplicaSignals& signals) {
-  // Requests queued inside replicas are overload when they are a real share of what is in
-  // flight: an LLM engine's new request waits for the step under way (live, one queued at 4 in
-  // flight cut bench-50m's target from 4 with its knee at 14).
-  const bool queueing =
-      signals.queued_in_replica >= std::max(1.0, options_.queue_fraction * signals.concurrency);
+  // Requests waiting inside replicas for room (a full batch, busy slots) are overload: the
+  // replicas were given more than they take at once. (The LLM engine does not count a request
+  // that waits for the next step of a batch with room: that wait is its batching.)
+  const bool queueing = signals.queued_in_replica >= 1;
   const bool saturated = signals.cpu_utilization >= options_.cpu_saturated;
   // The baseline: a low percentile of recent cycles' latency while nothing queued and the CPU
   // had room.

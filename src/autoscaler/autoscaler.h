@@ -180,8 +180,6 @@ struct VerticalOptions {
   // flight per replica (an idle replica's latency says nothing about its capacity).
   double overload_busy_fraction = 0.5;
   double cpu_saturated = 0.95;
-  // Queued inside replicas is overload from max(1, this x in flight per replica) on.
-  double queue_fraction = 0.5;
   double decrease_factor = 0.75;  // multiplicative decrease (-25%, the per-cycle bound)
   double max_change = 0.25;       // a probe or a move to the knee: at most +-25% a cycle
   double busy_fraction = 0.9;     // probe only when the busiest second filled replicas this far
@@ -225,12 +223,12 @@ struct VerticalOptions {
 // LLM's CPU is saturated at any load, which made every cycle say nothing; its latency climbs
 // from one request in flight while its throughput still rises 2.7x; and a target that starts
 // past the knee learns its baseline there. bench/RESULTS.md, "Vertical on real models".)
-// Overload cuts at once (x0.75): requests queued inside replicas (queue_fraction of what is in
-// flight, one at least); or latency past
-// overload_latency_ratio x a learned baseline (a low percentile of the latencies of recent
-// cycles without queueing or CPU saturation) by overload_min_excess_ms too, while the busiest
-// second filled replicas to overload_busy_fraction of the target; except at or below a knee
-// known from both sides (its throughput is worth its latency). Always within [min, max].
+// Overload cuts at once (x0.75): a request queued inside replicas on average (waiting for
+// room); or latency past overload_latency_ratio x a learned baseline (a low percentile of the
+// latencies of recent cycles without queueing or CPU saturation) by overload_min_excess_ms too,
+// while the busiest second filled replicas to overload_busy_fraction of the target; except at or
+// below a knee known from both sides (its throughput is worth its latency). Always within [min,
+// max].
 class VerticalPolicy {
  public:
   explicit VerticalPolicy(const VerticalOptions& options);

@@ -113,7 +113,6 @@ class EngineImpl final : public Engine {
         std::move(request.on_event), sequence->prompt_length, SteadyClock::now());
     uint64_t id = sequence->id;
     incoming_.push_back(std::move(sequence));
-    account_waiting();
     ++stats_.waiting;
     wake_.notify_one();
     return id;
@@ -137,15 +136,15 @@ class EngineImpl final : public Engine {
   const ModelConfig& config() const override { return model_->config; }
 
  private:
-  // The integral of stats_.waiting over time up to now: what was accounted, plus the current
+  // The integral of stats_.blocked over time up to now: what was accounted, plus the current
   // count since it last changed.
   double waiting_integral() const FLOTILLA_REQUIRES(mutex_) {
     const double since =
         std::chrono::duration<double>(SteadyClock::now() - waiting_counted_until_).count();
-    return stats_.queue_wait_seconds + stats_.waiting * since;
+    return stats_.queue_wait_seconds + stats_.blocked * since;
   }
 
-  // Brings the integral up to now; called before each change of stats_.waiting.
+  // Brings the integral up to now; called before each change of stats_.blocked.
   void account_waiting() FLOTILLA_REQUIRES(mutex_) {
     stats_.queue_wait_seconds = waiting_integral();
     waiting_counted_until_ = SteadyClock::now();
@@ -160,6 +159,9 @@ class EngineImpl final : public Engine {
       MutexLock lock(mutex_);
       stats_.running = static_cast<int>(running_.size());
       account_waiting();
+      // After a step, waiting_ holds what its plan could not admit; incoming_ what arrived
+      // during it.
+      stats_.blocked = static_cast<int>(waiting_.size());
       stats_.waiting = static_cast<int>(waiting_.size() + incoming_.size());
       stats_.kv_blocks_used = cache_.total_blocks() - cache_.free_blocks();
       stats_.preemptions = preemptions_;

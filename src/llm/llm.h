@@ -100,8 +100,13 @@ struct EngineStats {
   int64_t generated_tokens = 0;  // cumulative
   int64_t steps = 0;
   int64_t preemptions = 0;
-  // The integral of `waiting` over time, in request-seconds, up to the stats() call: its rate
-  // is the mean number of requests waiting (runtime::Runtime::queue_wait_seconds).
+  // Of `waiting`, those the last step's plan left out for lack of room (a sequence slot, KV
+  // blocks or the step's token budget). A request that arrives during a step and joins the next
+  // one is not among them: that one-step wait is the batching itself, not a full engine.
+  int blocked = 0;
+  // The integral of `blocked` over time, in request-seconds, up to the stats() call: its rate
+  // is the mean number of requests waiting for room (runtime::Runtime::queue_wait_seconds, the
+  // vertical autoscaler's in-replica queue).
   double queue_wait_seconds = 0;
 };
 

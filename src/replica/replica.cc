@@ -328,7 +328,7 @@ Status ReplicaImpl::serve(std::unique_ptr<runtime::Runtime>&& runtime,
   // gauges, it reads the runtime at scrape time: the registry must not render after the
   // replica is gone (the CLI's registry lives as long as the process, the replica too).
   registry_.callback("flotilla_replica_queue_wait_seconds_total",
-                     "Seconds requests waited inside the runtime for the engine to take them "
+                     "Seconds requests waited inside the runtime for room in the engine "
                      "(its rate is the mean number waiting).",
                      "counter",
                      [runtime = loaded_->runtime.get()] { return runtime->queue_wait_seconds(); });

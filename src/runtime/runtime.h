@@ -114,8 +114,8 @@ class Runtime {
   virtual void run(ModelInput&& input, RunCallback done) = 0;
   // The text-generation interface of a language model; null for tensor models.
   virtual Generator* generator() { return nullptr; }
-  // Seconds requests have waited inside the runtime for the engine to take them (a full batch,
-  // busy slots), summed over requests, the waits still going on included: its increase over
+  // Seconds requests have waited inside the runtime for room in the engine (a full batch, busy
+  // slots; not the wait for the next step of a batch with room), summed over requests, the waits still going on included: its increase over
   // an interval, divided by the interval, is the mean number of requests waiting then
   // (Little's law). What the vertical autoscaler reads as in-replica queueing. 0 for a runtime
   // that never queues (xgboost runs each call on the thread that asked).

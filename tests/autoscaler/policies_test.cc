@@ -526,16 +526,6 @@ TEST(VerticalPolicyTest, ConvergesOnTheKneeOfTheThroughputCurve) {
   }
 }
 
-// An LLM engine's new request waits for the step under way: one queued among 4 in flight is
-// not overload (live, it cut bench-50m's target from 4 with its knee at 14); half of them is.
-TEST(VerticalPolicyTest, AQueueIsOverloadWhenItIsAShareOfTheInFlight) {
-  VerticalPolicy policy(VerticalOptions{});  // target 4
-  EXPECT_EQ(policy.decide_target({60, 4, 1.1, 1.0, 4, 60}).reason.find("overload"),
-            std::string::npos);
-  const Decision decision = policy.decide_target({60, 4, 2, 1.0, 4, 60});
-  EXPECT_NE(decision.reason.find("overload"), std::string::npos) << decision.reason;
-}
-
 // The gateway caps a replica at the target rounded: at 3.45 it holds 3, and a probe must read
 // that as full (it stopped a live xgboost endpoint at 3.45 on its way down).
 TEST(VerticalPolicyTest, AFractionalTargetIsFullAtItsRoundedCap) {

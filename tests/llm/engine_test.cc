@@ -7,6 +7,7 @@
 #include <map>
 #include <mutex>
 #include <random>
+#include <thread>
 
 #include <gtest/gtest.h>
 
@@ -277,8 +278,8 @@ TEST(EngineTest, AFullQueueRefusesMoreUntilItDrains) {
   EXPECT_GE(accepted, 3);
   EXPECT_GT(refused, 0);
   EXPECT_EQ(static_cast<int>(collector.outcomes().size()), accepted);
-  // The queue's integral: the accepted requests waited (the first too, until the engine's loop
-  // took it), none longer than the whole run.
+  // The queue's integral: the accepted requests waited for the one sequence slot, none longer
+  // than the whole run.
   const double waited = (*engine)->stats().queue_wait_seconds;
   const double wall =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
@@ -289,6 +290,24 @@ TEST(EngineTest, AFullQueueRefusesMoreUntilItDrains) {
   EXPECT_TRUE((*engine)->submit({{5, 6, 7}, greedy(4), collector.callback(accepted)}).is_ok());
   ASSERT_TRUE(collector.wait_for(accepted + 1));
   std::printf("%d accepted, %d refused\n", accepted, refused);
+}
+
+// A request that arrives during a step joins the next one: with room for all, nothing waits
+// for room, however the arrivals fall against the steps (what the vertical autoscaler reads
+// as in-replica queueing must not count the batching itself).
+TEST(EngineTest, JoiningTheNextStepIsNotWaitingForRoom) {
+  std::shared_ptr<const Model> model = load_fp32("llama-gqa");
+  auto engine = create_engine(model, nullptr, EngineOptions{});
+  ASSERT_TRUE(engine.is_ok());
+  Collector collector;
+  int accepted = 0;
+  for (int i = 0; i < 24; ++i) {
+    ASSERT_TRUE((*engine)->submit({{5, 6, 7}, greedy(8), collector.callback(accepted)}).is_ok());
+    ++accepted;
+    std::this_thread::sleep_for(std::chrono::microseconds(300 * (i % 4)));
+  }
+  ASSERT_TRUE(collector.wait_for(accepted));
+  EXPECT_EQ((*engine)->stats().queue_wait_seconds, 0);
 }
 
 TEST(EngineTest, DestroyingTheEngineCancelsWhatIsLeft) {
