@@ -7,6 +7,8 @@
 #include <cstdlib>
 #include <cstring>
 
+#include <spdlog/spdlog.h>
+
 #include "llm/safetensors.h"
 
 namespace flotilla::llm {
@@ -175,14 +177,51 @@ const Kernels& portable_kernels() {
   return kPortable;
 }
 
+std::vector<const Kernels*> supported_kernels() {
+  std::vector<const Kernels*> supported = {&kPortable};
+  const Kernels* avx2 = avx2_kernels();
+  if (avx2 == nullptr) {
+    return supported;
+  }
+  supported.push_back(avx2);
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+  __builtin_cpu_init();
+  // libgcc's and compiler-rt's checks include the OS saving the AVX-512 state (XCR0).
+  const bool avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                      __builtin_cpu_supports("avx512vl");
+  if (!avx512 || avx512_kernel_table(false, false) == nullptr) {
+    return supported;
+  }
+  const bool vnni = __builtin_cpu_supports("avx512vnni");
+  const bool bf16 = __builtin_cpu_supports("avx512bf16");
+  supported.push_back(avx512_kernel_table(false, false));
+  if (vnni) {
+    supported.push_back(avx512_kernel_table(true, false));
+  }
+  if (bf16) {
+    supported.push_back(avx512_kernel_table(false, true));
+  }
+  if (vnni && bf16) {
+    supported.push_back(avx512_kernel_table(true, true));
+  }
+#endif
+  return supported;
+}
+
 const Kernels& kernels() {
-  static const Kernels& chosen = [&]() -> const Kernels& {
+  static const Kernels& chosen = []() -> const Kernels& {
+    const std::vector<const Kernels*> supported = supported_kernels();
     const char* forced = std::getenv("FLOTILLA_LLM_KERNELS");
-    if (forced != nullptr && std::string_view(forced) == "portable") {
-      return kPortable;
+    if (forced != nullptr && *forced != '\0') {
+      for (const Kernels* k : supported) {
+        if (k->name == forced) {
+          return *k;
+        }
+      }
+      spdlog::warn("FLOTILLA_LLM_KERNELS={}: not a kernel path this CPU runs; using {}", forced,
+                   supported.back()->name);
     }
-    const Kernels* avx2 = avx2_kernels();
-    return avx2 != nullptr ? *avx2 : kPortable;
+    return *supported.back();
   }();
   return chosen;
 }

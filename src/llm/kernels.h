@@ -1,5 +1,6 @@
-// Compute kernels of the forward pass, with runtime CPU dispatch: an AVX2+FMA+F16C path and a
-// portable one that any x86-64 or other target runs. Matrices are weights in the Hugging Face
+// Compute kernels of the forward pass, with runtime CPU dispatch: AVX-512 paths (F, and VNNI
+// int8 and BF16 dot products where the CPU has them), an AVX2+FMA+F16C path, and a portable
+// one that any x86-64 or other target runs. Matrices are weights in the Hugging Face
 // layout, [output features][input features], so y = x · Wᵀ is a dot product per output row,
 // and a weight row is read once for every activation row of the step.
 #pragma once
@@ -27,7 +28,8 @@ struct WeightMatrix {
 };
 
 struct Kernels {
-  std::string_view name;  // "avx2" or "portable"
+  std::string_view
+      name;  // "avx512-vnni-bf16", "avx512-vnni", "avx512-bf16", "avx512f", "avx2", "portable"
   // y[i][r] (+)= x[i] · W[r] (+ bias[r]) for rows r in [row_begin, row_end), i < m. Row i of x
   // starts at x + i * w.cols, of y at y + i * ldy. With accumulate, adds to y (residuals).
   void (*matmul)(const float* x, int m, const WeightMatrix& w, int row_begin, int row_end, float* y,
@@ -39,11 +41,19 @@ struct Kernels {
   void (*silu_mul)(float* gate, const float* up, int n);
 };
 
-// The best path this CPU runs; FLOTILLA_LLM_KERNELS=portable forces the portable one.
+// The best path this CPU runs; FLOTILLA_LLM_KERNELS=NAME picks another that it runs (an unknown
+// or unsupported name: the best, with a warning).
 const Kernels& kernels();
 const Kernels& portable_kernels();
 // nullptr when the CPU (or the build) has no AVX2, FMA and F16C.
 const Kernels* avx2_kernels();
+// The AVX-512 tables (F, BW and VL): avx512f widens every format to fp32; with `vnni` int8
+// weights go through vpdpbusd on int8-quantized activations, with `bf16` bf16 weights through
+// vdpbf16ps on bf16-rounded ones. nullptr when the build has no AVX-512; hands out a table
+// whatever the CPU: supported_kernels() is what checks.
+const Kernels* avx512_kernel_table(bool vnni, bool bf16);
+// Every path this CPU runs: the portable one first, the best last.
+std::vector<const Kernels*> supported_kernels();
 
 // Builds `format` weights from fp32 values (row-major rows x cols). kInt8 and kFp8 get one
 // scale per row: int8 to ±127, fp8 e4m3 to ±448.

@@ -1,9 +1,12 @@
-// The AVX2 kernels against the portable ones for every weight format and awkward shapes (tails
-// of rows and columns, one activation row), and the fp8 e4m3 codec against its definition.
+// Every kernel path the CPU runs (AVX-512 with VNNI and BF16, AVX2) against the portable one for
+// every weight format and awkward shapes, and the fp8 e4m3 codec against its definition.
 #include "llm/kernels.h"
 
 #include <cmath>
+#include <cstdio>
 #include <random>
+#include <span>
+#include <string>
 
 #include <gtest/gtest.h>
 
@@ -22,41 +25,109 @@ std::vector<float> random_values(size_t n, uint32_t seed) {
   return out;
 }
 
-TEST(KernelsTest, Avx2MatchesPortableForEveryFormatAndShape) {
-  const Kernels* avx2 = avx2_kernels();
-  if (avx2 == nullptr) {
-    GTEST_SKIP() << "this CPU has no AVX2/FMA/F16C";
+// The weights as the portable path reads them (code x row scale), row-major: row r is its dot
+// product with one-hot vectors.
+std::vector<float> dequantized(const WeightMatrix& w) {
+  WeightMatrix plain = w;
+  plain.bias.clear();
+  std::vector<float> out(static_cast<size_t>(w.rows) * w.cols), column(w.rows);
+  std::vector<float> hot(w.cols, 0.0f);
+  for (int c = 0; c < w.cols; ++c) {
+    hot[c] = 1;
+    portable_kernels().matmul(hot.data(), 1, plain, 0, w.rows, column.data(), w.rows, false);
+    hot[c] = 0;
+    for (int r = 0; r < w.rows; ++r) {
+      out[static_cast<size_t>(r) * w.cols + c] = column[r];
+    }
   }
-  for (WeightFormat format :
-       {WeightFormat::kF32, WeightFormat::kBF16, WeightFormat::kInt8, WeightFormat::kFp8}) {
-    for (auto [rows, cols, m] : {std::tuple{7, 19, 1}, std::tuple{12, 64, 5}, std::tuple{5, 8, 9},
-                                 std::tuple{33, 136, 37}}) {
-      std::vector<float> values = random_values(static_cast<size_t>(rows) * cols, rows + cols);
-      WeightMatrix w = make_weight_matrix(format, rows, cols, values.data());
-      w.bias = random_values(rows, 3);
-      std::vector<float> x = random_values(static_cast<size_t>(m) * cols, 5);
-      std::vector<float> expected(static_cast<size_t>(m) * rows, 1.0f), actual = expected;
-      portable_kernels().matmul(x.data(), m, w, 0, rows, expected.data(), rows, true);
-      avx2->matmul(x.data(), m, w, 0, rows, actual.data(), rows, true);
-      for (size_t i = 0; i < expected.size(); ++i) {
-        ASSERT_NEAR(actual[i], expected[i], 1e-4f * (1 + std::fabs(expected[i])))
-            << weight_format_name(format) << " " << rows << "x" << cols << " m=" << m << " i=" << i;
+  return out;
+}
+
+// How far a path may be from the portable reference at one output: fp32 rounding, plus the
+// rounding of the activations that the VNNI path (to int8 codes: half a step of amax / 127
+// each) and the BF16 path (to bf16: 2^-9 relative each) make. `weights` is the output's row of
+// dequantized(), `x` its activation row.
+float allowed_error(const Kernels& k, WeightFormat format, std::span<const float> weights,
+                    const float* x, float expected) {
+  float bound = 1e-4f * (1 + std::fabs(expected));
+  float amax = 0, weight_sum = 0, product_sum = 0;
+  for (size_t c = 0; c < weights.size(); ++c) {
+    amax = std::max(amax, std::fabs(x[c]));
+    weight_sum += std::fabs(weights[c]);
+    product_sum += std::fabs(weights[c] * x[c]);
+  }
+  if (format == WeightFormat::kInt8 && k.name.find("vnni") != std::string_view::npos) {
+    bound += weight_sum * amax / 127 / 2;
+  }
+  if (format == WeightFormat::kBF16 && k.name.find("bf16") != std::string_view::npos) {
+    bound += product_sum * std::ldexp(1.0f, -8);
+  }
+  return bound;
+}
+
+// Every path this CPU runs against the portable one, for every weight format and awkward
+// shapes: tails of rows and columns (of 8, 16, 32 and 64), one activation row, more than a
+// chunk of them.
+TEST(KernelsTest, EveryPathMatchesPortableForEveryFormatAndShape) {
+  const std::vector<const Kernels*> paths = supported_kernels();
+  ASSERT_EQ(paths.front(), &portable_kernels());
+  EXPECT_EQ(paths.back(), &kernels());
+  for (const Kernels* k : paths) {
+    std::printf("kernels: %s%s\n", std::string(k->name).c_str(),
+                k == &kernels() ? " (the one the engine runs)" : "");
+  }
+  for (const Kernels* k : std::span(paths).subspan(1)) {
+    for (WeightFormat format :
+         {WeightFormat::kF32, WeightFormat::kBF16, WeightFormat::kInt8, WeightFormat::kFp8}) {
+      for (auto [rows, cols, m] :
+           {std::tuple{7, 19, 1}, std::tuple{12, 64, 5}, std::tuple{5, 8, 9},
+            std::tuple{33, 136, 37}, std::tuple{9, 257, 2}, std::tuple{4, 96, 4}}) {
+        std::vector<float> values = random_values(static_cast<size_t>(rows) * cols, rows + cols);
+        WeightMatrix w = make_weight_matrix(format, rows, cols, values.data());
+        const std::vector<float> weights = dequantized(w);
+        w.bias = random_values(rows, 3);
+        std::vector<float> x = random_values(static_cast<size_t>(m) * cols, 5);
+        std::vector<float> expected(static_cast<size_t>(m) * rows, 1.0f), actual = expected;
+        portable_kernels().matmul(x.data(), m, w, 0, rows, expected.data(), rows, true);
+        k->matmul(x.data(), m, w, 0, rows, actual.data(), rows, true);
+        for (int i = 0; i < m; ++i) {
+          for (int r = 0; r < rows; ++r) {
+            const size_t at = static_cast<size_t>(i) * rows + r;
+            ASSERT_NEAR(
+                actual[at], expected[at],
+                allowed_error(*k, format,
+                              std::span(weights).subspan(static_cast<size_t>(r) * cols, cols),
+                              x.data() + static_cast<size_t>(i) * cols, expected[at]))
+                << k->name << " " << weight_format_name(format) << " " << rows << "x" << cols
+                << " m=" << m << " i=" << i << " r=" << r;
+          }
+        }
+      }
+    }
+    std::vector<float> gate = random_values(203, 4), up = random_values(203, 6);
+    for (float& g : gate) {
+      g *= 30;  // far into both tails of the exponential
+    }
+    std::vector<float> expected = gate, actual = gate;
+    portable_kernels().silu_mul(expected.data(), up.data(), 203);
+    k->silu_mul(actual.data(), up.data(), 203);
+    for (size_t i = 0; i < expected.size(); ++i) {
+      ASSERT_NEAR(actual[i], expected[i], 1e-5f * (1 + std::fabs(expected[i])))
+          << k->name << " " << gate[i];
+    }
+    for (int n : {67, 16, 5}) {
+      std::vector<float> a = random_values(n, 1), b = random_values(n, 2);
+      EXPECT_NEAR(k->dot(a.data(), b.data(), n), portable_kernels().dot(a.data(), b.data(), n),
+                  1e-4)
+          << k->name << " n=" << n;
+      std::vector<float> y_expected = b, y_actual = b;
+      portable_kernels().axpy(0.5f, a.data(), y_expected.data(), n);
+      k->axpy(0.5f, a.data(), y_actual.data(), n);
+      for (int i = 0; i < n; ++i) {
+        ASSERT_NEAR(y_actual[i], y_expected[i], 1e-6f) << k->name << " n=" << n;
       }
     }
   }
-  std::vector<float> gate = random_values(203, 4), up = random_values(203, 6);
-  for (float& g : gate) {
-    g *= 30;  // far into both tails of the exponential
-  }
-  std::vector<float> expected = gate, actual = gate;
-  portable_kernels().silu_mul(expected.data(), up.data(), 203);
-  avx2->silu_mul(actual.data(), up.data(), 203);
-  for (size_t i = 0; i < expected.size(); ++i) {
-    ASSERT_NEAR(actual[i], expected[i], 1e-5f * (1 + std::fabs(expected[i]))) << gate[i];
-  }
-  std::vector<float> a = random_values(67, 1), b = random_values(67, 2);
-  EXPECT_NEAR(avx2->dot(a.data(), b.data(), 67), portable_kernels().dot(a.data(), b.data(), 67),
-              1e-4);
 }
 
 TEST(KernelsTest, QuantizedWeightsReconstructWithinTheirStep) {

@@ -9,10 +9,12 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <string>
 
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include "llm/kernels.h"
 #include "llm/llm_fixtures.h"
 
 namespace flotilla::llm {
@@ -195,8 +197,9 @@ TEST_P(ModelParityTest, LowerPrecisionWeightsStayCloseToFp32) {
         ++total;
       }
     }
-    std::printf("%-12s %-15s max relative error %.4f, top-1 agreement %d/%d\n", GetParam().c_str(),
-                c.name, worst, agree, total);
+    std::printf("%-12s %-15s max relative error %.4f, top-1 agreement %d/%d (kernels: %s)\n",
+                GetParam().c_str(), c.name, worst, agree, total,
+                std::string(kernels().name).c_str());
     EXPECT_LT(worst, c.tolerance) << c.name;
     EXPECT_GE(agree, total * 3 / 4) << c.name;
   }

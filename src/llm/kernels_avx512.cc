@@ -1,0 +1,596 @@
+// The AVX-512 paths: compiled with AVX-512 F/BW/VL, VNNI and BF16 (only this file), used only
+// when the CPU reports what each table needs (kernels.cc checks before handing one out).
+// - avx512f: every weight format widened to fp32, 16 lanes, a 4 x 4 tile of accumulators (16
+//   of the 32 zmm registers).
+// - VNNI int8 (vpdpbusd): the activation rows are quantized to int8 once a call (one scale per
+//   32 columns, amax / 127, as llama.cpp's Q8_0 activations are), and 64 weight-activation
+//   products go into one instruction, with no widening. vpdpbusd multiplies unsigned by signed
+//   bytes: the weights are made unsigned by flipping their sign bit (w + 128), and 128 x the
+//   scaled sums of the activation codes are taken off the result.
+// - BF16 (vdpbf16ps): the activation rows are rounded to bf16 once a call, and 32 products of
+//   bf16 pairs accumulate in fp32 in one instruction, again with no widening.
+// Both trade the fp32 activations of the other paths for a rounding of them: kernels_test bounds
+// the difference from the portable reference by that rounding.
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+// GCC 12's AVX-512 headers make their "undefined" vectors by self-initialization, which its
+// own -Wuninitialized then reports at every reduction (GCC bug 105593, fixed in 13).
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#include <immintrin.h>
+#pragma GCC diagnostic pop
+
+#include "llm/kernels.h"
+#include "llm/safetensors.h"
+
+namespace flotilla::llm {
+
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__) && \
+    defined(__AVX512BF16__) && defined(__FMA__) && defined(__F16C__)
+namespace {
+
+constexpr int kTileW = 4;  // weight rows per tile
+constexpr int kTileX = 4;  // activation rows per tile
+// Activation rows in chunks that stay in L2 while every weight row of the range passes by.
+constexpr int kChunkX = 32;
+
+template <WeightFormat F>
+constexpr int kElementBytes = F == WeightFormat::kF32    ? 4
+                              : F == WeightFormat::kBF16 ? 2
+                                                         : 1;
+
+// Sixteen consecutive weights as fp32 (before the row scale); fp8 e4m3 2^-8 too small, as in
+// kernels_avx2.cc (its bits shifted into an fp16, which F16C widens exactly).
+template <WeightFormat F>
+inline __m512 load16(const std::byte* p) {
+  if constexpr (F == WeightFormat::kF32) {
+    return _mm512_loadu_ps(p);
+  } else if constexpr (F == WeightFormat::kBF16) {
+    __m256i half = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(half), 16));
+  } else if constexpr (F == WeightFormat::kInt8) {
+    __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+    return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(bytes));
+  } else {
+    __m256i words = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+    __m256i magnitude = _mm256_slli_epi16(_mm256_and_si256(words, _mm256_set1_epi16(0x7f)), 7);
+    __m256i sign = _mm256_slli_epi16(_mm256_and_si256(words, _mm256_set1_epi16(0x80)), 8);
+    return _mm512_cvtph_ps(_mm256_or_si256(magnitude, sign));
+  }
+}
+
+// The same 512 bits as the other vector type (the compiler emits no instruction).
+inline __m512bh as_bf16(__m512i v) {
+  __m512bh out;
+  std::memcpy(&out, &v, sizeof out);
+  return out;
+}
+
+template <WeightFormat F>
+inline float scalar_weight(const std::byte* p) {
+  if constexpr (F == WeightFormat::kF32) {
+    float value;
+    std::memcpy(&value, p, 4);
+    return value;
+  } else if constexpr (F == WeightFormat::kBF16) {
+    uint16_t bits;
+    std::memcpy(&bits, p, 2);
+    return bf16_to_float(bits);
+  } else if constexpr (F == WeightFormat::kInt8) {
+    return static_cast<float>(static_cast<int8_t>(*p));
+  } else {
+    return fp8_e4m3_table()[static_cast<uint8_t>(*p)] / 256.0f;  // as load16 gives it
+  }
+}
+
+// ---- avx512f: widen to fp32 --------------------------------------------------------------
+
+// Dot products of WR weight rows with XR activation rows: out[w][x].
+template <WeightFormat F, int WR, int XR>
+inline void tile_f32(const std::byte* const* wrows, const float* const* xrows, int cols,
+                     float (&out)[kTileW][kTileX]) {
+  __m512 acc[WR][XR];
+#pragma GCC unroll 4
+  for (int a = 0; a < WR; ++a) {
+#pragma GCC unroll 4
+    for (int b = 0; b < XR; ++b) {
+      acc[a][b] = _mm512_setzero_ps();
+    }
+  }
+  int c = 0;
+  for (; c + 16 <= cols; c += 16) {
+    __m512 wv[WR];
+#pragma GCC unroll 4
+    for (int a = 0; a < WR; ++a) {
+      if constexpr (XR <= 2 && kElementBytes<F> == 1) {
+        // Few activation rows: the loop waits on memory (kernels_avx2.cc measured the gain).
+        _mm_prefetch(reinterpret_cast<const char*>(wrows[a] + c * kElementBytes<F>) + 1024,
+                     _MM_HINT_T0);
+      }
+      wv[a] = load16<F>(wrows[a] + c * kElementBytes<F>);
+    }
+#pragma GCC unroll 4
+    for (int b = 0; b < XR; ++b) {
+      __m512 xv = _mm512_loadu_ps(xrows[b] + c);
+#pragma GCC unroll 4
+      for (int a = 0; a < WR; ++a) {
+        acc[a][b] = _mm512_fmadd_ps(wv[a], xv, acc[a][b]);
+      }
+    }
+  }
+  for (int a = 0; a < WR; ++a) {
+    for (int b = 0; b < XR; ++b) {
+      float sum = _mm512_reduce_add_ps(acc[a][b]);
+      for (int k = c; k < cols; ++k) {
+        sum += scalar_weight<F>(wrows[a] + k * kElementBytes<F>) * xrows[b][k];
+      }
+      out[a][b] = sum;
+    }
+  }
+}
+
+// Calls tile(integral_constant WR, integral_constant XR) for wr, xr in [1, 4].
+template <typename Tile>
+inline void dispatch_tile(int wr, int xr, Tile&& tile) {
+  auto rows = [&]<int WR>(std::integral_constant<int, WR> w) {
+    switch (xr) {
+      case 1:
+        return tile(w, std::integral_constant<int, 1>{});
+      case 2:
+        return tile(w, std::integral_constant<int, 2>{});
+      case 3:
+        return tile(w, std::integral_constant<int, 3>{});
+      default:
+        return tile(w, std::integral_constant<int, 4>{});
+    }
+  };
+  switch (wr) {
+    case 1:
+      return rows(std::integral_constant<int, 1>{});
+    case 2:
+      return rows(std::integral_constant<int, 2>{});
+    case 3:
+      return rows(std::integral_constant<int, 3>{});
+    default:
+      return rows(std::integral_constant<int, 4>{});
+  }
+}
+
+// Writes one tile's results: y = (y if accumulate) + dot x row scale + bias.
+inline void store_tile(const float (&out)[kTileW][kTileX], const WeightMatrix& w, int r, int wr,
+                       int i, int xr, float decode_scale, float* y, int ldy, bool accumulate) {
+  for (int a = 0; a < wr; ++a) {
+    float scale = (w.scales.empty() ? 1.0f : w.scales[r + a]) * decode_scale;
+    float bias = w.bias.empty() ? 0.0f : w.bias[r + a];
+    for (int b = 0; b < xr; ++b) {
+      float& dst = y[static_cast<int64_t>(i + b) * ldy + r + a];
+      dst = (accumulate ? dst : 0.0f) + out[a][b] * scale + bias;
+    }
+  }
+}
+
+template <WeightFormat F>
+void matmul_widened(const float* x, int m, const WeightMatrix& w, int row_begin, int row_end,
+                    float* y, int ldy, bool accumulate) {
+  constexpr float kDecodeScale = F == WeightFormat::kFp8 ? 256.0f : 1.0f;
+  const int64_t row_bytes = static_cast<int64_t>(w.cols) * kElementBytes<F>;
+  // With more activation rows than one tile holds, a narrow format's rows are widened to fp32
+  // once into this buffer (L1-sized) instead of once per tile of activation rows.
+  thread_local std::vector<float> widened;
+  for (int x0 = 0; x0 < m; x0 += kChunkX) {
+    const int x_end = std::min(m, x0 + kChunkX);
+    const bool widen = F != WeightFormat::kF32 && x_end - x0 > kTileX;
+    for (int r = row_begin; r < row_end; r += kTileW) {
+      const int wr = std::min(kTileW, row_end - r);
+      const std::byte* wrows[kTileW];
+      for (int a = 0; a < wr; ++a) {
+        wrows[a] = w.data + (r + a) * row_bytes;
+      }
+      if (widen) {
+        widened.resize(static_cast<size_t>(kTileW) * w.cols);
+        for (int a = 0; a < wr; ++a) {
+          float* out = widened.data() + static_cast<size_t>(a) * w.cols;
+          int c = 0;
+          for (; c + 16 <= w.cols; c += 16) {
+            _mm512_storeu_ps(out + c, load16<F>(wrows[a] + c * kElementBytes<F>));
+          }
+          for (; c < w.cols; ++c) {
+            out[c] = scalar_weight<F>(wrows[a] + c * kElementBytes<F>);
+          }
+          wrows[a] = reinterpret_cast<const std::byte*>(out);
+        }
+      }
+      for (int i = x0; i < x_end; i += kTileX) {
+        const int xr = std::min(kTileX, x_end - i);
+        const float* xrows[kTileX];
+        for (int b = 0; b < xr; ++b) {
+          xrows[b] = x + static_cast<int64_t>(i + b) * w.cols;
+        }
+        float out[kTileW][kTileX];
+        dispatch_tile(
+            wr, xr,
+            [&]<int WR, int XR>(std::integral_constant<int, WR>, std::integral_constant<int, XR>) {
+              if (widen) {
+                tile_f32<WeightFormat::kF32, WR, XR>(wrows, xrows, w.cols, out);
+              } else {
+                tile_f32<F, WR, XR>(wrows, xrows, w.cols, out);
+              }
+            });
+        store_tile(out, w, r, wr, i, xr, kDecodeScale, y, ldy, accumulate);
+      }
+    }
+  }
+}
+
+void avx512f_matmul(const float* x, int m, const WeightMatrix& w, int row_begin, int row_end,
+                    float* y, int ldy, bool accumulate) {
+  switch (w.format) {
+    case WeightFormat::kF32:
+      return matmul_widened<WeightFormat::kF32>(x, m, w, row_begin, row_end, y, ldy, accumulate);
+    case WeightFormat::kBF16:
+      return matmul_widened<WeightFormat::kBF16>(x, m, w, row_begin, row_end, y, ldy, accumulate);
+    case WeightFormat::kInt8:
+      return matmul_widened<WeightFormat::kInt8>(x, m, w, row_begin, row_end, y, ldy, accumulate);
+    case WeightFormat::kFp8:
+      return matmul_widened<WeightFormat::kFp8>(x, m, w, row_begin, row_end, y, ldy, accumulate);
+  }
+}
+
+// ---- VNNI: int8 weights by int8 activations --------------------------------------------
+
+// Activation rows as int8 codes with one scale per block of 32 columns (llama.cpp's Q8_0
+// granularity: one per row cost 4-6x the fp32 error of int8 weights alone on the test models,
+// as a heavy-tailed row's largest value coarsens the step for all of it). A 64-byte vpdpbusd
+// sums columns 4l..4l+3 into lane l, so lanes 0-7 hold one block and lanes 8-15 the next: each
+// step's 16 int32 sums are scaled by a vector of the blocks' scales, one per lane.
+constexpr int kBlock = 32;
+
+struct QuantizedRows {
+  int stride = 0;                  // codes a row, padded with zero codes to a multiple of 64
+  std::vector<int8_t> codes;       // x ~ code x its block's scale
+  std::vector<float> lane_scales;  // stride / 4 a row: each lane's block scale
+  std::vector<float> offsets;      // per row: 128 x the sum over blocks of scale x code sum
+};
+
+void quantize_rows(const float* x, int m, int cols, QuantizedRows& q) {
+  q.stride = (cols + 63) / 64 * 64;
+  q.codes.assign(static_cast<size_t>(m) * q.stride, 0);
+  q.lane_scales.assign(static_cast<size_t>(m) * q.stride / 4, 0.0f);
+  q.offsets.resize(m);
+  for (int i = 0; i < m; ++i) {
+    const float* row = x + static_cast<int64_t>(i) * cols;
+    int8_t* codes = q.codes.data() + static_cast<int64_t>(i) * q.stride;
+    float* lanes = q.lane_scales.data() + static_cast<int64_t>(i) * q.stride / 4;
+    double offset = 0;
+    for (int c0 = 0; c0 < cols; c0 += kBlock) {
+      const int n = std::min(kBlock, cols - c0);
+      float amax = 0;
+      int c = 0;
+      if (n == kBlock) {
+        __m512 a = _mm512_max_ps(_mm512_abs_ps(_mm512_loadu_ps(row + c0)),
+                                 _mm512_abs_ps(_mm512_loadu_ps(row + c0 + 16)));
+        amax = _mm512_reduce_max_ps(a);
+        c = kBlock;
+      }
+      for (int k = c; k < n; ++k) {
+        amax = std::max(amax, std::fabs(row[c0 + k]));
+      }
+      const float scale = amax / 127;
+      const float inverse = amax > 0 ? 127 / amax : 0;
+      int32_t sum = 0;
+      c = 0;
+      if (n == kBlock) {
+        const __m512 inverse16 = _mm512_set1_ps(inverse);
+        for (; c < kBlock; c += 16) {
+          // Rounded to nearest even (the default rounding mode), within ±127 by construction.
+          __m512i code =
+              _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(row + c0 + c), inverse16));
+          sum += _mm512_reduce_add_epi32(code);
+          _mm_storeu_si128(reinterpret_cast<__m128i*>(codes + c0 + c), _mm512_cvtsepi32_epi8(code));
+        }
+      }
+      for (; c < n; ++c) {
+        const auto code = static_cast<int32_t>(std::nearbyint(row[c0 + c] * inverse));
+        codes[c0 + c] = static_cast<int8_t>(std::clamp(code, -127, 127));
+        sum += codes[c0 + c];
+      }
+      std::fill_n(lanes + c0 / 4, kBlock / 4, scale);
+      offset += 128.0 * scale * sum;
+    }
+    q.offsets[i] = static_cast<float>(offset);
+  }
+}
+
+template <int WR, int XR>
+inline void tile_vnni(const int8_t* const* wrows, const int8_t* const* qrows,
+                      const float* const* lane_scales, int cols, float (&out)[kTileW][kTileX]) {
+  __m512 acc[WR][XR];
+#pragma GCC unroll 4
+  for (int a = 0; a < WR; ++a) {
+#pragma GCC unroll 4
+    for (int b = 0; b < XR; ++b) {
+      acc[a][b] = _mm512_setzero_ps();
+    }
+  }
+  const __m512i flip = _mm512_set1_epi8(static_cast<char>(0x80));
+  auto step = [&](int c, __mmask64 mask) {
+    __m512i wv[WR];
+#pragma GCC unroll 4
+    for (int a = 0; a < WR; ++a) {
+      if constexpr (XR <= 2) {
+        _mm_prefetch(reinterpret_cast<const char*>(wrows[a] + c) + 1024, _MM_HINT_T0);
+      }
+      // Beyond the row (masked off) the weight reads 0, then 128 once flipped; the activation
+      // codes there are 0.
+      wv[a] = _mm512_xor_si512(_mm512_maskz_loadu_epi8(mask, wrows[a] + c), flip);
+    }
+#pragma GCC unroll 4
+    for (int b = 0; b < XR; ++b) {
+      __m512i xv = _mm512_loadu_si512(qrows[b] + c);  // padded: always 64 codes
+      __m512 scales = _mm512_loadu_ps(lane_scales[b] + c / 4);
+#pragma GCC unroll 4
+      for (int a = 0; a < WR; ++a) {
+        __m512i sums = _mm512_dpbusd_epi32(_mm512_setzero_si512(), wv[a], xv);
+        acc[a][b] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sums), scales, acc[a][b]);
+      }
+    }
+  };
+  int c = 0;
+  for (; c + 64 <= cols; c += 64) {
+    step(c, ~__mmask64{0});
+  }
+  if (c < cols) {
+    step(c, (~__mmask64{0}) >> (64 - (cols - c)));
+  }
+  for (int a = 0; a < WR; ++a) {
+    for (int b = 0; b < XR; ++b) {
+      out[a][b] = _mm512_reduce_add_ps(acc[a][b]);
+    }
+  }
+}
+
+void matmul_int8_vnni(const float* x, int m, const WeightMatrix& w, int row_begin, int row_end,
+                      float* y, int ldy, bool accumulate) {
+  thread_local QuantizedRows q;
+  quantize_rows(x, m, w.cols, q);
+  const auto* weights = reinterpret_cast<const int8_t*>(w.data);
+  for (int x0 = 0; x0 < m; x0 += kChunkX) {
+    const int x_end = std::min(m, x0 + kChunkX);
+    for (int r = row_begin; r < row_end; r += kTileW) {
+      const int wr = std::min(kTileW, row_end - r);
+      const int8_t* wrows[kTileW];
+      for (int a = 0; a < wr; ++a) {
+        wrows[a] = weights + static_cast<int64_t>(r + a) * w.cols;
+      }
+      for (int i = x0; i < x_end; i += kTileX) {
+        const int xr = std::min(kTileX, x_end - i);
+        const int8_t* qrows[kTileX];
+        const float* lane_scales[kTileX];
+        for (int b = 0; b < xr; ++b) {
+          qrows[b] = q.codes.data() + static_cast<int64_t>(i + b) * q.stride;
+          lane_scales[b] = q.lane_scales.data() + static_cast<int64_t>(i + b) * q.stride / 4;
+        }
+        float out[kTileW][kTileX];
+        dispatch_tile(
+            wr, xr,
+            [&]<int WR, int XR>(std::integral_constant<int, WR>, std::integral_constant<int, XR>) {
+              tile_vnni<WR, XR>(wrows, qrows, lane_scales, w.cols, out);
+            });
+        for (int a = 0; a < wr; ++a) {
+          for (int b = 0; b < xr; ++b) {
+            out[a][b] -= q.offsets[i + b];
+          }
+        }
+        store_tile(out, w, r, wr, i, xr, 1.0f, y, ldy, accumulate);
+      }
+    }
+  }
+}
+
+// ---- BF16: bf16 weights by bf16 activations -----------------------------------------------
+
+// Activation rows rounded to bf16 (nearest even), each padded with zeros to `stride` (a
+// multiple of 32).
+struct Bf16Rows {
+  int stride = 0;
+  std::vector<uint16_t> values;
+};
+
+void round_rows_to_bf16(const float* x, int m, int cols, Bf16Rows& out) {
+  out.stride = (cols + 31) / 32 * 32;
+  out.values.assign(static_cast<size_t>(m) * out.stride, 0);
+  for (int i = 0; i < m; ++i) {
+    const float* row = x + static_cast<int64_t>(i) * cols;
+    uint16_t* dst = out.values.data() + static_cast<int64_t>(i) * out.stride;
+    int c = 0;
+    for (; c + 32 <= cols; c += 32) {
+      // The second operand fills the lower half.
+      __m512bh pair = _mm512_cvtne2ps_pbh(_mm512_loadu_ps(row + c + 16), _mm512_loadu_ps(row + c));
+      std::memcpy(dst + c, &pair, sizeof pair);
+    }
+    for (; c < cols; ++c) {
+      dst[c] = float_to_bf16(row[c]);
+    }
+  }
+}
+
+template <int WR, int XR>
+inline void tile_bf16(const uint16_t* const* wrows, const uint16_t* const* xrows, int cols,
+                      float (&out)[kTileW][kTileX]) {
+  __m512 acc[WR][XR];
+#pragma GCC unroll 4
+  for (int a = 0; a < WR; ++a) {
+#pragma GCC unroll 4
+    for (int b = 0; b < XR; ++b) {
+      acc[a][b] = _mm512_setzero_ps();
+    }
+  }
+  auto step = [&](int c, __mmask32 mask) {
+    __m512i wv[WR];
+#pragma GCC unroll 4
+    for (int a = 0; a < WR; ++a) {
+      wv[a] = _mm512_maskz_loadu_epi16(mask, wrows[a] + c);  // zeros beyond the row
+    }
+#pragma GCC unroll 4
+    for (int b = 0; b < XR; ++b) {
+      __m512i xv = _mm512_loadu_si512(xrows[b] + c);  // padded: always 32 values
+#pragma GCC unroll 4
+      for (int a = 0; a < WR; ++a) {
+        acc[a][b] = _mm512_dpbf16_ps(acc[a][b], as_bf16(wv[a]), as_bf16(xv));
+      }
+    }
+  };
+  int c = 0;
+  for (; c + 32 <= cols; c += 32) {
+    step(c, ~__mmask32{0});
+  }
+  if (c < cols) {
+    step(c, (~__mmask32{0}) >> (32 - (cols - c)));
+  }
+  for (int a = 0; a < WR; ++a) {
+    for (int b = 0; b < XR; ++b) {
+      out[a][b] = _mm512_reduce_add_ps(acc[a][b]);
+    }
+  }
+}
+
+void matmul_bf16_dot(const float* x, int m, const WeightMatrix& w, int row_begin, int row_end,
+                     float* y, int ldy, bool accumulate) {
+  thread_local Bf16Rows rounded;
+  round_rows_to_bf16(x, m, w.cols, rounded);
+  const auto* weights = reinterpret_cast<const uint16_t*>(w.data);
+  for (int x0 = 0; x0 < m; x0 += kChunkX) {
+    const int x_end = std::min(m, x0 + kChunkX);
+    for (int r = row_begin; r < row_end; r += kTileW) {
+      const int wr = std::min(kTileW, row_end - r);
+      const uint16_t* wrows[kTileW];
+      for (int a = 0; a < wr; ++a) {
+        wrows[a] = weights + static_cast<int64_t>(r + a) * w.cols;
+      }
+      for (int i = x0; i < x_end; i += kTileX) {
+        const int xr = std::min(kTileX, x_end - i);
+        const uint16_t* xrows[kTileX];
+        for (int b = 0; b < xr; ++b) {
+          xrows[b] = rounded.values.data() + static_cast<int64_t>(i + b) * rounded.stride;
+        }
+        float out[kTileW][kTileX];
+        dispatch_tile(
+            wr, xr,
+            [&]<int WR, int XR>(std::integral_constant<int, WR>, std::integral_constant<int, XR>) {
+              tile_bf16<WR, XR>(wrows, xrows, w.cols, out);
+            });
+        store_tile(out, w, r, wr, i, xr, 1.0f, y, ldy, accumulate);
+      }
+    }
+  }
+}
+
+// ---- The tables ---------------------------------------------------------------------------
+
+template <bool kVnni, bool kBf16>
+void avx512_matmul(const float* x, int m, const WeightMatrix& w, int row_begin, int row_end,
+                   float* y, int ldy, bool accumulate) {
+  if (kVnni && w.format == WeightFormat::kInt8) {
+    return matmul_int8_vnni(x, m, w, row_begin, row_end, y, ldy, accumulate);
+  }
+  if (kBf16 && w.format == WeightFormat::kBF16) {
+    return matmul_bf16_dot(x, m, w, row_begin, row_end, y, ldy, accumulate);
+  }
+  avx512f_matmul(x, m, w, row_begin, row_end, y, ldy, accumulate);
+}
+
+float avx512_dot(const float* a, const float* b, int n) {
+  __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
+  int i = 0;
+  for (; i + 32 <= n; i += 32) {
+    acc0 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i), _mm512_loadu_ps(b + i), acc0);
+    acc1 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i + 16), _mm512_loadu_ps(b + i + 16), acc1);
+  }
+  if (i + 16 <= n) {
+    acc0 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i), _mm512_loadu_ps(b + i), acc0);
+    i += 16;
+  }
+  if (i < n) {
+    const __mmask16 mask = static_cast<__mmask16>((1u << (n - i)) - 1);
+    acc1 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(mask, a + i), _mm512_maskz_loadu_ps(mask, b + i),
+                           acc1);
+  }
+  return _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1));
+}
+
+void avx512_axpy(float alpha, const float* x, float* y, int n) {
+  const __m512 a = _mm512_set1_ps(alpha);
+  int i = 0;
+  for (; i + 16 <= n; i += 16) {
+    _mm512_storeu_ps(y + i, _mm512_fmadd_ps(a, _mm512_loadu_ps(x + i), _mm512_loadu_ps(y + i)));
+  }
+  if (i < n) {
+    const __mmask16 mask = static_cast<__mmask16>((1u << (n - i)) - 1);
+    _mm512_mask_storeu_ps(
+        y + i, mask,
+        _mm512_fmadd_ps(a, _mm512_maskz_loadu_ps(mask, x + i), _mm512_maskz_loadu_ps(mask, y + i)));
+  }
+}
+
+// e^x as kernels_avx2.cc's exp256 computes it (Cephes' expf scheme), 16 lanes.
+inline __m512 exp512(__m512 x) {
+  x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-87.0f)), _mm512_set1_ps(88.0f));
+  __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                  _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 f = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+  f = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), f);
+  __m512 p = _mm512_set1_ps(1.0f / 720);
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f / 120));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f / 24));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f / 6));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.5f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
+  return _mm512_scalef_ps(p, n);  // p x 2^n
+}
+
+void avx512_silu_mul(float* gate, const float* up, int n) {
+  const __m512 one = _mm512_set1_ps(1.0f);
+  int i = 0;
+  for (; i + 16 <= n; i += 16) {
+    __m512 g = _mm512_loadu_ps(gate + i);
+    __m512 e = exp512(_mm512_sub_ps(_mm512_setzero_ps(), g));
+    __m512 silu = _mm512_div_ps(g, _mm512_add_ps(one, e));
+    _mm512_storeu_ps(gate + i, _mm512_mul_ps(silu, _mm512_loadu_ps(up + i)));
+  }
+  for (; i < n; ++i) {
+    gate[i] = gate[i] / (1.0f + std::exp(-gate[i])) * up[i];
+  }
+}
+
+const Kernels kAvx512f{"avx512f", avx512_matmul<false, false>, avx512_dot, avx512_axpy,
+                       avx512_silu_mul};
+const Kernels kAvx512Vnni{"avx512-vnni", avx512_matmul<true, false>, avx512_dot, avx512_axpy,
+                          avx512_silu_mul};
+const Kernels kAvx512Bf16{"avx512-bf16", avx512_matmul<false, true>, avx512_dot, avx512_axpy,
+                          avx512_silu_mul};
+const Kernels kAvx512VnniBf16{"avx512-vnni-bf16", avx512_matmul<true, true>, avx512_dot,
+                              avx512_axpy, avx512_silu_mul};
+
+}  // namespace
+
+const Kernels* avx512_kernel_table(bool vnni, bool bf16) {
+  if (vnni) {
+    return bf16 ? &kAvx512VnniBf16 : &kAvx512Vnni;
+  }
+  return bf16 ? &kAvx512Bf16 : &kAvx512f;
+}
+
+#else
+
+const Kernels* avx512_kernel_table(bool, bool) {
+  return nullptr;
+}
+
+#endif
+
+}  // namespace flotilla::llm
