@@ -172,6 +172,7 @@ constexpr double kShortMargin = 0.03;
 struct Knee {
   double concurrency = 0;  // the smallest concurrency at the fraction of the best throughput
   double best = 0;         // the best throughput per replica, per second
+  double best_at = 0;      // the concurrency where it was seen
   double lowest = 0;       // the smallest and largest concurrency seen
   double top = 0;
   bool below_seen = false;  // a concurrency short of the fraction was seen under the knee
@@ -212,7 +213,11 @@ std::optional<Knee> knee_of(const Curve& curve, double fraction) {
     if (i + 1 < points.size()) {
       around.push_back(points[i + 1].second);
     }
-    knee.best = std::max(knee.best, points.size() < 3 ? points[i].second : median_of(around));
+    const double smoothed = points.size() < 3 ? points[i].second : median_of(around);
+    if (smoothed > knee.best) {
+      knee.best = smoothed;
+      knee.best_at = points[i].first;
+    }
   }
   const double goal = fraction * knee.best;
   for (size_t i = 0; i < points.size(); ++i) {
@@ -268,10 +273,20 @@ Decision VerticalPolicy::decide_target(const ReplicaSignals& signals) {
   }
   // The throughput curve. Little's law holds at any load, so a cycle below the target is a
   // point of the curve too (at its own concurrency).
+  bool bought_throughput = false;  // this cycle's throughput beat every lower concurrency's
   if (signals.concurrency > 0 && signals.latency_ms > 0) {
     const int bin = static_cast<int>(std::lround(
         std::log(signals.concurrency) / std::log(std::max(1.01, options_.curve_bin_ratio))));
     const double throughput = signals.concurrency / signals.latency_ms * 1000;
+    double best_below = 0;
+    for (auto it = curve_.begin(); it != curve_.end() && it->first < bin; ++it) {
+      std::vector<double> values;
+      for (const Reading& reading : it->second) {
+        values.push_back(reading.throughput);
+      }
+      best_below = std::max(best_below, median_of(std::move(values)));
+    }
+    bought_throughput = best_below > 0 && throughput > best_below * (1 + kShortMargin);
     auto& readings = curve_[bin];
     if (readings.size() >= 3) {
       std::vector<double> values;
@@ -295,22 +310,30 @@ Decision VerticalPolicy::decide_target(const ReplicaSignals& signals) {
     }
   }
   const std::optional<Knee> knee = knee_of(curve_, options_.knee_fraction);
+  // Known above: seen far enough past the knee and past where the best throughput was (a
+  // curve still rising at the top of what was seen has its best, and so its knee, further up:
+  // a live XGBoost replica read flat from 2 to 11 in flight, its best at 24).
   explored_above_ =
       explored_above_ || target_ >= options_.max_target ||
       (knee && knee->top >= std::min(0.9 * options_.max_target,
-                                     options_.explored_above_factor * knee->concurrency));
+                                     std::max(options_.explored_above_factor * knee->concurrency,
+                                              options_.explored_past_best_factor * knee->best_at)));
   explored_below_ =
       explored_below_ || (knee && (knee->below_seen || knee->concurrency <= options_.min_target));
   const bool explored_above = explored_above_;
   const bool explored_below = explored_below_;
   const bool knee_known = knee && explored_above && explored_below;
 
-  // Slow means slower by a ratio and by an absolute floor, under load; at or below a knee known
-  // from both sides, the latency is the price of the knee's throughput.
+  // Slow means slower by a ratio and by an absolute floor, under load; but latency that bought
+  // throughput (more than any lower concurrency gave) is its price, not overload (an LLM's
+  // latency climbs from one request in flight while its throughput rises to 16 and more: the
+  // latency rule alone stopped a live probe at 15 with the knee at 15.5), and so is the latency
+  // at or below a knee known from both sides.
   const bool loaded = signals.peak_concurrency >= options_.overload_busy_fraction * target_;
   const bool slow = baseline_ms_ && loaded &&
                     signals.latency_ms > *baseline_ms_ * options_.overload_latency_ratio &&
                     signals.latency_ms - *baseline_ms_ >= options_.overload_min_excess_ms &&
+                    !bought_throughput &&
                     !(knee_known && target_ <= knee->concurrency * (1 + options_.knee_band));
   const bool overload = slow || queueing;
   overload_streak_ = overload ? overload_streak_ + 1 : 0;

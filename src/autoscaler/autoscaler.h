@@ -200,9 +200,11 @@ struct VerticalOptions {
   double knee_fraction = 0.9;
   double curve_bin_ratio = 1.1;
   int curve_samples = 5;
-  // The curve is known above the knee once a concurrency this many times the knee was seen (or
-  // 90% of the max target, or an overload); a target within knee_band of the knee holds.
+  // The curve is known above the knee once a concurrency this many times the knee and
+  // explored_past_best_factor times where the best throughput was seen were seen (or 90% of
+  // the max target, or an overload); a target within knee_band of the knee holds.
   double explored_above_factor = 4;
+  double explored_past_best_factor = 2;
   double knee_band = 0.1;
   // Once known, the curve is kept (no probe while nothing changes) until the replicas' throughput
   // at a concurrency moves by more than relearn_drift from the median of that bin's readings for
@@ -217,18 +219,18 @@ struct VerticalOptions {
 // law) is kept per concurrency. Under load (the cycle's busiest second filled replicas to
 // busy_fraction of the target) the target probes: down (x0.75) until a concurrency below the
 // knee was seen, up (x1.25) until the curve is known above it (explored_above_factor x the
-// knee, 90% of the max, or an overload); then it moves to the knee (at most +-25% a cycle) and
-// holds within knee_band of it. Nothing changes without load, nor while the knee holds still.
-// (Latency against a baseline alone would leave real replicas near where they started: an
-// LLM's CPU is saturated at any load, which made every cycle say nothing; its latency climbs
-// from one request in flight while its throughput still rises 2.7x; and a target that starts
-// past the knee learns its baseline there. bench/RESULTS.md, "Vertical on real models".)
-// Overload cuts at once (x0.75): a request queued inside replicas on average (waiting for
-// room); or latency past overload_latency_ratio x a learned baseline (a low percentile of the
-// latencies of recent cycles without queueing or CPU saturation) by overload_min_excess_ms too,
-// while the busiest second filled replicas to overload_busy_fraction of the target; except at or
-// below a knee known from both sides (its throughput is worth its latency). Always within [min,
-// max].
+// knee and explored_past_best_factor x the best's concurrency, 90% of the max, or an overload);
+// then it moves to the knee (at most +-25% a cycle) and holds within knee_band of it. Nothing
+// changes without load, nor while the knee holds still. (Latency against a baseline alone would
+// leave real replicas near where they started: an LLM's CPU is saturated at any load, which made
+// every cycle say nothing; its latency climbs from one request in flight while its throughput still
+// rises 2.7x; and a target that starts past the knee learns its baseline there. bench/RESULTS.md,
+// "Vertical on real models".) Overload cuts at once (x0.75): a request queued inside replicas on
+// average (waiting for room); or latency past overload_latency_ratio x a learned baseline (a low
+// percentile of the latencies of recent cycles without queueing or CPU saturation) by
+// overload_min_excess_ms too, while the busiest second filled replicas to overload_busy_fraction of
+// the target; except at or below a knee known from both sides (its throughput is worth its
+// latency). Always within [min, max].
 class VerticalPolicy {
  public:
   explicit VerticalPolicy(const VerticalOptions& options);
