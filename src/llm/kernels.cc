@@ -94,8 +94,8 @@ void portable_silu_mul(float* gate, const float* up, int n) {
   }
 }
 
-const Kernels kPortable{"portable", portable_matmul, portable_dot, portable_axpy,
-                        portable_silu_mul};
+const Kernels kPortable{"portable",    portable_matmul,   portable_dot,
+                        portable_axpy, portable_silu_mul, 1};
 
 }  // namespace
 

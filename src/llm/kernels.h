@@ -39,6 +39,9 @@ struct Kernels {
   void (*axpy)(float alpha, const float* x, float* y, int n);
   // SwiGLU's activation: gate[i] = silu(gate[i]) * up[i], silu(g) = g / (1 + e^-g).
   void (*silu_mul)(float* gate, const float* up, int n);
+  // Weight rows a matmul tile takes at once: row ranges split between threads start at its
+  // multiples, so that only the last range has a partial tile.
+  int tile_rows = 1;
 };
 
 // The best path this CPU runs; FLOTILLA_LLM_KERNELS=NAME picks another that it runs (an unknown

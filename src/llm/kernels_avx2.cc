@@ -1,9 +1,10 @@
 // The AVX2 path: compiled with -mavx2 -mfma -mf16c (only this file), used only when the CPU
-// reports all three. Decoding speed is bound by reading weights, so each weight vector is loaded
-// and widened to fp32 once and used for up to kTileX activation rows; a 3 x 4 tile of
-// accumulators fills 12 of the 16 ymm registers.
+// reports all three: the tiled matmul of kernels_tiles.h on 8-lane vectors, every weight
+// format widened to fp32.
+#include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <type_traits>
 #include <vector>
 
 #include <immintrin.h>
@@ -16,51 +17,11 @@ namespace flotilla::llm {
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 namespace {
 
+#include "llm/kernels_tiles.h"  // inside the anonymous namespace: this ISA's own copy
+
 constexpr int kTileW = 3;  // weight rows per tile
-constexpr int kTileX = 4;  // activation rows per tile
-
-// Eight consecutive weights as fp32 (before the row scale). fp8 e4m3 comes out 2^-8 too small:
-// its bits shifted into an fp16 (same mantissa width plus 7, exponent bias 15 instead of 7)
-// give value x 2^-8 for normals and subnormals alike, and F16C widens that exactly.
-template <WeightFormat F>
-inline __m256 load8(const std::byte* p) {
-  if constexpr (F == WeightFormat::kF32) {
-    return _mm256_loadu_ps(reinterpret_cast<const float*>(p));
-  } else if constexpr (F == WeightFormat::kBF16) {
-    __m128i half = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
-    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(half), 16));
-  } else if constexpr (F == WeightFormat::kInt8) {
-    __m128i bytes = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p));
-    return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(bytes));
-  } else {
-    __m128i words = _mm_cvtepu8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
-    __m128i magnitude = _mm_slli_epi16(_mm_and_si128(words, _mm_set1_epi16(0x7f)), 7);
-    __m128i sign = _mm_slli_epi16(_mm_and_si128(words, _mm_set1_epi16(0x80)), 8);
-    return _mm256_cvtph_ps(_mm_or_si128(magnitude, sign));
-  }
-}
-
-template <WeightFormat F>
-constexpr int kElementBytes = F == WeightFormat::kF32    ? 4
-                              : F == WeightFormat::kBF16 ? 2
-                                                         : 1;
-
-template <WeightFormat F>
-inline float scalar_weight(const std::byte* p) {
-  if constexpr (F == WeightFormat::kF32) {
-    float value;
-    std::memcpy(&value, p, 4);
-    return value;
-  } else if constexpr (F == WeightFormat::kBF16) {
-    uint16_t bits;
-    std::memcpy(&bits, p, 2);
-    return bf16_to_float(bits);
-  } else if constexpr (F == WeightFormat::kInt8) {
-    return static_cast<float>(static_cast<int8_t>(*p));
-  } else {
-    return fp8_e4m3_table()[static_cast<uint8_t>(*p)] / 256.0f;  // as load8 gives it
-  }
-}
+constexpr int kTileX = 4;  // activation rows per tile: 12 of the 16 ymm registers accumulate
+constexpr int kChunkX = 32;
 
 inline float hsum(__m256 v) {
   __m128 sum = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
@@ -69,154 +30,40 @@ inline float hsum(__m256 v) {
   return _mm_cvtss_f32(sum);
 }
 
-// Dot products of WR weight rows with XR activation rows: out[w][x].
-template <WeightFormat F, int WR, int XR>
-inline void tile(const std::byte* const* wrows, const float* const* xrows, int cols,
-                 float (&out)[kTileW][kTileX]) {
-  // The small loops must be unrolled for acc and wv to live in registers; -O2 alone leaves
-  // them as loops over stack arrays (measured: 8x slower).
-  __m256 acc[WR][XR];
-#pragma GCC unroll 4
-  for (int a = 0; a < WR; ++a) {
-#pragma GCC unroll 4
-    for (int b = 0; b < XR; ++b) {
-      acc[a][b] = _mm256_setzero_ps();
+struct Avx2 {
+  static constexpr int kLanes = 8;
+  using V = __m256;
+  static V zero() { return _mm256_setzero_ps(); }
+  static V fmadd(V a, V b, V c) { return _mm256_fmadd_ps(a, b, c); }
+  static float sum(V v) { return hsum(v); }
+  static V load(const float* p) { return _mm256_loadu_ps(p); }
+  static void store(float* p, V v) { _mm256_storeu_ps(p, v); }
+  // Eight consecutive weights as fp32 (before the row scale). fp8 e4m3 comes out 2^-8 too
+  // small: its bits shifted into an fp16 (same mantissa width plus 7, exponent bias 15 instead
+  // of 7) give value x 2^-8 for normals and subnormals alike, and F16C widens that exactly.
+  template <WeightFormat F>
+  static V widen(const std::byte* p) {
+    if constexpr (F == WeightFormat::kF32) {
+      return _mm256_loadu_ps(reinterpret_cast<const float*>(p));
+    } else if constexpr (F == WeightFormat::kBF16) {
+      __m128i half = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+      return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(half), 16));
+    } else if constexpr (F == WeightFormat::kInt8) {
+      __m128i bytes = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p));
+      return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(bytes));
+    } else {
+      __m128i words = _mm_cvtepu8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
+      __m128i magnitude = _mm_slli_epi16(_mm_and_si128(words, _mm_set1_epi16(0x7f)), 7);
+      __m128i sign = _mm_slli_epi16(_mm_and_si128(words, _mm_set1_epi16(0x80)), 8);
+      return _mm256_cvtph_ps(_mm_or_si128(magnitude, sign));
     }
   }
-  int c = 0;
-  for (; c + 8 <= cols; c += 8) {
-    __m256 wv[WR];
-#pragma GCC unroll 4
-    for (int a = 0; a < WR; ++a) {
-      if constexpr (XR <= 2 && kElementBytes<F> == 1) {
-        // Few activation rows of int8/fp8 weights: the loop waits on memory. Asking for the
-        // lines 1 KiB ahead keeps more of each row in flight than the hardware prefetcher
-        // does: +50-75% at one row (llm_matmul_bench); no gain for bf16, a loss for fp32.
-        _mm_prefetch(reinterpret_cast<const char*>(wrows[a] + c * kElementBytes<F>) + 1024,
-                     _MM_HINT_T0);
-      }
-      wv[a] = load8<F>(wrows[a] + c * kElementBytes<F>);
-    }
-#pragma GCC unroll 4
-    for (int b = 0; b < XR; ++b) {
-      __m256 xv = _mm256_loadu_ps(xrows[b] + c);
-#pragma GCC unroll 4
-      for (int a = 0; a < WR; ++a) {
-        acc[a][b] = _mm256_fmadd_ps(wv[a], xv, acc[a][b]);
-      }
-    }
-  }
-  for (int a = 0; a < WR; ++a) {
-    for (int b = 0; b < XR; ++b) {
-      float sum = hsum(acc[a][b]);
-      for (int k = c; k < cols; ++k) {
-        sum += scalar_weight<F>(wrows[a] + k * kElementBytes<F>) * xrows[b][k];
-      }
-      out[a][b] = sum;
-    }
-  }
-}
-
-template <WeightFormat F, int WR>
-void tile_rows(const std::byte* const* wrows, const float* const* xrows, int xr, int cols,
-               float (&out)[kTileW][kTileX]) {
-  switch (xr) {
-    case 1:
-      return tile<F, WR, 1>(wrows, xrows, cols, out);
-    case 2:
-      return tile<F, WR, 2>(wrows, xrows, cols, out);
-    case 3:
-      return tile<F, WR, 3>(wrows, xrows, cols, out);
-    default:
-      return tile<F, WR, 4>(wrows, xrows, cols, out);
-  }
-}
-
-template <WeightFormat F>
-void tile_any(int wr, const std::byte* const* wrows, const float* const* xrows, int xr, int cols,
-              float (&out)[kTileW][kTileX]) {
-  switch (wr) {
-    case 1:
-      return tile_rows<F, 1>(wrows, xrows, xr, cols, out);
-    case 2:
-      return tile_rows<F, 2>(wrows, xrows, xr, cols, out);
-    default:
-      return tile_rows<F, 3>(wrows, xrows, xr, cols, out);
-  }
-}
-
-template <WeightFormat F>
-void matmul_format(const float* x, int m, const WeightMatrix& w, int row_begin, int row_end,
-                   float* y, int ldy, bool accumulate) {
-  // fp8 decodes 2^-8 too small (see load8); the row scale puts it back.
-  constexpr float kDecodeScale = F == WeightFormat::kFp8 ? 256.0f : 1.0f;
-  const int64_t row_bytes = static_cast<int64_t>(w.cols) * kElementBytes<F>;
-  // Activation rows in chunks that stay in L2 while every weight row of the range passes by.
-  constexpr int kChunkX = 32;
-  // With more activation rows than one tile holds, a narrow format's rows are widened to fp32
-  // once into this buffer (L1-sized) instead of once per tile of activation rows: the widening
-  // instructions compete with the FMAs for the same ports.
-  thread_local std::vector<float> widened;
-  for (int x0 = 0; x0 < m; x0 += kChunkX) {
-    int x_end = std::min(m, x0 + kChunkX);
-    const bool widen = F != WeightFormat::kF32 && x_end - x0 > kTileX;
-    for (int r = row_begin; r < row_end; r += kTileW) {
-      int wr = std::min(kTileW, row_end - r);
-      const std::byte* wrows[kTileW];
-      for (int a = 0; a < wr; ++a) {
-        wrows[a] = w.data + (r + a) * row_bytes;
-      }
-      if (widen) {
-        widened.resize(static_cast<size_t>(kTileW) * w.cols);
-        for (int a = 0; a < wr; ++a) {
-          float* out = widened.data() + static_cast<size_t>(a) * w.cols;
-          int c = 0;
-          for (; c + 8 <= w.cols; c += 8) {
-            _mm256_storeu_ps(out + c, load8<F>(wrows[a] + c * kElementBytes<F>));
-          }
-          for (; c < w.cols; ++c) {
-            out[c] = scalar_weight<F>(wrows[a] + c * kElementBytes<F>);
-          }
-          wrows[a] = reinterpret_cast<const std::byte*>(out);
-        }
-      }
-      for (int i = x0; i < x_end; i += kTileX) {
-        int xr = std::min(kTileX, x_end - i);
-        const float* xrows[kTileX];
-        for (int b = 0; b < xr; ++b) {
-          xrows[b] = x + static_cast<int64_t>(i + b) * w.cols;
-        }
-        float out[kTileW][kTileX];
-        if (widen) {
-          tile_any<WeightFormat::kF32>(wr, wrows, xrows, xr, w.cols, out);
-        } else {
-          tile_any<F>(wr, wrows, xrows, xr, w.cols, out);
-        }
-        for (int a = 0; a < wr; ++a) {
-          float scale = (w.scales.empty() ? 1.0f : w.scales[r + a]) * kDecodeScale;
-          float bias = w.bias.empty() ? 0.0f : w.bias[r + a];
-          for (int b = 0; b < xr; ++b) {
-            float& dst = y[static_cast<int64_t>(i + b) * ldy + r + a];
-            dst = (accumulate ? dst : 0.0f) + out[a][b] * scale + bias;
-          }
-        }
-      }
-    }
-  }
-}
+};
 
 void avx2_matmul(const float* x, int m, const WeightMatrix& w, int row_begin, int row_end, float* y,
                  int ldy, bool accumulate) {
-  switch (w.format) {
-    case WeightFormat::kF32:
-      return matmul_format<WeightFormat::kF32>(x, m, w, row_begin, row_end, y, ldy, accumulate);
-    case WeightFormat::kBF16:
-      return matmul_format<WeightFormat::kBF16>(x, m, w, row_begin, row_end, y, ldy, accumulate);
-    case WeightFormat::kInt8:
-      return matmul_format<WeightFormat::kInt8>(x, m, w, row_begin, row_end, y, ldy, accumulate);
-    case WeightFormat::kFp8:
-      return matmul_format<WeightFormat::kFp8>(x, m, w, row_begin, row_end, y, ldy, accumulate);
-  }
+  matmul_any_widened<Avx2, kTileW, kTileX, kChunkX>(x, m, w, row_begin, row_end, y, ldy,
+                                                    accumulate);
 }
 
 float avx2_dot(const float* a, const float* b, int n) {
@@ -281,7 +128,7 @@ void avx2_silu_mul(float* gate, const float* up, int n) {
   }
 }
 
-const Kernels kAvx2{"avx2", avx2_matmul, avx2_dot, avx2_axpy, avx2_silu_mul};
+const Kernels kAvx2{"avx2", avx2_matmul, avx2_dot, avx2_axpy, avx2_silu_mul, kTileW};
 
 }  // namespace
 

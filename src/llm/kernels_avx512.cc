@@ -14,6 +14,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <type_traits>
 #include <vector>
 
 // GCC 12's AVX-512 headers make their "undefined" vectors by self-initialization, which its
@@ -33,35 +34,11 @@ namespace flotilla::llm {
     defined(__AVX512BF16__) && defined(__FMA__) && defined(__F16C__)
 namespace {
 
+#include "llm/kernels_tiles.h"  // inside the anonymous namespace: this ISA's own copy
+
 constexpr int kTileW = 4;  // weight rows per tile
-constexpr int kTileX = 4;  // activation rows per tile
-// Activation rows in chunks that stay in L2 while every weight row of the range passes by.
+constexpr int kTileX = 4;  // activation rows per tile: 16 of the 32 zmm registers accumulate
 constexpr int kChunkX = 32;
-
-template <WeightFormat F>
-constexpr int kElementBytes = F == WeightFormat::kF32    ? 4
-                              : F == WeightFormat::kBF16 ? 2
-                                                         : 1;
-
-// Sixteen consecutive weights as fp32 (before the row scale); fp8 e4m3 2^-8 too small, as in
-// kernels_avx2.cc (its bits shifted into an fp16, which F16C widens exactly).
-template <WeightFormat F>
-inline __m512 load16(const std::byte* p) {
-  if constexpr (F == WeightFormat::kF32) {
-    return _mm512_loadu_ps(p);
-  } else if constexpr (F == WeightFormat::kBF16) {
-    __m256i half = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
-    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(half), 16));
-  } else if constexpr (F == WeightFormat::kInt8) {
-    __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
-    return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(bytes));
-  } else {
-    __m256i words = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-    __m256i magnitude = _mm256_slli_epi16(_mm256_and_si256(words, _mm256_set1_epi16(0x7f)), 7);
-    __m256i sign = _mm256_slli_epi16(_mm256_and_si256(words, _mm256_set1_epi16(0x80)), 8);
-    return _mm512_cvtph_ps(_mm256_or_si256(magnitude, sign));
-  }
-}
 
 // The same 512 bits as the other vector type (the compiler emits no instruction).
 inline __m512bh as_bf16(__m512i v) {
@@ -70,173 +47,61 @@ inline __m512bh as_bf16(__m512i v) {
   return out;
 }
 
-template <WeightFormat F>
-inline float scalar_weight(const std::byte* p) {
-  if constexpr (F == WeightFormat::kF32) {
-    float value;
-    std::memcpy(&value, p, 4);
-    return value;
-  } else if constexpr (F == WeightFormat::kBF16) {
-    uint16_t bits;
-    std::memcpy(&bits, p, 2);
-    return bf16_to_float(bits);
-  } else if constexpr (F == WeightFormat::kInt8) {
-    return static_cast<float>(static_cast<int8_t>(*p));
-  } else {
-    return fp8_e4m3_table()[static_cast<uint8_t>(*p)] / 256.0f;  // as load16 gives it
-  }
-}
-
-// ---- avx512f: widen to fp32 --------------------------------------------------------------
-
-// Dot products of WR weight rows with XR activation rows: out[w][x].
-template <WeightFormat F, int WR, int XR>
-inline void tile_f32(const std::byte* const* wrows, const float* const* xrows, int cols,
-                     float (&out)[kTileW][kTileX]) {
-  __m512 acc[WR][XR];
-#pragma GCC unroll 4
-  for (int a = 0; a < WR; ++a) {
-#pragma GCC unroll 4
-    for (int b = 0; b < XR; ++b) {
-      acc[a][b] = _mm512_setzero_ps();
+struct Avx512 {
+  static constexpr int kLanes = 16;
+  using V = __m512;
+  static V zero() { return _mm512_setzero_ps(); }
+  static V fmadd(V a, V b, V c) { return _mm512_fmadd_ps(a, b, c); }
+  static float sum(V v) { return _mm512_reduce_add_ps(v); }
+  static V load(const float* p) { return _mm512_loadu_ps(p); }
+  static void store(float* p, V v) { _mm512_storeu_ps(p, v); }
+  // Sixteen consecutive weights as fp32 (before the row scale); fp8 e4m3 2^-8 too small, as in
+  // kernels_avx2.cc (its bits shifted into an fp16, which F16C widens exactly).
+  template <WeightFormat F>
+  static V widen(const std::byte* p) {
+    if constexpr (F == WeightFormat::kF32) {
+      return _mm512_loadu_ps(p);
+    } else if constexpr (F == WeightFormat::kBF16) {
+      __m256i half = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+      return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(half), 16));
+    } else if constexpr (F == WeightFormat::kInt8) {
+      __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+      return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(bytes));
+    } else {
+      __m256i words = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+      __m256i magnitude = _mm256_slli_epi16(_mm256_and_si256(words, _mm256_set1_epi16(0x7f)), 7);
+      __m256i sign = _mm256_slli_epi16(_mm256_and_si256(words, _mm256_set1_epi16(0x80)), 8);
+      return _mm512_cvtph_ps(_mm256_or_si256(magnitude, sign));
     }
   }
+};
+
+// step(c, mask) over [0, cols) in steps of N elements, the last step's mask ending at cols.
+template <int N, typename Mask, typename Step>
+inline void masked_steps(int cols, Step&& step) {
   int c = 0;
-  for (; c + 16 <= cols; c += 16) {
-    __m512 wv[WR];
-#pragma GCC unroll 4
-    for (int a = 0; a < WR; ++a) {
-      if constexpr (XR <= 2 && kElementBytes<F> == 1) {
-        // Few activation rows: the loop waits on memory (kernels_avx2.cc measured the gain).
-        _mm_prefetch(reinterpret_cast<const char*>(wrows[a] + c * kElementBytes<F>) + 1024,
-                     _MM_HINT_T0);
-      }
-      wv[a] = load16<F>(wrows[a] + c * kElementBytes<F>);
-    }
-#pragma GCC unroll 4
-    for (int b = 0; b < XR; ++b) {
-      __m512 xv = _mm512_loadu_ps(xrows[b] + c);
-#pragma GCC unroll 4
-      for (int a = 0; a < WR; ++a) {
-        acc[a][b] = _mm512_fmadd_ps(wv[a], xv, acc[a][b]);
-      }
-    }
+  for (; c + N <= cols; c += N) {
+    step(c, static_cast<Mask>(~Mask{0}));
   }
+  if (c < cols) {
+    step(c, static_cast<Mask>(~Mask{0} >> (N - (cols - c))));
+  }
+}
+
+template <int WR, int XR>
+inline void sum_lanes(const __m512 (&acc)[WR][XR], float (&out)[kTileW][kTileX]) {
   for (int a = 0; a < WR; ++a) {
     for (int b = 0; b < XR; ++b) {
-      float sum = _mm512_reduce_add_ps(acc[a][b]);
-      for (int k = c; k < cols; ++k) {
-        sum += scalar_weight<F>(wrows[a] + k * kElementBytes<F>) * xrows[b][k];
-      }
-      out[a][b] = sum;
+      out[a][b] = _mm512_reduce_add_ps(acc[a][b]);
     }
   }
 }
 
-// Calls tile(integral_constant WR, integral_constant XR) for wr, xr in [1, 4].
-template <typename Tile>
-inline void dispatch_tile(int wr, int xr, Tile&& tile) {
-  auto rows = [&]<int WR>(std::integral_constant<int, WR> w) {
-    switch (xr) {
-      case 1:
-        return tile(w, std::integral_constant<int, 1>{});
-      case 2:
-        return tile(w, std::integral_constant<int, 2>{});
-      case 3:
-        return tile(w, std::integral_constant<int, 3>{});
-      default:
-        return tile(w, std::integral_constant<int, 4>{});
-    }
-  };
-  switch (wr) {
-    case 1:
-      return rows(std::integral_constant<int, 1>{});
-    case 2:
-      return rows(std::integral_constant<int, 2>{});
-    case 3:
-      return rows(std::integral_constant<int, 3>{});
-    default:
-      return rows(std::integral_constant<int, 4>{});
-  }
-}
-
-// Writes one tile's results: y = (y if accumulate) + dot x row scale + bias.
-inline void store_tile(const float (&out)[kTileW][kTileX], const WeightMatrix& w, int r, int wr,
-                       int i, int xr, float decode_scale, float* y, int ldy, bool accumulate) {
+// Points rows[a] at weight row r + a of w, as elements of type T, for a < wr.
+template <typename T>
+inline void point_at_rows(const WeightMatrix& w, int r, int wr, const T* (&rows)[kTileW]) {
   for (int a = 0; a < wr; ++a) {
-    float scale = (w.scales.empty() ? 1.0f : w.scales[r + a]) * decode_scale;
-    float bias = w.bias.empty() ? 0.0f : w.bias[r + a];
-    for (int b = 0; b < xr; ++b) {
-      float& dst = y[static_cast<int64_t>(i + b) * ldy + r + a];
-      dst = (accumulate ? dst : 0.0f) + out[a][b] * scale + bias;
-    }
-  }
-}
-
-template <WeightFormat F>
-void matmul_widened(const float* x, int m, const WeightMatrix& w, int row_begin, int row_end,
-                    float* y, int ldy, bool accumulate) {
-  constexpr float kDecodeScale = F == WeightFormat::kFp8 ? 256.0f : 1.0f;
-  const int64_t row_bytes = static_cast<int64_t>(w.cols) * kElementBytes<F>;
-  // With more activation rows than one tile holds, a narrow format's rows are widened to fp32
-  // once into this buffer (L1-sized) instead of once per tile of activation rows.
-  thread_local std::vector<float> widened;
-  for (int x0 = 0; x0 < m; x0 += kChunkX) {
-    const int x_end = std::min(m, x0 + kChunkX);
-    const bool widen = F != WeightFormat::kF32 && x_end - x0 > kTileX;
-    for (int r = row_begin; r < row_end; r += kTileW) {
-      const int wr = std::min(kTileW, row_end - r);
-      const std::byte* wrows[kTileW];
-      for (int a = 0; a < wr; ++a) {
-        wrows[a] = w.data + (r + a) * row_bytes;
-      }
-      if (widen) {
-        widened.resize(static_cast<size_t>(kTileW) * w.cols);
-        for (int a = 0; a < wr; ++a) {
-          float* out = widened.data() + static_cast<size_t>(a) * w.cols;
-          int c = 0;
-          for (; c + 16 <= w.cols; c += 16) {
-            _mm512_storeu_ps(out + c, load16<F>(wrows[a] + c * kElementBytes<F>));
-          }
-          for (; c < w.cols; ++c) {
-            out[c] = scalar_weight<F>(wrows[a] + c * kElementBytes<F>);
-          }
-          wrows[a] = reinterpret_cast<const std::byte*>(out);
-        }
-      }
-      for (int i = x0; i < x_end; i += kTileX) {
-        const int xr = std::min(kTileX, x_end - i);
-        const float* xrows[kTileX];
-        for (int b = 0; b < xr; ++b) {
-          xrows[b] = x + static_cast<int64_t>(i + b) * w.cols;
-        }
-        float out[kTileW][kTileX];
-        dispatch_tile(
-            wr, xr,
-            [&]<int WR, int XR>(std::integral_constant<int, WR>, std::integral_constant<int, XR>) {
-              if (widen) {
-                tile_f32<WeightFormat::kF32, WR, XR>(wrows, xrows, w.cols, out);
-              } else {
-                tile_f32<F, WR, XR>(wrows, xrows, w.cols, out);
-              }
-            });
-        store_tile(out, w, r, wr, i, xr, kDecodeScale, y, ldy, accumulate);
-      }
-    }
-  }
-}
-
-void avx512f_matmul(const float* x, int m, const WeightMatrix& w, int row_begin, int row_end,
-                    float* y, int ldy, bool accumulate) {
-  switch (w.format) {
-    case WeightFormat::kF32:
-      return matmul_widened<WeightFormat::kF32>(x, m, w, row_begin, row_end, y, ldy, accumulate);
-    case WeightFormat::kBF16:
-      return matmul_widened<WeightFormat::kBF16>(x, m, w, row_begin, row_end, y, ldy, accumulate);
-    case WeightFormat::kInt8:
-      return matmul_widened<WeightFormat::kInt8>(x, m, w, row_begin, row_end, y, ldy, accumulate);
-    case WeightFormat::kFp8:
-      return matmul_widened<WeightFormat::kFp8>(x, m, w, row_begin, row_end, y, ldy, accumulate);
+    rows[a] = reinterpret_cast<const T*>(w.data) + static_cast<int64_t>(r + a) * w.cols;
   }
 }
 
@@ -339,56 +204,38 @@ inline void tile_vnni(const int8_t* const* wrows, const int8_t* const* qrows,
       }
     }
   };
-  int c = 0;
-  for (; c + 64 <= cols; c += 64) {
-    step(c, ~__mmask64{0});
-  }
-  if (c < cols) {
-    step(c, (~__mmask64{0}) >> (64 - (cols - c)));
-  }
-  for (int a = 0; a < WR; ++a) {
-    for (int b = 0; b < XR; ++b) {
-      out[a][b] = _mm512_reduce_add_ps(acc[a][b]);
-    }
-  }
+  masked_steps<64, __mmask64>(cols, step);
+  sum_lanes(acc, out);
 }
 
 void matmul_int8_vnni(const float* x, int m, const WeightMatrix& w, int row_begin, int row_end,
                       float* y, int ldy, bool accumulate) {
   thread_local QuantizedRows q;
   quantize_rows(x, m, w.cols, q);
-  const auto* weights = reinterpret_cast<const int8_t*>(w.data);
-  for (int x0 = 0; x0 < m; x0 += kChunkX) {
-    const int x_end = std::min(m, x0 + kChunkX);
-    for (int r = row_begin; r < row_end; r += kTileW) {
-      const int wr = std::min(kTileW, row_end - r);
-      const int8_t* wrows[kTileW];
-      for (int a = 0; a < wr; ++a) {
-        wrows[a] = weights + static_cast<int64_t>(r + a) * w.cols;
-      }
-      for (int i = x0; i < x_end; i += kTileX) {
-        const int xr = std::min(kTileX, x_end - i);
-        const int8_t* qrows[kTileX];
-        const float* lane_scales[kTileX];
-        for (int b = 0; b < xr; ++b) {
-          qrows[b] = q.codes.data() + static_cast<int64_t>(i + b) * q.stride;
-          lane_scales[b] = q.lane_scales.data() + static_cast<int64_t>(i + b) * q.stride / 4;
-        }
-        float out[kTileW][kTileX];
-        dispatch_tile(
-            wr, xr,
-            [&]<int WR, int XR>(std::integral_constant<int, WR>, std::integral_constant<int, XR>) {
-              tile_vnni<WR, XR>(wrows, qrows, lane_scales, w.cols, out);
-            });
-        for (int a = 0; a < wr; ++a) {
-          for (int b = 0; b < xr; ++b) {
-            out[a][b] -= q.offsets[i + b];
-          }
-        }
-        store_tile(out, w, r, wr, i, xr, 1.0f, y, ldy, accumulate);
+  const int8_t* wrows[kTileW];
+  auto weight_rows = [&](int r, int wr, int, int) {
+    point_at_rows(w, r, wr, wrows);
+  };
+  auto tile = [&](int r, int wr, int i, int xr) {
+    const int8_t* qrows[kTileX];
+    const float* lane_scales[kTileX];
+    for (int b = 0; b < xr; ++b) {
+      qrows[b] = q.codes.data() + static_cast<int64_t>(i + b) * q.stride;
+      lane_scales[b] = q.lane_scales.data() + static_cast<int64_t>(i + b) * q.stride / 4;
+    }
+    float out[kTileW][kTileX];
+    dispatch_tile<kTileW, kTileX>(wr, xr, [&](auto wr_c, auto xr_c) {
+      tile_vnni<decltype(wr_c)::value, decltype(xr_c)::value>(wrows, qrows, lane_scales, w.cols,
+                                                              out);
+    });
+    for (int a = 0; a < wr; ++a) {
+      for (int b = 0; b < xr; ++b) {
+        out[a][b] -= q.offsets[i + b];
       }
     }
-  }
+    store_tile(out, w, r, wr, i, xr, 1.0f, y, ldy, accumulate);
+  };
+  for_each_tile<kTileW, kTileX, kChunkX>(m, row_begin, row_end, weight_rows, tile);
 }
 
 // ---- BF16: bf16 weights by bf16 activations -----------------------------------------------
@@ -444,49 +291,30 @@ inline void tile_bf16(const uint16_t* const* wrows, const uint16_t* const* xrows
       }
     }
   };
-  int c = 0;
-  for (; c + 32 <= cols; c += 32) {
-    step(c, ~__mmask32{0});
-  }
-  if (c < cols) {
-    step(c, (~__mmask32{0}) >> (32 - (cols - c)));
-  }
-  for (int a = 0; a < WR; ++a) {
-    for (int b = 0; b < XR; ++b) {
-      out[a][b] = _mm512_reduce_add_ps(acc[a][b]);
-    }
-  }
+  masked_steps<32, __mmask32>(cols, step);
+  sum_lanes(acc, out);
 }
 
 void matmul_bf16_dot(const float* x, int m, const WeightMatrix& w, int row_begin, int row_end,
                      float* y, int ldy, bool accumulate) {
   thread_local Bf16Rows rounded;
   round_rows_to_bf16(x, m, w.cols, rounded);
-  const auto* weights = reinterpret_cast<const uint16_t*>(w.data);
-  for (int x0 = 0; x0 < m; x0 += kChunkX) {
-    const int x_end = std::min(m, x0 + kChunkX);
-    for (int r = row_begin; r < row_end; r += kTileW) {
-      const int wr = std::min(kTileW, row_end - r);
-      const uint16_t* wrows[kTileW];
-      for (int a = 0; a < wr; ++a) {
-        wrows[a] = weights + static_cast<int64_t>(r + a) * w.cols;
-      }
-      for (int i = x0; i < x_end; i += kTileX) {
-        const int xr = std::min(kTileX, x_end - i);
-        const uint16_t* xrows[kTileX];
-        for (int b = 0; b < xr; ++b) {
-          xrows[b] = rounded.values.data() + static_cast<int64_t>(i + b) * rounded.stride;
-        }
-        float out[kTileW][kTileX];
-        dispatch_tile(
-            wr, xr,
-            [&]<int WR, int XR>(std::integral_constant<int, WR>, std::integral_constant<int, XR>) {
-              tile_bf16<WR, XR>(wrows, xrows, w.cols, out);
-            });
-        store_tile(out, w, r, wr, i, xr, 1.0f, y, ldy, accumulate);
-      }
+  const uint16_t* wrows[kTileW];
+  auto weight_rows = [&](int r, int wr, int, int) {
+    point_at_rows(w, r, wr, wrows);
+  };
+  auto tile = [&](int r, int wr, int i, int xr) {
+    const uint16_t* xrows[kTileX];
+    for (int b = 0; b < xr; ++b) {
+      xrows[b] = rounded.values.data() + static_cast<int64_t>(i + b) * rounded.stride;
     }
-  }
+    float out[kTileW][kTileX];
+    dispatch_tile<kTileW, kTileX>(wr, xr, [&](auto wr_c, auto xr_c) {
+      tile_bf16<decltype(wr_c)::value, decltype(xr_c)::value>(wrows, xrows, w.cols, out);
+    });
+    store_tile(out, w, r, wr, i, xr, 1.0f, y, ldy, accumulate);
+  };
+  for_each_tile<kTileW, kTileX, kChunkX>(m, row_begin, row_end, weight_rows, tile);
 }
 
 // ---- The tables ---------------------------------------------------------------------------
@@ -500,7 +328,8 @@ void avx512_matmul(const float* x, int m, const WeightMatrix& w, int row_begin, 
   if (kBf16 && w.format == WeightFormat::kBF16) {
     return matmul_bf16_dot(x, m, w, row_begin, row_end, y, ldy, accumulate);
   }
-  avx512f_matmul(x, m, w, row_begin, row_end, y, ldy, accumulate);
+  matmul_any_widened<Avx512, kTileW, kTileX, kChunkX>(x, m, w, row_begin, row_end, y, ldy,
+                                                      accumulate);
 }
 
 float avx512_dot(const float* a, const float* b, int n) {
@@ -567,14 +396,14 @@ void avx512_silu_mul(float* gate, const float* up, int n) {
   }
 }
 
-const Kernels kAvx512f{"avx512f", avx512_matmul<false, false>, avx512_dot, avx512_axpy,
-                       avx512_silu_mul};
-const Kernels kAvx512Vnni{"avx512-vnni", avx512_matmul<true, false>, avx512_dot, avx512_axpy,
-                          avx512_silu_mul};
-const Kernels kAvx512Bf16{"avx512-bf16", avx512_matmul<false, true>, avx512_dot, avx512_axpy,
-                          avx512_silu_mul};
+const Kernels kAvx512f{
+    "avx512f", avx512_matmul<false, false>, avx512_dot, avx512_axpy, avx512_silu_mul, kTileW};
+const Kernels kAvx512Vnni{
+    "avx512-vnni", avx512_matmul<true, false>, avx512_dot, avx512_axpy, avx512_silu_mul, kTileW};
+const Kernels kAvx512Bf16{
+    "avx512-bf16", avx512_matmul<false, true>, avx512_dot, avx512_axpy, avx512_silu_mul, kTileW};
 const Kernels kAvx512VnniBf16{"avx512-vnni-bf16", avx512_matmul<true, true>, avx512_dot,
-                              avx512_axpy, avx512_silu_mul};
+                              avx512_axpy,        avx512_silu_mul,           kTileW};
 
 }  // namespace
 

@@ -128,7 +128,7 @@ std::span<const float> ForwardPass::forward(std::span<const StepSequence> step, 
   }
 
   auto matmul = [&](const float* in, const WeightMatrix& w, float* out, int ldy, bool add) {
-    pool_.parallel_for(w.rows, 3, [&](int begin, int end) {
+    pool_.parallel_for(w.rows, kernels_.tile_rows, [&](int begin, int end) {
       kernels_.matmul(in, rows, w, begin, end, out, ldy, add);
     });
   };
@@ -195,7 +195,7 @@ std::span<const float> ForwardPass::forward(std::span<const StepSequence> step, 
   }
   logits_.resize(static_cast<size_t>(logit_rows) * c.vocab_size);
   if (logit_rows > 0) {
-    pool_.parallel_for(c.vocab_size, 3, [&](int begin, int end) {
+    pool_.parallel_for(c.vocab_size, kernels_.tile_rows, [&](int begin, int end) {
       kernels_.matmul(logits_in_.data(), logit_rows, m.lm_head, begin, end, logits_.data(),
                       c.vocab_size, false);
     });
