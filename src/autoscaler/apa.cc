@@ -375,8 +375,13 @@ Decision VerticalPolicy::decide_target(const ReplicaSignals& signals) {
     next = std::max(target_ * (1 + options_.max_change), std::round(target_) + 1);
     why = "probe up";
   } else if (target_ > knee->concurrency * (1 + options_.knee_band)) {
-    next = std::max(knee->concurrency, target_ * (1 - options_.max_change));
-    why = "down to the knee";
+    // With nothing short of the goal below it in the curve as it reads now (the short reading
+    // that ended the probe down was noise, and newer ones replaced it), the knee is only the
+    // lowest concurrency seen: the way down is a probe, not one bin a cycle (live, an XGBoost
+    // target took 5 cycles from 36 to 24 with its knee at 10).
+    next = knee->below_seen ? std::max(knee->concurrency, target_ * (1 - options_.max_change))
+                            : target_ * (1 - options_.max_change);
+    why = knee->below_seen ? "down to the knee" : "probe down";
   } else if (target_ < knee->concurrency * (1 - options_.knee_band)) {
     next = std::min(knee->concurrency, target_ * (1 + options_.max_change));
     why = "up to the knee";

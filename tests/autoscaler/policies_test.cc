@@ -323,8 +323,7 @@ TEST(VerticalPolicyTest, LatencyThatBoughtThroughputIsNotOverload) {
   VerticalPolicy policy(VerticalOptions{});
   policy.decide_target(steady(10, 1, 0, 0.3));  // the baseline: 100/s
   // 2.5x the baseline at 4 in flight, 160/s: no cut.
-  EXPECT_EQ(policy.decide_target(steady(25, 4, 0, 0.6)).reason.find("overload"),
-            std::string::npos);
+  EXPECT_EQ(policy.decide_target(steady(25, 4, 0, 0.6)).reason.find("overload"), std::string::npos);
   EXPECT_GE(policy.target(), 4);
 }
 
@@ -507,9 +506,9 @@ TEST(VerticalPolicyTest, ConvergesOnTheKneeOfTheThroughputCurve) {
   // A live XGBoost replica's sweep (bench/RESULTS.md, "Vertical on real models"): flat from 2
   // to 6 in flight, rising again to its best at 24; the knee at 10.3, far past the first flat.
   const auto two_plateaus = [](double c) {
-    const std::vector<std::pair<double, double>> points = {
-        {1, 5717}, {2, 9982}, {6, 9980}, {8, 12053}, {12, 13650}, {16, 14138}, {24, 14428},
-        {64, 13973}};
+    const std::vector<std::pair<double, double>> points = {{1, 5717},   {2, 9982},   {6, 9980},
+                                                           {8, 12053},  {12, 13650}, {16, 14138},
+                                                           {24, 14428}, {64, 13973}};
     for (size_t i = 1; i < points.size(); ++i) {
       if (c <= points[i].first) {
         const auto [c0, x0] = points[i - 1];
@@ -522,6 +521,7 @@ TEST(VerticalPolicyTest, ConvergesOnTheKneeOfTheThroughputCurve) {
   const std::vector<KneeCase> cases = {
       {"sharp knee at 16, cpu saturated (no baseline)", sharp, 1.0, 64, 0},
       {"two plateaus, cpu 50%", two_plateaus, 0.5, 64, 0},
+      {"two plateaus, 5% noise", two_plateaus, 0.5, 64, 0.05},
       {"sharp knee at 16, cpu 50%", sharp, 0.5, 64, 0},
       {"batched, cpu saturated", batched, 1.0, 64, 0},
       {"sharp knee, 5% noise", sharp, 1.0, 64, 0.05},
@@ -554,6 +554,29 @@ TEST(VerticalPolicyTest, ConvergesOnTheKneeOfTheThroughputCurve) {
       EXPECT_EQ(changes_late, 0);  // steady load, no change
     }
   }
+}
+
+// A knee that is only the lowest concurrency seen is no floor: once the short reading that
+// ended the probe down is outvoted (it was noise), the way down is a probe (x0.75), not one
+// bin a cycle (live, an XGBoost target took 5 cycles from 36 to 24 with its knee at 10).
+TEST(VerticalPolicyTest, TheLowestConcurrencySeenIsNoFloor) {
+  VerticalOptions options;
+  options.max_target = 44;  // 40 in flight is 90% of it: the curve is known above from there
+  options.initial_target = 40;
+  VerticalPolicy policy(options);
+  // A cycle at `concurrency` in flight on average, the busiest second at the gateway's cap.
+  auto cycle = [&](double concurrency, double throughput) {
+    const double latency_ms = concurrency / throughput * 1000;
+    return policy.decide_target(
+        {latency_ms, concurrency, 0, 0.5, std::round(policy.target()), latency_ms});
+  };
+  cycle(40, 1000);
+  EXPECT_DOUBLE_EQ(policy.target(), 30);      // probe down
+  cycle(30, 800);                             // noise, short of 90% of the best
+  EXPECT_DOUBLE_EQ(policy.target(), 35);      // up to the knee read between 30 and 40
+  const Decision decision = cycle(30, 1000);  // outvoted: 30 reads 90% of the best
+  EXPECT_NE(decision.reason.find("probe down"), std::string::npos) << decision.reason;
+  EXPECT_DOUBLE_EQ(policy.target(), 26.25);
 }
 
 // The gateway caps a replica at the target rounded: at 3.45 it holds 3, and a probe must read
