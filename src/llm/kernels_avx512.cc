@@ -7,8 +7,8 @@
 //   products go into one instruction, with no widening. vpdpbusd multiplies unsigned by signed
 //   bytes: the weights are made unsigned by flipping their sign bit (w + 128), and 128 x the
 //   scaled sums of the activation codes are taken off the result.
-// - BF16 (vdpbf16ps): the activation rows are rounded to bf16 once a call, and 32 products of
-//   bf16 pairs accumulate in fp32 in one instruction, again with no widening.
+// - BF16 (vdpbf16ps), for up to 4 activation rows: they are rounded to bf16 once a call, and 32
+//   products of bf16 pairs accumulate in fp32 in one instruction, again with no widening.
 // Both trade the fp32 activations of the other paths for a rounding of them: kernels_test bounds
 // the difference from the portable reference by that rounding.
 #include <algorithm>
@@ -325,7 +325,10 @@ void avx512_matmul(const float* x, int m, const WeightMatrix& w, int row_begin, 
   if (kVnni && w.format == WeightFormat::kInt8) {
     return matmul_int8_vnni(x, m, w, row_begin, row_end, y, ldy, accumulate);
   }
-  if (kBf16 && w.format == WeightFormat::kBF16) {
+  // vdpbf16ps pays where the widening is not shared: a tile of activation rows or fewer (decode
+  // of a few sequences: 1.4-1.5x the widened path's bytes/s at one row); with more rows the
+  // widened weights, converted once into L1, run 10-15% faster (bench/llm/kernel_paths.py).
+  if (kBf16 && w.format == WeightFormat::kBF16 && m <= kTileX) {
     return matmul_bf16_dot(x, m, w, row_begin, row_end, y, ldy, accumulate);
   }
   matmul_any_widened<Avx512, kTileW, kTileX, kChunkX>(x, m, w, row_begin, row_end, y, ldy,
