@@ -12,8 +12,8 @@ costs the client far less CPU than parsing 50 events per request. Configurations
 overlap of output work off. The replica gets --llm-threads (default 2); the load generator is
 this Python process (asyncio + aiohttp) on the same machine.
 
-llama.cpp is not packaged in Debian 12, so its figures are the ones issue 7 quotes for this
-shape and workload on this kind of machine; the ratio column divides by them.
+Against llama.cpp's server, same weights and requests in the same run: bench/llm/side_by_side.py
+(this script measures Flotilla's configurations alone).
 
     /usr/bin/python3 bench/llm/llm_bench.py [--seconds 20] [--clients 1,4,8,16,32]
         [--configs fp32,bf16,int8,fp8,bf16-nobatch,bf16-nooverlap] [--threads 2]
@@ -46,12 +46,6 @@ CONFIGS = {
     "bf16-nooverlap": ["--dtype", "bfloat16", "--no-overlap"],
 }
 
-# llama.cpp server, 16 slots, continuous batching, flash attention, 2 threads (issue 7).
-LLAMA_CPP_REQ_S = {
-    "Q8_0": {1: 4.5, 4: 8.0, 8: 10.0, 16: 14.0},
-    "F16": {1: 4.0, 16: 14.0},
-}
-PEER_FOR = {"int8": "Q8_0", "fp8": "Q8_0", "int8-mlp": "Q8_0", "fp32": "F16", "bf16": "F16"}
 
 
 def read_bandwidth_worker(_):
@@ -133,16 +127,22 @@ async def one_request(session, url, rng, stream):
     return time.monotonic() - start, first - start
 
 
-async def load(port, clients, seconds):
+async def load(port, clients, seconds, fresh_connections=False):
+    """Closed-loop load; fresh_connections: a new connection per request (llama-server leaves
+    Nagle on, which stalls a keep-alive client ~40 ms a request)."""
     url = f"http://127.0.0.1:{port}/v1/completions"
-    latencies, ttfts = [], []
+    latencies, ttfts, errors = [], [], []
     deadline = time.monotonic() + seconds
-    connector = aiohttp.TCPConnector(limit=clients)
+    connector = aiohttp.TCPConnector(limit=clients, force_close=fresh_connections)
     async with aiohttp.ClientSession(connector=connector) as session:
         async def client(index):
             rng = random.Random(index)
             while time.monotonic() < deadline:
-                latency, ttft = await one_request(session, url, rng, stream=index == 0)
+                try:
+                    latency, ttft = await one_request(session, url, rng, stream=index == 0)
+                except (aiohttp.ClientError, RuntimeError) as error:  # counted and shown, not hidden
+                    errors.append(repr(error))
+                    continue
                 latencies.append(latency)
                 if ttft is not None:
                     ttfts.append(ttft)
@@ -158,6 +158,8 @@ async def load(port, clients, seconds):
         "p50_ms": 1000 * latencies[len(latencies) // 2],
         "p99_ms": 1000 * latencies[min(len(latencies) - 1, int(len(latencies) * 0.99))],
         "ttft_p50_ms": 1000 * statistics.median(ttfts),
+        "errors": len(errors),
+        "first_error": errors[0] if errors else None,
     }
 
 
@@ -174,7 +176,7 @@ def main():
     with tempfile.TemporaryDirectory() as tmp:
         model = make_model(tmp)
         print(f"{'config':<15} {'clients':>7} {'req/s':>7} {'tok/s':>7} {'p50 ms':>8} "
-              f"{'p99 ms':>8} {'ttft ms':>8} {'vs llama.cpp':>13}")
+              f"{'p99 ms':>8} {'ttft ms':>8}")
         with open(os.path.join(model, "config.json")) as f:
             config = json.load(f)
         bandwidth = read_bandwidth(args.threads)
@@ -192,13 +194,10 @@ def main():
                 for c in clients:
                     row = asyncio.run(load(port, c, args.seconds))
                     row["config"] = name
-                    peer = LLAMA_CPP_REQ_S.get(PEER_FOR.get(name, ""), {}).get(c)
-                    row["vs_llama_cpp"] = row["req_s"] / peer if peer else None
                     rows.append(row)
-                    ratio = f"{row['vs_llama_cpp']:.2f}x" if peer else "-"
                     print(f"{name:<15} {c:>7} {row['req_s']:>7.1f} {row['tok_s']:>7.0f} "
                           f"{row['p50_ms']:>8.0f} {row['p99_ms']:>8.0f} "
-                          f"{row['ttft_p50_ms']:>8.0f} {ratio:>13}", flush=True)
+                          f"{row['ttft_p50_ms']:>8.0f}", flush=True)
             finally:
                 proc.terminate()
                 proc.wait(30)

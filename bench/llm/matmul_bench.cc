@@ -4,6 +4,7 @@
 // present (Debian libopenblas-dev), its sgemm on the same fp32 shapes runs beside ours.
 //
 //   build/release/bench/llm_matmul_bench --benchmark_filter=...
+//   bench/llm/kernel_paths.py   (the table of paths side by side, with ratios to AVX2)
 #include <random>
 #include <vector>
 
@@ -28,16 +29,17 @@ std::vector<float> random_values(size_t n) {
   return out;
 }
 
-// Args: rows (output features), cols, batch rows m, format.
+// Args: rows (output features), cols, batch rows m, format, kernel path (an index into
+// supported_kernels(): every path this CPU runs is measured in the same run).
 void BM_Matmul(benchmark::State& state) {
   const int rows = static_cast<int>(state.range(0)), cols = static_cast<int>(state.range(1));
   const int m = static_cast<int>(state.range(2));
   const auto format = static_cast<WeightFormat>(state.range(3));
+  const Kernels& k = *supported_kernels().at(state.range(4));
   std::vector<float> values = random_values(static_cast<size_t>(rows) * cols);
   WeightMatrix w = make_weight_matrix(format, rows, cols, values.data());
   std::vector<float> x = random_values(static_cast<size_t>(m) * cols);
   std::vector<float> y(static_cast<size_t>(m) * rows);
-  const Kernels& k = kernels();
   for (auto _ : state) {
     k.matmul(x.data(), m, w, 0, rows, y.data(), rows, false);
     benchmark::DoNotOptimize(y.data());
@@ -50,10 +52,13 @@ void BM_Matmul(benchmark::State& state) {
 }
 
 void shapes(benchmark::internal::Benchmark* b) {
+  const auto paths = static_cast<int64_t>(supported_kernels().size());
   for (int format : {0, 1, 2, 3}) {
     for (int m : {1, 16, 64}) {
-      b->Args({2816, 512, m, format});   // gate and up stacked
-      b->Args({32000, 512, m, format});  // LM head
+      for (int64_t path = 1; path < paths; ++path) {  // not the portable one: minutes a shape
+        b->Args({2816, 512, m, format, path});        // gate and up stacked
+        b->Args({32000, 512, m, format, path});       // LM head
+      }
     }
   }
 }
