@@ -52,8 +52,8 @@ const Kernels& portable_kernels();
 const Kernels* avx2_kernels();
 // The AVX-512 tables (F, BW and VL): avx512f widens every format to fp32; with `vnni` int8
 // weights go through vpdpbusd on int8-quantized activations, with `bf16` bf16 weights through
-// vdpbf16ps on bf16-rounded ones (up to 4 activation rows; widened beyond). nullptr when the build has no AVX-512; hands out a table
-// whatever the CPU: supported_kernels() is what checks.
+// vdpbf16ps on bf16-rounded ones (up to 4 activation rows; widened beyond). nullptr when the build
+// has no AVX-512; hands out a table whatever the CPU: supported_kernels() is what checks.
 const Kernels* avx512_kernel_table(bool vnni, bool bf16);
 // Every path this CPU runs: the portable one first, the best last.
 std::vector<const Kernels*> supported_kernels();

@@ -115,10 +115,11 @@ class Runtime {
   // The text-generation interface of a language model; null for tensor models.
   virtual Generator* generator() { return nullptr; }
   // Seconds requests have waited inside the runtime for room in the engine (a full batch, busy
-  // slots; not the wait for the next step of a batch with room), summed over requests, the waits still going on included: its increase over
-  // an interval, divided by the interval, is the mean number of requests waiting then
-  // (Little's law). What the vertical autoscaler reads as in-replica queueing. 0 for a runtime
-  // that never queues (xgboost runs each call on the thread that asked).
+  // slots; not the wait for the next step of a batch with room), summed over requests, the waits
+  // still going on included: its increase over an interval, divided by the interval, is the mean
+  // number of requests waiting then (Little's law). What the vertical autoscaler reads as
+  // in-replica queueing. 0 for a runtime that never queues (xgboost runs each call on the thread
+  // that asked).
   virtual double queue_wait_seconds() const { return 0; }
 };
 
