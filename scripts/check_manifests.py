@@ -286,8 +286,12 @@ def spec_cc_fields():
     with open(os.path.join(ROOT, "src/control/spec.cc")) as f:
         text = f.read()
     field_sets = set()
-    for match in re.finditer(r"check_keys\(\s*\w+,\s*\{([^}]*)\}", text):
-        field_sets.add(frozenset(re.findall(r'"([^"]+)"', match.group(1))))
+    # check_keys(node, {...}) calls, and read_range's key lists: its default and the lists
+    # callers pass it (the last argument, before the closing parenthesis).
+    for pattern in [r"check_keys\(\s*\w+,\s*\{([^}]*)\}", r"\bkeys\s*=\s*\{([^}]*)\}",
+                    r"read_range\([^;]*?\{([^}]*)\}\s*\)"]:
+        for match in re.finditer(pattern, text):
+            field_sets.add(frozenset(re.findall(r'"([^"]+)"', match.group(1))))
     runtimes = re.search(r"kRuntimes\s*=\s*\{([^}]*)\}", text)
     return field_sets, set(re.findall(r'"([^"]+)"', runtimes.group(1))) if runtimes else set()
 

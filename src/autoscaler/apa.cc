@@ -278,13 +278,19 @@ Decision VerticalPolicy::decide_target(const ReplicaSignals& signals) {
     const int bin = static_cast<int>(std::lround(
         std::log(signals.concurrency) / std::log(std::max(1.01, options_.curve_bin_ratio))));
     const double throughput = signals.concurrency / signals.latency_ms * 1000;
+    // Judged against the bins from half this concurrency up: a replica saturated at 2 in flight
+    // gives twice at 8 what it gave at 1, and nothing between would say that 2 gave as much.
     double best_below = 0;
     for (auto it = curve_.begin(); it != curve_.end() && it->first < bin; ++it) {
+      std::vector<double> concurrency;
       std::vector<double> values;
       for (const Reading& reading : it->second) {
+        concurrency.push_back(reading.concurrency);
         values.push_back(reading.throughput);
       }
-      best_below = std::max(best_below, median_of(std::move(values)));
+      if (median_of(std::move(concurrency)) >= signals.concurrency / 2) {
+        best_below = std::max(best_below, median_of(std::move(values)));
+      }
     }
     bought_throughput = best_below > 0 && throughput > best_below * (1 + kShortMargin);
     auto& readings = curve_[bin];

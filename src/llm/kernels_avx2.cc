@@ -5,7 +5,6 @@
 #include <cmath>
 #include <cstring>
 #include <type_traits>
-#include <vector>
 
 #include <immintrin.h>
 

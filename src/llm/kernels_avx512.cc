@@ -15,7 +15,6 @@
 #include <cmath>
 #include <cstring>
 #include <type_traits>
-#include <vector>
 
 // GCC 12's AVX-512 headers make their "undefined" vectors by self-initialization, which its
 // own -Wuninitialized then reports at every reduction (GCC bug 105593, fixed in 13).
@@ -115,21 +114,25 @@ inline void point_at_rows(const WeightMatrix& w, int r, int wr, const T* (&rows)
 constexpr int kBlock = 32;
 
 struct QuantizedRows {
-  int stride = 0;                  // codes a row, padded with zero codes to a multiple of 64
-  std::vector<int8_t> codes;       // x ~ code x its block's scale
-  std::vector<float> lane_scales;  // stride / 4 a row: each lane's block scale
-  std::vector<float> offsets;      // per row: 128 x the sum over blocks of scale x code sum
+  int stride = 0;                // codes a row, padded with zero codes to a multiple of 64
+  int8_t* codes = nullptr;       // x ~ code x its block's scale
+  float* lane_scales = nullptr;  // stride / 4 a row: each lane's block scale
+  float* offsets = nullptr;      // per row: 128 x the sum over blocks of scale x code sum
 };
 
-void quantize_rows(const float* x, int m, int cols, QuantizedRows& q) {
+// The rows' codes, lane scales and offsets live in the calling thread's scratch.
+QuantizedRows quantize_rows(const float* x, int m, int cols) {
+  thread_local Scratch<int8_t> codes_scratch;
+  thread_local Scratch<float> lanes_scratch, offsets_scratch;
+  QuantizedRows q;
   q.stride = (cols + 63) / 64 * 64;
-  q.codes.assign(static_cast<size_t>(m) * q.stride, 0);
-  q.lane_scales.assign(static_cast<size_t>(m) * q.stride / 4, 0.0f);
-  q.offsets.resize(m);
+  q.codes = codes_scratch.get(static_cast<size_t>(m) * q.stride, /*zero=*/true);
+  q.lane_scales = lanes_scratch.get(static_cast<size_t>(m) * q.stride / 4, /*zero=*/true);
+  q.offsets = offsets_scratch.get(m);
   for (int i = 0; i < m; ++i) {
     const float* row = x + static_cast<int64_t>(i) * cols;
-    int8_t* codes = q.codes.data() + static_cast<int64_t>(i) * q.stride;
-    float* lanes = q.lane_scales.data() + static_cast<int64_t>(i) * q.stride / 4;
+    int8_t* codes = q.codes + static_cast<int64_t>(i) * q.stride;
+    float* lanes = q.lane_scales + static_cast<int64_t>(i) * q.stride / 4;
     double offset = 0;
     for (int c0 = 0; c0 < cols; c0 += kBlock) {
       const int n = std::min(kBlock, cols - c0);
@@ -168,6 +171,7 @@ void quantize_rows(const float* x, int m, int cols, QuantizedRows& q) {
     }
     q.offsets[i] = static_cast<float>(offset);
   }
+  return q;
 }
 
 template <int WR, int XR>
@@ -210,8 +214,7 @@ inline void tile_vnni(const int8_t* const* wrows, const int8_t* const* qrows,
 
 void matmul_int8_vnni(const float* x, int m, const WeightMatrix& w, int row_begin, int row_end,
                       float* y, int ldy, bool accumulate) {
-  thread_local QuantizedRows q;
-  quantize_rows(x, m, w.cols, q);
+  const QuantizedRows q = quantize_rows(x, m, w.cols);
   const int8_t* wrows[kTileW];
   auto weight_rows = [&](int r, int wr, int, int) {
     point_at_rows(w, r, wr, wrows);
@@ -220,8 +223,8 @@ void matmul_int8_vnni(const float* x, int m, const WeightMatrix& w, int row_begi
     const int8_t* qrows[kTileX];
     const float* lane_scales[kTileX];
     for (int b = 0; b < xr; ++b) {
-      qrows[b] = q.codes.data() + static_cast<int64_t>(i + b) * q.stride;
-      lane_scales[b] = q.lane_scales.data() + static_cast<int64_t>(i + b) * q.stride / 4;
+      qrows[b] = q.codes + static_cast<int64_t>(i + b) * q.stride;
+      lane_scales[b] = q.lane_scales + static_cast<int64_t>(i + b) * q.stride / 4;
     }
     float out[kTileW][kTileX];
     dispatch_tile<kTileW, kTileX>(wr, xr, [&](auto wr_c, auto xr_c) {
@@ -244,15 +247,18 @@ void matmul_int8_vnni(const float* x, int m, const WeightMatrix& w, int row_begi
 // multiple of 32).
 struct Bf16Rows {
   int stride = 0;
-  std::vector<uint16_t> values;
+  uint16_t* values = nullptr;
 };
 
-void round_rows_to_bf16(const float* x, int m, int cols, Bf16Rows& out) {
+// The rounded rows live in the calling thread's scratch.
+Bf16Rows round_rows_to_bf16(const float* x, int m, int cols) {
+  thread_local Scratch<uint16_t> scratch;
+  Bf16Rows out;
   out.stride = (cols + 31) / 32 * 32;
-  out.values.assign(static_cast<size_t>(m) * out.stride, 0);
+  out.values = scratch.get(static_cast<size_t>(m) * out.stride, /*zero=*/true);
   for (int i = 0; i < m; ++i) {
     const float* row = x + static_cast<int64_t>(i) * cols;
-    uint16_t* dst = out.values.data() + static_cast<int64_t>(i) * out.stride;
+    uint16_t* dst = out.values + static_cast<int64_t>(i) * out.stride;
     int c = 0;
     for (; c + 32 <= cols; c += 32) {
       // The second operand fills the lower half.
@@ -263,6 +269,7 @@ void round_rows_to_bf16(const float* x, int m, int cols, Bf16Rows& out) {
       dst[c] = float_to_bf16(row[c]);
     }
   }
+  return out;
 }
 
 template <int WR, int XR>
@@ -297,8 +304,7 @@ inline void tile_bf16(const uint16_t* const* wrows, const uint16_t* const* xrows
 
 void matmul_bf16_dot(const float* x, int m, const WeightMatrix& w, int row_begin, int row_end,
                      float* y, int ldy, bool accumulate) {
-  thread_local Bf16Rows rounded;
-  round_rows_to_bf16(x, m, w.cols, rounded);
+  const Bf16Rows rounded = round_rows_to_bf16(x, m, w.cols);
   const uint16_t* wrows[kTileW];
   auto weight_rows = [&](int r, int wr, int, int) {
     point_at_rows(w, r, wr, wrows);
@@ -306,7 +312,7 @@ void matmul_bf16_dot(const float* x, int m, const WeightMatrix& w, int row_begin
   auto tile = [&](int r, int wr, int i, int xr) {
     const uint16_t* xrows[kTileX];
     for (int b = 0; b < xr; ++b) {
-      xrows[b] = rounded.values.data() + static_cast<int64_t>(i + b) * rounded.stride;
+      xrows[b] = rounded.values + static_cast<int64_t>(i + b) * rounded.stride;
     }
     float out[kTileW][kTileX];
     dispatch_tile<kTileW, kTileX>(wr, xr, [&](auto wr_c, auto xr_c) {

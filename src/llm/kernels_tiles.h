@@ -13,7 +13,38 @@
 //   zero(), fmadd(a, b, c), sum(v), load(const float*), store(float*, v)
 //   widen<F>(const std::byte*)   kLanes consecutive weights of format F as fp32 (fp8 2^-8 small)
 // No #pragma once and no #include: the including file includes <algorithm>, <cstring>,
-// <type_traits>, <vector>, <immintrin.h> and llm/kernels.h first, at global scope.
+// <type_traits>, <immintrin.h> and llm/kernels.h first, at global scope. Nothing here may
+// instantiate a template with external linkage that has out-of-line code (std::vector's
+// members, say): see Scratch.
+
+// Per-thread scratch that grows and is never shrunk. Not std::vector: its out-of-line members,
+// instantiated in an ISA file, are compiled for that ISA and shared with the rest of the
+// program, and the linker may keep that copy for every caller (AVX-512 code run on an
+// AVX2-only CPU). This one's members have internal linkage.
+template <typename T>
+class Scratch {
+ public:
+  Scratch() = default;
+  Scratch(const Scratch&) = delete;
+  Scratch& operator=(const Scratch&) = delete;
+  ~Scratch() { delete[] data_; }
+  // At least n elements; with `zero`, the first n are zero, else unspecified.
+  T* get(size_t n, bool zero = false) {
+    if (n > size_) {
+      delete[] data_;
+      data_ = new T[n];
+      size_ = n;
+    }
+    if (zero) {
+      std::memset(data_, 0, n * sizeof(T));
+    }
+    return data_;
+  }
+
+ private:
+  T* data_ = nullptr;
+  size_t size_ = 0;
+};
 
 template <WeightFormat F>
 constexpr int kElementBytes = F == WeightFormat::kF32    ? 4
@@ -148,7 +179,7 @@ void matmul_widened(const float* x, int m, const WeightMatrix& w, int row_begin,
   // With more activation rows than one tile holds, a narrow format's rows are widened to fp32
   // once into this buffer (L1-sized) instead of once per tile of activation rows: the widening
   // instructions compete with the FMAs for the same ports.
-  thread_local std::vector<float> widened;
+  thread_local Scratch<float> widened;
   const std::byte* wrows[TileW];
   bool widen = false;
   auto weight_rows = [&](int r, int wr, int x0, int x_end) {
@@ -159,9 +190,9 @@ void matmul_widened(const float* x, int m, const WeightMatrix& w, int row_begin,
     if (!widen) {
       return;
     }
-    widened.resize(static_cast<size_t>(TileW) * w.cols);
+    float* buffer = widened.get(static_cast<size_t>(TileW) * w.cols);
     for (int a = 0; a < wr; ++a) {
-      float* out = widened.data() + static_cast<size_t>(a) * w.cols;
+      float* out = buffer + static_cast<size_t>(a) * w.cols;
       int c = 0;
       for (; c + kLanes <= w.cols; c += kLanes) {
         Isa::store(out + c, Isa::template widen<F>(wrows[a] + c * kElementBytes<F>));

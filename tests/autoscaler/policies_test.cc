@@ -321,10 +321,18 @@ TEST(VerticalPolicyTest, DecreasesFastOnOverload) {
 // probe at 15 with the knee at 15.5).
 TEST(VerticalPolicyTest, LatencyThatBoughtThroughputIsNotOverload) {
   VerticalPolicy policy(VerticalOptions{});
-  policy.decide_target(steady(10, 1, 0, 0.3));  // the baseline: 100/s
-  // 2.5x the baseline at 4 in flight, 160/s: no cut.
-  EXPECT_EQ(policy.decide_target(steady(25, 4, 0, 0.6)).reason.find("overload"), std::string::npos);
+  policy.decide_target(steady(10, 2, 0, 0.3));  // the baseline: 200/s
+  // 1.6x the baseline at 4 in flight, 250/s: no cut.
+  EXPECT_EQ(policy.decide_target(steady(16, 4, 0, 0.6)).reason.find("overload"), std::string::npos);
   EXPECT_GE(policy.target(), 4);
+  // Against nothing nearer than 1 in flight, 8 at 4x the latency for 2x the throughput is
+  // overload: a replica saturated at 2 gives that (integration_control's "remembered" model).
+  VerticalOptions options;
+  options.initial_target = 8;
+  VerticalPolicy saturated(options);
+  saturated.decide_target(steady(50, 1, 0, 0.1));                             // 20/s
+  const Decision decision = saturated.decide_target(steady(200, 8, 0, 0.1));  // 40/s
+  EXPECT_NE(decision.reason.find("overload"), std::string::npos) << decision.reason;
 }
 
 // The curve moves the target only under load: a cycle whose busiest second did not fill the
