@@ -229,7 +229,8 @@ struct VerticalOptions {
 // average (waiting for room); or latency past overload_latency_ratio x a learned baseline (a low
 // percentile of the latencies of recent cycles without queueing or CPU saturation) by
 // overload_min_excess_ms too, while the busiest second filled replicas to overload_busy_fraction of
-// the target; except at or below a knee known from both sides (its throughput is worth its
+// the target; except when that latency bought throughput (3% more than every bin from half the
+// concurrency up gave), and at or below a knee known from both sides (its throughput is worth its
 // latency). Always within [min, max].
 class VerticalPolicy {
  public:
