@@ -18,11 +18,15 @@
 
 // GCC 12's AVX-512 headers make their "undefined" vectors by self-initialization, which its
 // own -Wuninitialized then reports at every reduction (GCC bug 105593, fixed in 13).
+#if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #include <immintrin.h>
 #pragma GCC diagnostic pop
+#else
+#include <immintrin.h>
+#endif
 
 #include "llm/kernels.h"
 #include "llm/safetensors.h"
