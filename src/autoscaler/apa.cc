@@ -2,7 +2,6 @@
 #include <algorithm>
 #include <cmath>
 #include <deque>
-#include <iterator>
 #include <map>
 #include <optional>
 #include <vector>
@@ -184,18 +183,24 @@ double median_of(std::vector<double> values) {
   return n % 2 == 1 ? values[n / 2] : (values[n / 2 - 1] + values[n / 2]) / 2;
 }
 
+// A bin of the curve as one point: the medians of its readings' (concurrency, throughput).
+template <typename Readings>
+std::pair<double, double> point_of(const Readings& readings) {
+  std::vector<double> concurrency;
+  std::vector<double> throughput;
+  for (const auto& reading : readings) {
+    concurrency.push_back(reading.concurrency);
+    throughput.push_back(reading.throughput);
+  }
+  return {median_of(std::move(concurrency)), median_of(std::move(throughput))};
+}
+
 // nullopt while the curve is empty.
 template <typename Curve>
 std::optional<Knee> knee_of(const Curve& curve, double fraction) {
   std::vector<std::pair<double, double>> points;  // (concurrency, throughput), ascending
   for (const auto& [bin, readings] : curve) {
-    std::vector<double> concurrency;
-    std::vector<double> throughput;
-    for (const auto& reading : readings) {
-      concurrency.push_back(reading.concurrency);
-      throughput.push_back(reading.throughput);
-    }
-    points.emplace_back(median_of(concurrency), median_of(throughput));
+    points.push_back(point_of(readings));
   }
   if (points.empty()) {
     return std::nullopt;
@@ -282,24 +287,14 @@ Decision VerticalPolicy::decide_target(const ReplicaSignals& signals) {
     // gives twice at 8 what it gave at 1, and nothing between would say that 2 gave as much.
     double best_below = 0;
     for (auto it = curve_.begin(); it != curve_.end() && it->first < bin; ++it) {
-      std::vector<double> concurrency;
-      std::vector<double> values;
-      for (const Reading& reading : it->second) {
-        concurrency.push_back(reading.concurrency);
-        values.push_back(reading.throughput);
-      }
-      if (median_of(std::move(concurrency)) >= signals.concurrency / 2) {
-        best_below = std::max(best_below, median_of(std::move(values)));
+      const auto [concurrency, usual] = point_of(it->second);
+      if (concurrency >= signals.concurrency / 2) {
+        best_below = std::max(best_below, usual);
       }
     }
     bought_throughput = best_below > 0 && throughput > best_below * (1 + kShortMargin);
-    auto& readings = curve_[bin];
-    if (readings.size() >= 3) {
-      std::vector<double> values;
-      for (const Reading& reading : readings) {
-        values.push_back(reading.throughput);
-      }
-      const double usual = median_of(std::move(values));
+    if (const auto& readings = curve_[bin]; readings.size() >= 3) {
+      const double usual = point_of(readings).second;
       drift_streak_ =
           std::abs(throughput / usual - 1) > options_.relearn_drift ? drift_streak_ + 1 : 0;
     }
@@ -326,9 +321,7 @@ Decision VerticalPolicy::decide_target(const ReplicaSignals& signals) {
                                               options_.explored_past_best_factor * knee->best_at)));
   explored_below_ =
       explored_below_ || (knee && (knee->below_seen || knee->concurrency <= options_.min_target));
-  const bool explored_above = explored_above_;
-  const bool explored_below = explored_below_;
-  const bool knee_known = knee && explored_above && explored_below;
+  const bool knee_known = knee && explored_above_ && explored_below_;
 
   // Slow means slower by a ratio and by an absolute floor, under load; but latency that bought
   // throughput (more than any lower concurrency gave) is its price, not overload (an LLM's
@@ -374,10 +367,10 @@ Decision VerticalPolicy::decide_target(const ReplicaSignals& signals) {
   std::string_view why;
   // A probe moves the gateway's cap (the target rounded) by one at least: below 4, 25% of the
   // target would leave it where it is, and the replica would never fill a target above it.
-  if (!explored_below) {
+  if (!explored_below_) {
     next = std::min(target_ * (1 - options_.max_change), std::round(target_) - 1);
     why = "probe down";
-  } else if (!explored_above) {
+  } else if (!explored_above_) {
     next = std::max(target_ * (1 + options_.max_change), std::round(target_) + 1);
     why = "probe up";
   } else if (target_ > knee->concurrency * (1 + options_.knee_band)) {

@@ -129,7 +129,7 @@ class EngineImpl final : public Engine {
   EngineStats stats() const override {
     MutexLock lock(mutex_);
     EngineStats stats = stats_;
-    stats.queue_wait_seconds = waiting_integral();
+    stats.queue_wait_seconds = blocked_integral();
     return stats;
   }
 
@@ -138,16 +138,16 @@ class EngineImpl final : public Engine {
  private:
   // The integral of stats_.blocked over time up to now: what was accounted, plus the current
   // count since it last changed.
-  double waiting_integral() const FLOTILLA_REQUIRES(mutex_) {
+  double blocked_integral() const FLOTILLA_REQUIRES(mutex_) {
     const double since =
-        std::chrono::duration<double>(SteadyClock::now() - waiting_counted_until_).count();
+        std::chrono::duration<double>(SteadyClock::now() - blocked_counted_until_).count();
     return stats_.queue_wait_seconds + stats_.blocked * since;
   }
 
   // Brings the integral up to now; called before each change of stats_.blocked.
-  void account_waiting() FLOTILLA_REQUIRES(mutex_) {
-    stats_.queue_wait_seconds = waiting_integral();
-    waiting_counted_until_ = SteadyClock::now();
+  void account_blocked() FLOTILLA_REQUIRES(mutex_) {
+    stats_.queue_wait_seconds = blocked_integral();
+    blocked_counted_until_ = SteadyClock::now();
   }
 
   // Output of this pass of the loop; handed over by publish() once the bookkeeping is done, so
@@ -158,7 +158,7 @@ class EngineImpl final : public Engine {
     {
       MutexLock lock(mutex_);
       stats_.running = static_cast<int>(running_.size());
-      account_waiting();
+      account_blocked();
       // After a step, waiting_ holds what its plan could not admit; incoming_ what arrived
       // during it.
       stats_.blocked = static_cast<int>(waiting_.size());
@@ -387,8 +387,8 @@ class EngineImpl final : public Engine {
   uint64_t last_id_ FLOTILLA_GUARDED_BY(mutex_) = 0;
   bool stopping_ FLOTILLA_GUARDED_BY(mutex_) = false;
   EngineStats stats_ FLOTILLA_GUARDED_BY(mutex_);
-  // See account_waiting.
-  SteadyClock::time_point waiting_counted_until_ FLOTILLA_GUARDED_BY(mutex_) = SteadyClock::now();
+  // See account_blocked.
+  SteadyClock::time_point blocked_counted_until_ FLOTILLA_GUARDED_BY(mutex_) = SteadyClock::now();
 
   Mutex stop_mutex_;
   std::vector<uint64_t> stopped_by_output_ FLOTILLA_GUARDED_BY(stop_mutex_);
