@@ -35,6 +35,7 @@ import time
 import urllib.request
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import kernel_paths  # noqa: E402  (the host's CPU and ISA flags)
 import llm_bench  # noqa: E402  (the load generator, the replica launcher, the bandwidth probe)
 
 ROOT = llm_bench.ROOT
@@ -47,22 +48,6 @@ PAIRS = {
     "bf16": ("BF16", ["--dtype", "bfloat16"]),
     "fp32": ("F16", ["--dtype", "float32"]),
 }
-
-
-def cpu_flags():
-    with open("/proc/cpuinfo") as f:
-        for line in f:
-            if line.startswith("flags"):
-                return set(line.split(":", 1)[1].split())
-    return set()
-
-
-def cpu_model():
-    with open("/proc/cpuinfo") as f:
-        for line in f:
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    return "?"
 
 
 def free_port():
@@ -156,14 +141,12 @@ def main():
     parser.add_argument("--json", help="also write every measurement to this file")
     args = parser.parse_args()
     clients = [int(c) for c in args.clients.split(",")]
-    flags = cpu_flags()
+    model, isa = kernel_paths.host_isa()
     pairs = (args.pairs.split(",") if args.pairs else
-             ["int8", "bf16"] + ([] if "avx512_bf16" in flags else ["fp32"]))
-    isa = [f for f in ["avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_int8", "amx_bf16"]
-           if f in flags]
+             ["int8", "bf16"] + ([] if "avx512_bf16" in isa else ["fp32"]))
     peer_bin = args.peer_bin or build_peer()
     bandwidth = llm_bench.read_bandwidth(THREADS)
-    print(f"host: {cpu_model()}, {os.cpu_count()} cpus, ISA: {' '.join(isa)}; "
+    print(f"host: {model}, {os.cpu_count()} cpus, ISA: {' '.join(isa)}; "
           f"memory bandwidth {bandwidth / 1e9:.1f} GB/s ({THREADS} readers)")
     print(f"Flotilla's kernel path: {kernel_path()}; both servers {THREADS} threads; "
           f"{args.reps} reps of {args.seconds:g} s a level, medians")
