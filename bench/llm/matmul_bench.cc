@@ -41,7 +41,7 @@ void BM_Matmul(benchmark::State& state) {
   std::vector<float> x = random_values(static_cast<size_t>(m) * cols);
   std::vector<float> y(static_cast<size_t>(m) * rows);
   for (auto _ : state) {
-    k.matmul(x.data(), m, w, 0, rows, y.data(), rows, false);
+    k.matmul(x.data(), m, w, 0, rows, y.data(), rows, false, nullptr);
     benchmark::DoNotOptimize(y.data());
   }
   state.SetLabel(std::string(k.name) + " " + std::string(weight_format_name(format)));

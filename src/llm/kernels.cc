@@ -54,7 +54,7 @@ inline float weight_at(const WeightMatrix& w, int r, int c) {
 }
 
 void portable_matmul(const float* x, int m, const WeightMatrix& w, int row_begin, int row_end,
-                     float* y, int ldy, bool accumulate) {
+                     float* y, int ldy, bool accumulate, const void* /*prepared*/) {
   std::vector<float> row(w.cols);
   for (int r = row_begin; r < row_end; ++r) {
     for (int c = 0; c < w.cols; ++c) {
@@ -94,8 +94,8 @@ void portable_silu_mul(float* gate, const float* up, int n) {
   }
 }
 
-const Kernels kPortable{"portable",    portable_matmul,   portable_dot,
-                        portable_axpy, portable_silu_mul, 1};
+const Kernels kPortable{"portable", portable_matmul, portable_dot, portable_axpy, portable_silu_mul,
+                        1,          nullptr};
 
 }  // namespace
 

@@ -32,8 +32,10 @@ struct Kernels {
       name;  // "avx512-vnni-bf16", "avx512-vnni", "avx512-bf16", "avx512f", "avx2", "portable"
   // y[i][r] (+)= x[i] · W[r] (+ bias[r]) for rows r in [row_begin, row_end), i < m. Row i of x
   // starts at x + i * w.cols, of y at y + i * ldy. With accumulate, adds to y (residuals).
+  // `prepared`: what prepare() returned for the same x, m and w, or nullptr (the call then
+  // converts x itself, as prepare would).
   void (*matmul)(const float* x, int m, const WeightMatrix& w, int row_begin, int row_end, float* y,
-                 int ldy, bool accumulate);
+                 int ldy, bool accumulate, const void* prepared);
   float (*dot)(const float* a, const float* b, int n);
   // y += alpha * x
   void (*axpy)(float alpha, const float* x, float* y, int n);
@@ -42,6 +44,11 @@ struct Kernels {
   // Weight rows a matmul tile takes at once: row ranges split between threads start at its
   // multiples, so that only the last range has a partial tile.
   int tile_rows = 1;
+  // The activation rows converted once for every chunk of one matmul on `w` (int8 codes for the
+  // VNNI path, bf16 for the BF16 one), in the calling thread's scratch: valid until that thread
+  // prepares again. Without it each thread's chunk converts all of x again. nullptr when the
+  // path reads x as it is for `w`; the member itself is nullptr on paths that never convert.
+  const void* (*prepare)(const float* x, int m, const WeightMatrix& w) = nullptr;
 };
 
 // The best path this CPU runs; FLOTILLA_LLM_KERNELS=NAME picks another that it runs (an unknown

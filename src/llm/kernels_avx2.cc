@@ -60,7 +60,7 @@ struct Avx2 {
 };
 
 void avx2_matmul(const float* x, int m, const WeightMatrix& w, int row_begin, int row_end, float* y,
-                 int ldy, bool accumulate) {
+                 int ldy, bool accumulate, const void* /*prepared*/) {
   matmul_any_widened<Avx2, kTileW, kTileX, kChunkX>(x, m, w, row_begin, row_end, y, ldy,
                                                     accumulate);
 }
@@ -127,7 +127,7 @@ void avx2_silu_mul(float* gate, const float* up, int n) {
   }
 }
 
-const Kernels kAvx2{"avx2", avx2_matmul, avx2_dot, avx2_axpy, avx2_silu_mul, kTileW};
+const Kernels kAvx2{"avx2", avx2_matmul, avx2_dot, avx2_axpy, avx2_silu_mul, kTileW, nullptr};
 
 }  // namespace
 

@@ -2,12 +2,12 @@
 // when the CPU reports what each table needs (kernels.cc checks before handing one out).
 // - avx512f: every weight format widened to fp32, 16 lanes, a 4 x 4 tile of accumulators (16
 //   of the 32 zmm registers).
-// - VNNI int8 (vpdpbusd): the activation rows are quantized to int8 once a call (one scale per
+// - VNNI int8 (vpdpbusd): the activation rows are quantized to int8 once a matmul (one scale per
 //   32 columns, amax / 127, as llama.cpp's Q8_0 activations are), and 64 weight-activation
 //   products go into one instruction, with no widening. vpdpbusd multiplies unsigned by signed
 //   bytes: the weights are made unsigned by flipping their sign bit (w + 128), and 128 x the
 //   scaled sums of the activation codes are taken off the result.
-// - BF16 (vdpbf16ps), for up to 4 activation rows: they are rounded to bf16 once a call, and 32
+// - BF16 (vdpbf16ps), for up to 4 activation rows: they are rounded to bf16 once a matmul, and 32
 //   products of bf16 pairs accumulate in fp32 in one instruction, again with no widening.
 // Both trade the fp32 activations of the other paths for a rounding of them: kernels_test bounds
 // the difference from the portable reference by that rounding.
@@ -216,9 +216,8 @@ inline void tile_vnni(const int8_t* const* wrows, const int8_t* const* qrows,
   sum_lanes(acc, out);
 }
 
-void matmul_int8_vnni(const float* x, int m, const WeightMatrix& w, int row_begin, int row_end,
-                      float* y, int ldy, bool accumulate) {
-  const QuantizedRows q = quantize_rows(x, m, w.cols);
+void matmul_int8_vnni(const QuantizedRows& q, int m, const WeightMatrix& w, int row_begin,
+                      int row_end, float* y, int ldy, bool accumulate) {
   const int8_t* wrows[kTileW];
   auto weight_rows = [&](int r, int wr, int, int) {
     point_at_rows(w, r, wr, wrows);
@@ -306,9 +305,8 @@ inline void tile_bf16(const uint16_t* const* wrows, const uint16_t* const* xrows
   sum_lanes(acc, out);
 }
 
-void matmul_bf16_dot(const float* x, int m, const WeightMatrix& w, int row_begin, int row_end,
-                     float* y, int ldy, bool accumulate) {
-  const Bf16Rows rounded = round_rows_to_bf16(x, m, w.cols);
+void matmul_bf16_dot(const Bf16Rows& rounded, int m, const WeightMatrix& w, int row_begin,
+                     int row_end, float* y, int ldy, bool accumulate) {
   const uint16_t* wrows[kTileW];
   auto weight_rows = [&](int r, int wr, int, int) {
     point_at_rows(w, r, wr, wrows);
@@ -329,17 +327,44 @@ void matmul_bf16_dot(const float* x, int m, const WeightMatrix& w, int row_begin
 
 // ---- The tables ---------------------------------------------------------------------------
 
+// vdpbf16ps pays where the widening is not shared: a tile of activation rows or fewer (decode of
+// a few sequences: 1.4-1.5x the widened path's bytes/s at one row); with more rows the widened
+// weights, converted once into L1, run 10-15% faster (bench/llm/kernel_paths.py).
+bool uses_int8_dot(bool vnni, const WeightMatrix& w) {
+  return vnni && w.format == WeightFormat::kInt8;
+}
+bool uses_bf16_dot(bool bf16, int m, const WeightMatrix& w) {
+  return bf16 && w.format == WeightFormat::kBF16 && m <= kTileX;
+}
+
+template <bool kVnni, bool kBf16>
+const void* avx512_prepare(const float* x, int m, const WeightMatrix& w) {
+  if (uses_int8_dot(kVnni, w)) {
+    thread_local QuantizedRows quantized;
+    quantized = quantize_rows(x, m, w.cols);
+    return &quantized;
+  }
+  if (uses_bf16_dot(kBf16, m, w)) {
+    thread_local Bf16Rows rounded;
+    rounded = round_rows_to_bf16(x, m, w.cols);
+    return &rounded;
+  }
+  return nullptr;
+}
+
 template <bool kVnni, bool kBf16>
 void avx512_matmul(const float* x, int m, const WeightMatrix& w, int row_begin, int row_end,
-                   float* y, int ldy, bool accumulate) {
-  if (kVnni && w.format == WeightFormat::kInt8) {
-    return matmul_int8_vnni(x, m, w, row_begin, row_end, y, ldy, accumulate);
-  }
-  // vdpbf16ps pays where the widening is not shared: a tile of activation rows or fewer (decode
-  // of a few sequences: 1.4-1.5x the widened path's bytes/s at one row); with more rows the
-  // widened weights, converted once into L1, run 10-15% faster (bench/llm/kernel_paths.py).
-  if (kBf16 && w.format == WeightFormat::kBF16 && m <= kTileX) {
-    return matmul_bf16_dot(x, m, w, row_begin, row_end, y, ldy, accumulate);
+                   float* y, int ldy, bool accumulate, const void* prepared) {
+  if (uses_int8_dot(kVnni, w) || uses_bf16_dot(kBf16, m, w)) {
+    if (prepared == nullptr) {
+      prepared = avx512_prepare<kVnni, kBf16>(x, m, w);
+    }
+    if (w.format == WeightFormat::kInt8) {
+      return matmul_int8_vnni(*static_cast<const QuantizedRows*>(prepared), m, w, row_begin,
+                              row_end, y, ldy, accumulate);
+    }
+    return matmul_bf16_dot(*static_cast<const Bf16Rows*>(prepared), m, w, row_begin, row_end, y,
+                           ldy, accumulate);
   }
   matmul_any_widened<Avx512, kTileW, kTileX, kChunkX>(x, m, w, row_begin, row_end, y, ldy,
                                                       accumulate);
@@ -409,14 +434,21 @@ void avx512_silu_mul(float* gate, const float* up, int n) {
   }
 }
 
-const Kernels kAvx512f{
-    "avx512f", avx512_matmul<false, false>, avx512_dot, avx512_axpy, avx512_silu_mul, kTileW};
-const Kernels kAvx512Vnni{
-    "avx512-vnni", avx512_matmul<true, false>, avx512_dot, avx512_axpy, avx512_silu_mul, kTileW};
-const Kernels kAvx512Bf16{
-    "avx512-bf16", avx512_matmul<false, true>, avx512_dot, avx512_axpy, avx512_silu_mul, kTileW};
-const Kernels kAvx512VnniBf16{"avx512-vnni-bf16", avx512_matmul<true, true>, avx512_dot,
-                              avx512_axpy,        avx512_silu_mul,           kTileW};
+template <bool kVnni, bool kBf16>
+constexpr Kernels avx512_table(std::string_view name) {
+  return {name,
+          avx512_matmul<kVnni, kBf16>,
+          avx512_dot,
+          avx512_axpy,
+          avx512_silu_mul,
+          kTileW,
+          kVnni || kBf16 ? avx512_prepare<kVnni, kBf16> : nullptr};
+}
+
+const Kernels kAvx512f = avx512_table<false, false>("avx512f");
+const Kernels kAvx512Vnni = avx512_table<true, false>("avx512-vnni");
+const Kernels kAvx512Bf16 = avx512_table<false, true>("avx512-bf16");
+const Kernels kAvx512VnniBf16 = avx512_table<true, true>("avx512-vnni-bf16");
 
 }  // namespace
 

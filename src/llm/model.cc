@@ -127,9 +127,12 @@ std::span<const float> ForwardPass::forward(std::span<const StepSequence> step, 
     }
   }
 
-  auto matmul = [&](const float* in, const WeightMatrix& w, float* out, int ldy, bool add) {
+  // One matmul over the step's rows, split by weight rows between the threads; the activations
+  // are converted once, here, not by every thread's chunk.
+  auto matmul = [&](const float* in, int m, const WeightMatrix& w, float* out, int ldy, bool add) {
+    const void* prepared = kernels_.prepare != nullptr ? kernels_.prepare(in, m, w) : nullptr;
     pool_.parallel_for(w.rows, kernels_.tile_rows, [&](int begin, int end) {
-      kernels_.matmul(in, rows, w, begin, end, out, ldy, add);
+      kernels_.matmul(in, m, w, begin, end, out, ldy, add, prepared);
     });
   };
 
@@ -139,7 +142,7 @@ std::span<const float> ForwardPass::forward(std::span<const StepSequence> step, 
       rms_norm(x_.data() + static_cast<int64_t>(r) * hidden, layer.input_norm.data(), eps, hidden,
                normed_.data() + static_cast<int64_t>(r) * hidden);
     }
-    matmul(normed_.data(), layer.qkv, qkv_.data(), qkv_width, false);
+    matmul(normed_.data(), rows, layer.qkv, qkv_.data(), qkv_width, false);
     // RoPE on q and k, then k and v into the cache at each token's position.
     row = 0;
     for (const StepSequence& seq : step) {
@@ -160,13 +163,13 @@ std::span<const float> ForwardPass::forward(std::span<const StepSequence> step, 
       }
     }
     attention(step, l, cache);
-    matmul(attn_.data(), layer.o, x_.data(), hidden, true);
+    matmul(attn_.data(), rows, layer.o, x_.data(), hidden, true);
     for (int r = 0; r < rows; ++r) {
       rms_norm(x_.data() + static_cast<int64_t>(r) * hidden, layer.post_norm.data(), eps, hidden,
                normed_.data() + static_cast<int64_t>(r) * hidden);
     }
     const int inter = c.intermediate_size;
-    matmul(normed_.data(), layer.gate_up, mlp_.data(), 2 * inter, false);
+    matmul(normed_.data(), rows, layer.gate_up, mlp_.data(), 2 * inter, false);
     // SwiGLU in place, then rows compacted: gate_up wrote [rows][2 * inter], down reads
     // [rows][inter]. In order it is safe: row r's new place overlaps only rows already moved.
     pool_.parallel_for(rows, 1, [&](int begin, int end) {
@@ -179,7 +182,7 @@ std::span<const float> ForwardPass::forward(std::span<const StepSequence> step, 
       std::memmove(mlp_.data() + static_cast<int64_t>(r) * inter,
                    mlp_.data() + static_cast<int64_t>(r) * 2 * inter, inter * 4);
     }
-    matmul(mlp_.data(), layer.down, x_.data(), hidden, true);
+    matmul(mlp_.data(), rows, layer.down, x_.data(), hidden, true);
   }
 
   logits_in_.resize(static_cast<size_t>(logit_rows) * hidden);
@@ -195,10 +198,7 @@ std::span<const float> ForwardPass::forward(std::span<const StepSequence> step, 
   }
   logits_.resize(static_cast<size_t>(logit_rows) * c.vocab_size);
   if (logit_rows > 0) {
-    pool_.parallel_for(c.vocab_size, kernels_.tile_rows, [&](int begin, int end) {
-      kernels_.matmul(logits_in_.data(), logit_rows, m.lm_head, begin, end, logits_.data(),
-                      c.vocab_size, false);
-    });
+    matmul(logits_in_.data(), logit_rows, m.lm_head, logits_.data(), c.vocab_size, false);
   }
   return logits_;
 }

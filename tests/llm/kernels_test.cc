@@ -34,7 +34,8 @@ std::vector<float> dequantized(const WeightMatrix& w) {
   std::vector<float> hot(w.cols, 0.0f);
   for (int c = 0; c < w.cols; ++c) {
     hot[c] = 1;
-    portable_kernels().matmul(hot.data(), 1, plain, 0, w.rows, column.data(), w.rows, false);
+    portable_kernels().matmul(hot.data(), 1, plain, 0, w.rows, column.data(), w.rows, false,
+                              nullptr);
     hot[c] = 0;
     for (int r = 0; r < w.rows; ++r) {
       out[static_cast<size_t>(r) * w.cols + c] = column[r];
@@ -88,8 +89,17 @@ TEST(KernelsTest, EveryPathMatchesPortableForEveryFormatAndShape) {
         w.bias = random_values(rows, 3);
         std::vector<float> x = random_values(static_cast<size_t>(m) * cols, 5);
         std::vector<float> expected(static_cast<size_t>(m) * rows, 1.0f), actual = expected;
-        portable_kernels().matmul(x.data(), m, w, 0, rows, expected.data(), rows, true);
-        k->matmul(x.data(), m, w, 0, rows, actual.data(), rows, true);
+        portable_kernels().matmul(x.data(), m, w, 0, rows, expected.data(), rows, true, nullptr);
+        k->matmul(x.data(), m, w, 0, rows, actual.data(), rows, true, nullptr);
+        // As the forward pass calls it: converted once, then in chunks split at a tile: the same
+        // values, bit for bit.
+        std::vector<float> chunked(expected.size(), 1.0f);
+        const void* prepared = k->prepare != nullptr ? k->prepare(x.data(), m, w) : nullptr;
+        const int split = std::min(rows, k->tile_rows);
+        k->matmul(x.data(), m, w, 0, split, chunked.data(), rows, true, prepared);
+        k->matmul(x.data(), m, w, split, rows, chunked.data(), rows, true, prepared);
+        ASSERT_EQ(chunked, actual) << k->name << " " << weight_format_name(format) << " " << rows
+                                   << "x" << cols << " m=" << m;
         for (int i = 0; i < m; ++i) {
           for (int r = 0; r < rows; ++r) {
             const size_t at = static_cast<size_t>(i) * rows + r;
@@ -139,7 +149,7 @@ TEST(KernelsTest, QuantizedWeightsReconstructWithinTheirStep) {
       std::vector<float> one_hot(256, 0.0f);
       one_hot[c] = 1;
       std::vector<float> y(4);
-      portable_kernels().matmul(one_hot.data(), 1, w, 0, 4, y.data(), 4, false);
+      portable_kernels().matmul(one_hot.data(), 1, w, 0, 4, y.data(), 4, false, nullptr);
       for (int r = 0; r < 4; ++r) {
         float original = values[r * 256 + c];
         // int8: half a step of amax/127; e4m3: 3 mantissa bits, half an ulp is 1/16 relative.
