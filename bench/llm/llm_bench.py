@@ -20,6 +20,7 @@ Against llama.cpp's server, same weights and requests in the same run: bench/llm
 """
 import argparse
 import asyncio
+import itertools
 import json
 import os
 import random
@@ -107,9 +108,10 @@ def start_replica(model, extra, threads):
     return proc, json.loads(line)["port"]
 
 
-async def one_request(session, url, rng, stream):
-    """(latency, time to first token or None) of one request."""
-    prompt = [rng.randrange(3, 32000) for _ in range(PROMPT_TOKENS)]
+async def one_request(session, url, rng, stream, prefix=()):
+    """(latency, time to first token or None) of one request: `prefix`, then random token ids up
+    to PROMPT_TOKENS."""
+    prompt = list(prefix) + [rng.randrange(3, 32000) for _ in range(PROMPT_TOKENS - len(prefix))]
     body = {"model": "bench", "prompt": prompt, "max_tokens": OUTPUT_TOKENS, "temperature": 0,
             "ignore_eos": True, "stream": stream}
     start = time.monotonic()
@@ -127,19 +129,25 @@ async def one_request(session, url, rng, stream):
     return time.monotonic() - start, first - start
 
 
-async def load(port, clients, seconds, fresh_connections=False):
+LOAD_CALLS = itertools.count()
+
+
+async def load(port, clients, seconds, fresh_connections=False, prefix=()):
     """Closed-loop load; fresh_connections: a new connection per request (llama-server leaves
-    Nagle on, which stalls a keep-alive client ~40 ms a request)."""
+    Nagle on, which stalls a keep-alive client ~40 ms a request); prefix: token ids every prompt
+    starts with. Each call draws other prompts than the calls before it, so that neither server
+    finds a prompt in its prefix or prompt cache from an earlier call."""
+    call = next(LOAD_CALLS)
     url = f"http://127.0.0.1:{port}/v1/completions"
     latencies, ttfts, errors = [], [], []
     deadline = time.monotonic() + seconds
     connector = aiohttp.TCPConnector(limit=clients, force_close=fresh_connections)
     async with aiohttp.ClientSession(connector=connector) as session:
         async def client(index):
-            rng = random.Random(index)
+            rng = random.Random(f"{call}-{index}")
             while time.monotonic() < deadline:
                 try:
-                    latency, ttft = await one_request(session, url, rng, stream=index == 0)
+                    latency, ttft = await one_request(session, url, rng, index == 0, prefix)
                 except (aiohttp.ClientError, RuntimeError) as error:  # counted and shown, not hidden
                     errors.append(repr(error))
                     continue

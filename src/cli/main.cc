@@ -56,6 +56,13 @@ void add_llm_options(CLI::App& cmd, runtime::LlmRuntimeOptions& llm) {
                  "llm: KV cache size in tokens (0: max-sequences full contexts, at most 64K)")
       ->check(CLI::Range(0, 1 << 26))
       ->capture_default_str();
+  cmd.add_option("--kv-block-tokens", llm.engine.kv_block_tokens,
+                 "llm: tokens per KV cache block (the prefix cache reuses whole blocks)")
+      ->check(CLI::Range(1, 4096))
+      ->capture_default_str();
+  cmd.add_flag(
+      "--no-prefix-caching", [&llm](int64_t) { llm.engine.prefix_caching = false; },
+      "llm: compute every prompt in full, even when its start is cached");
   cmd.add_flag(
       "--no-overlap", [&llm](int64_t) { llm.engine.overlap_postprocessing = false; },
       "llm: do the output work of a step on the engine thread (for comparison)");

@@ -39,7 +39,7 @@ class EngineImpl final : public Engine {
       : model_(std::move(model)),
         tokenizer_(std::move(tokenizer)),
         options_(options),
-        cache_(model_->config, kv_blocks, options.kv_block_tokens),
+        cache_(model_->config, kv_blocks, options.kv_block_tokens, options.prefix_caching),
         scheduler_(cache_.allocator(),
                    {options.max_tokens_per_step, options.max_sequences, options.kv_block_tokens}),
         pass_(model_, model_->options.threads) {
@@ -267,6 +267,7 @@ class EngineImpl final : public Engine {
     for (const PlannedWork& p : planned) {
       Sequence& s = *p.sequence;
       s.computed += p.tokens;
+      scheduler_.cache_full_blocks(s);
       if (s.computed < static_cast<int>(s.tokens.size())) {
         continue;  // a prompt chunk: no token yet
       }
@@ -302,6 +303,8 @@ class EngineImpl final : public Engine {
     });
     MutexLock lock(mutex_);
     stats_.prompt_tokens += prompt_tokens;
+    stats_.prefix_cache_queried_tokens += plan.prefix_queried_tokens;
+    stats_.prefix_cache_hit_tokens += plan.prefix_hit_tokens;
     stats_.generated_tokens += generated;
     ++stats_.steps;
   }

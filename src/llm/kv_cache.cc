@@ -3,12 +3,12 @@
 
 namespace flotilla::llm {
 
-KvCache::KvCache(const ModelConfig& config, int blocks, int block_tokens)
+KvCache::KvCache(const ModelConfig& config, int blocks, int block_tokens, bool prefix_caching)
     : block_tokens_(block_tokens),
       total_blocks_(blocks),
       kv_heads_(config.num_kv_heads),
       head_dim_(config.head_dim),
-      allocator_(blocks) {
+      allocator_(blocks, block_tokens, prefix_caching) {
   size_t floats =
       static_cast<size_t>(config.num_layers) * blocks * kv_heads_ * block_tokens_ * head_dim_;
   keys_.resize(floats);

@@ -13,17 +13,14 @@ namespace flotilla::llm {
 // [block][kv_head][token in block][head_dim], so one head's keys of a block are contiguous.
 class KvCache {
  public:
-  KvCache(const ModelConfig& config, int blocks, int block_tokens);
+  // With prefix caching, the free list keeps full blocks' contents for reuse (block_allocator.h).
+  KvCache(const ModelConfig& config, int blocks, int block_tokens, bool prefix_caching = false);
 
   int block_tokens() const { return block_tokens_; }
   int total_blocks() const { return total_blocks_; }
   int free_blocks() const { return allocator_.free_blocks(); }
 
-  // -1 when none is free.
-  int allocate() { return allocator_.allocate(); }
-  void release(int block) { allocator_.release(block); }
-
-  // The free list, for the scheduler.
+  // Which blocks are free and which sequences hold, for the scheduler.
   BlockAllocator& allocator() { return allocator_; }
 
   float* key(int layer, int block, int kv_head);

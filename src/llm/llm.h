@@ -89,6 +89,8 @@ struct EngineOptions {
   int max_waiting = 1024;              // queued sequences past which submit() refuses more
   int max_tokens_per_step = 512;       // prefill chunks and decode tokens of one forward step
   bool overlap_postprocessing = true;  // output work of step N runs during step N+1
+  // Full KV blocks stay cached for requests whose tokens start the same (block_allocator.h).
+  bool prefix_caching = true;
 };
 
 struct EngineStats {
@@ -100,6 +102,10 @@ struct EngineStats {
   int64_t generated_tokens = 0;  // cumulative
   int64_t steps = 0;
   int64_t preemptions = 0;
+  // Prefix caching: the tokens of admitted sequences, and those of them found in cached blocks
+  // (not computed again); their ratio is the hit rate.
+  int64_t prefix_cache_queried_tokens = 0;
+  int64_t prefix_cache_hit_tokens = 0;
   // Of `waiting`, those the last step's plan left out for lack of room (a sequence slot, KV
   // blocks or the step's token budget). A request that arrives during a step and joins the next
   // one is not among them: that one-step wait is the batching itself, not a full engine.

@@ -24,11 +24,36 @@ bool Scheduler::reserve(Sequence& sequence, int tokens, StepPlan& plan) {
 }
 
 void Scheduler::release(Sequence& sequence) {
-  for (int block : sequence.blocks) {
-    blocks_.release(block);
+  // Last block first: a prefix's later blocks then go before its earlier ones when cached
+  // blocks are evicted (an evicted block leaves those after it unreachable).
+  for (auto block = sequence.blocks.rbegin(); block != sequence.blocks.rend(); ++block) {
+    blocks_.release(*block);
   }
   sequence.blocks.clear();
+  sequence.block_keys.clear();
   sequence.computed = 0;
+}
+
+void Scheduler::take_cached_prefix(Sequence& sequence) {
+  FLOTILLA_DCHECK(sequence.blocks.empty() && sequence.computed == 0);
+  const int reusable = (static_cast<int>(sequence.tokens.size()) - 1) / options_.block_tokens;
+  const int taken =
+      blocks_.acquire_prefix(sequence.tokens, reusable, sequence.blocks, sequence.block_keys);
+  sequence.computed = taken * options_.block_tokens;
+}
+
+void Scheduler::cache_full_blocks(Sequence& sequence) {
+  if (!blocks_.prefix_caching()) {
+    return;
+  }
+  const size_t full = static_cast<size_t>(sequence.computed / options_.block_tokens);
+  for (size_t i = sequence.block_keys.size(); i < full; ++i) {
+    const uint64_t parent = i == 0 ? 0 : sequence.block_keys[i - 1];
+    sequence.block_keys.push_back(
+        blocks_.cache(sequence.blocks[i], parent,
+                      std::span<const int32_t>(sequence.tokens)
+                          .subspan(i * options_.block_tokens, options_.block_tokens)));
+  }
 }
 
 void Scheduler::preempt_youngest(SequenceQueue& running, SequenceQueue& waiting, StepPlan& plan) {
@@ -60,13 +85,18 @@ StepPlan Scheduler::plan(SequenceQueue& running, SequenceQueue& waiting) {
   while (!waiting.empty() && budget > 0 &&
          static_cast<int>(running.size()) < options_.max_sequences) {
     Sequence& sequence = *waiting.front();
+    const int length = static_cast<int>(sequence.tokens.size());
+    take_cached_prefix(sequence);
     // Admitted only when the whole known sequence fits now, so that admission alone never
     // forces a preemption.
-    if (blocks_for(static_cast<int>(sequence.tokens.size()) + 1) > blocks_.free_blocks()) {
+    if (blocks_for(length + 1) - static_cast<int>(sequence.blocks.size()) > blocks_.free_blocks()) {
+      release(sequence);
       break;
     }
-    int tokens = std::min(budget, static_cast<int>(sequence.tokens.size()));
-    reserve(sequence, tokens, plan);
+    plan.prefix_queried_tokens += length;
+    plan.prefix_hit_tokens += sequence.computed;
+    int tokens = std::min(budget, length - sequence.computed);
+    reserve(sequence, sequence.computed + tokens, plan);
     plan.work.push_back({&sequence, tokens});
     plan.admitted.push_back(sequence.id);
     budget -= tokens;

@@ -9,6 +9,10 @@
 // order while the budget, the batch size and the cache allow; a sequence is admitted only when
 // its whole known length plus one token fits in the free blocks, so admission alone never forces
 // a preemption, and the queue's head is never overtaken.
+//
+// With prefix caching (the allocator's), an admitted sequence first takes the cached blocks that
+// hold the start of its tokens (all but its last token, which is computed for the logits), and
+// starts computing after them; the engine has the blocks it fills cached (cache_full_blocks).
 #pragma once
 
 #include <cstdint>
@@ -30,6 +34,7 @@ struct Sequence {
   int prompt_length = 0;
   int computed = 0;  // tokens whose keys and values are in the cache
   std::vector<int> blocks;
+  std::vector<uint64_t> block_keys;  // prefix caching: the keys of its leading cached blocks
   SamplingParams sampling;
   std::mt19937_64 rng;
   std::shared_ptr<RequestOutput> output;
@@ -56,6 +61,9 @@ struct StepPlan {
   std::vector<uint64_t> preempted;  // ids, in the order they were preempted
   std::vector<uint64_t> admitted;   // ids, in the order they were admitted
   int blocks_reserved = 0;          // blocks allocated by this plan
+  // Prefix caching, over the sequences admitted: their tokens, and those found cached.
+  int64_t prefix_queried_tokens = 0;
+  int64_t prefix_hit_tokens = 0;
 };
 
 class Scheduler {
@@ -69,8 +77,13 @@ class Scheduler {
   // sequence leaves the queues.
   StepPlan plan(SequenceQueue& running, SequenceQueue& waiting);
 
-  // Frees a sequence's blocks; it is recomputed from its first token if it runs again.
+  // Frees a sequence's blocks; it is recomputed from its first token (or its cached prefix) if
+  // it runs again.
   void release(Sequence& sequence);
+
+  // Has the allocator cache the sequence's blocks that its computed tokens fill (a no-op
+  // without prefix caching); the engine calls it after each step.
+  void cache_full_blocks(Sequence& sequence);
 
   int blocks_for(int tokens) const;
 
@@ -78,6 +91,8 @@ class Scheduler {
   // Gives `sequence` blocks for its first `tokens` positions; false when the cache is short.
   bool reserve(Sequence& sequence, int tokens, StepPlan& plan);
   void preempt_youngest(SequenceQueue& running, SequenceQueue& waiting, StepPlan& plan);
+  // Takes the cached blocks of a waiting sequence's prefix; they count as computed.
+  void take_cached_prefix(Sequence& sequence);
 
   BlockAllocator& blocks_;
   const SchedulerOptions options_;

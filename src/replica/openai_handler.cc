@@ -121,6 +121,14 @@ OpenAiHandler::OpenAiHandler(runtime::Generator& generator, std::string model_na
   registry.callback("flotilla_llm_preemptions_total",
                     "Sequences whose KV cache was taken back to make room (recomputed later).",
                     "counter", stat(&Stats::preemptions));
+  // vLLM's pair (vllm:prefix_cache_queries, vllm:prefix_cache_hits): the hit rate over any
+  // window is the ratio of their rates.
+  registry.callback("flotilla_llm_prefix_cache_queries_total",
+                    "Prompt tokens of admitted requests looked up in the prefix cache.", "counter",
+                    stat(&Stats::prefix_cache_queried_tokens));
+  registry.callback("flotilla_llm_prefix_cache_hits_total",
+                    "Of those, tokens found in cached KV blocks (not computed again).", "counter",
+                    stat(&Stats::prefix_cache_hit_tokens));
 }
 
 std::string OpenAiHandler::models_json() const {

@@ -46,6 +46,7 @@ llm::EngineOptions engine_options(const LlmEngineOptions& o) {
   engine.max_waiting = o.max_waiting;
   engine.max_tokens_per_step = o.max_tokens_per_step;
   engine.overlap_postprocessing = o.overlap_postprocessing;
+  engine.prefix_caching = o.prefix_caching;
   return engine;
 }
 
@@ -120,9 +121,17 @@ class LlmRuntime final : public Runtime, public Generator {
 
   GeneratorStats stats() const override {
     const llm::EngineStats engine = engine_->stats();
-    return {engine.running,         engine.waiting,       engine.kv_blocks_used,
-            engine.kv_blocks_total, engine.prompt_tokens, engine.generated_tokens,
-            engine.preemptions};
+    GeneratorStats out;
+    out.running = engine.running;
+    out.waiting = engine.waiting;
+    out.kv_blocks_used = engine.kv_blocks_used;
+    out.kv_blocks_total = engine.kv_blocks_total;
+    out.prompt_tokens = engine.prompt_tokens;
+    out.generated_tokens = engine.generated_tokens;
+    out.preemptions = engine.preemptions;
+    out.prefix_cache_queried_tokens = engine.prefix_cache_queried_tokens;
+    out.prefix_cache_hit_tokens = engine.prefix_cache_hit_tokens;
+    return out;
   }
   double queue_wait_seconds() const override { return engine_->stats().queue_wait_seconds; }
 

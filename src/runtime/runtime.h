@@ -26,6 +26,7 @@ struct LlmEngineOptions {
   int max_waiting = 1024;              // queued sequences past which generate() refuses more
   int max_tokens_per_step = 512;       // prefill chunks and decode tokens of one forward step
   bool overlap_postprocessing = true;  // output work of step N runs during step N+1
+  bool prefix_caching = true;          // reuse full KV blocks of prompts that start the same
 };
 
 // Settings of the llm runtime (docs/llm.md).
@@ -62,6 +63,8 @@ struct GeneratorStats {
   int64_t prompt_tokens = 0;     // processed, cumulative
   int64_t generated_tokens = 0;  // cumulative
   int64_t preemptions = 0;
+  int64_t prefix_cache_queried_tokens = 0;  // prompt tokens looked up in the prefix cache
+  int64_t prefix_cache_hit_tokens = 0;      // of those, found cached (not computed again)
 };
 
 // What a language model serves instead of tensors.

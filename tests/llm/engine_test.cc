@@ -82,11 +82,13 @@ SamplingParams greedy(int max_tokens) {
   return params;
 }
 
-// Runs every prompt through a fresh engine with `options`, all submitted at once.
+// Runs every prompt through a fresh engine with `options`, all submitted at once; `stats`, when
+// given, gets the engine's once all have finished.
 std::vector<std::vector<int32_t>> generate(const std::string& model_name,
                                            const std::vector<std::vector<int32_t>>& prompts,
                                            const SamplingParams& params,
-                                           const EngineOptions& options) {
+                                           const EngineOptions& options,
+                                           EngineStats* stats = nullptr) {
   std::shared_ptr<const Model> model = load_fp32(model_name);
   Result<std::unique_ptr<Engine>> engine = create_engine(model, nullptr, options);
   EXPECT_TRUE(engine.is_ok()) << engine.status().to_string();
@@ -104,6 +106,9 @@ std::vector<std::vector<int32_t>> generate(const std::string& model_name,
     out.push_back(outcome.tokens);
   }
   EXPECT_EQ((*engine)->stats().kv_blocks_used, 0);
+  if (stats != nullptr) {
+    *stats = (*engine)->stats();
+  }
   return out;
 }
 
@@ -149,6 +154,61 @@ TEST(EngineTest, BatchedSampledResultsEqualOneAtATime) {
   EXPECT_EQ(together, generate("llama-gqa", prompts, params, batched));
   params.seed = 99;
   EXPECT_NE(together, generate("llama-gqa", prompts, params, batched));
+}
+
+// Prompts sharing a 30-token start: with prefix caching the later ones take its cached blocks
+// and compute only the rest, and every request generates exactly what it does without caching:
+// one at a time, batched with one prompt admitted a step, and on a cache small enough to
+// preempt (recomputed sequences find their own blocks cached).
+TEST(EngineTest, PrefixCachingReusesSharedStartsWithoutChangingAToken) {
+  const std::string name = testing::kLlmFixtureModels[0];
+  std::mt19937 random(7);
+  std::uniform_int_distribution<int32_t> token(3, 200);
+  std::vector<int32_t> shared(30);
+  for (int32_t& t : shared) {
+    t = token(random);
+  }
+  std::vector<std::vector<int32_t>> prompts;
+  for (int i = 0; i < 6; ++i) {
+    prompts.push_back(shared);
+    for (int k = 0; k < 10; ++k) {
+      prompts.back().push_back(token(random));
+    }
+  }
+  prompts.push_back(prompts[0]);  // the whole prompt cached: its last token is computed again
+  EngineOptions plain;
+  plain.kv_block_tokens = 4;
+  plain.prefix_caching = false;
+  EngineStats stats;
+  const auto expected = generate(name, prompts, greedy(12), plain, &stats);
+  EXPECT_EQ(stats.prefix_cache_hit_tokens, 0);
+  EXPECT_EQ(stats.prompt_tokens, 7 * 40);
+
+  EngineOptions cached = plain;
+  cached.prefix_caching = true;
+  cached.max_sequences = 1;
+  cached.kv_cache_tokens = 1024;  // room to keep every block cached
+  EXPECT_EQ(generate(name, prompts, greedy(12), cached, &stats), expected);
+  // 7 full blocks (28 tokens) of the shared start for each of 5 prompts, and 9 blocks (all but
+  // the block of the last token) for the repeated one.
+  EXPECT_EQ(stats.prefix_cache_hit_tokens, 5 * 28 + 36);
+  EXPECT_EQ(stats.prefix_cache_queried_tokens, 7 * 40);
+  EXPECT_EQ(stats.prompt_tokens, 7 * 40 - (5 * 28 + 36));
+
+  cached.max_sequences = 64;
+  cached.max_tokens_per_step = 40;  // one prompt admitted a step, beside the decodes
+  EXPECT_EQ(generate(name, prompts, greedy(12), cached, &stats), expected);
+  EXPECT_GT(stats.prefix_cache_hit_tokens, 0);
+
+  cached.max_tokens_per_step = 512;
+  cached.kv_cache_tokens = 96;  // 24 blocks: two sequences of 52 tokens do not fit
+  EXPECT_EQ(generate(name, prompts, greedy(12), cached, &stats), expected);
+  EXPECT_GT(stats.preemptions, 0);
+  EXPECT_GT(stats.prefix_cache_hit_tokens, 0);
+  std::printf("small cache: %lld preemptions, %lld of %lld prompt tokens found cached\n",
+              static_cast<long long>(stats.preemptions),
+              static_cast<long long>(stats.prefix_cache_hit_tokens),
+              static_cast<long long>(stats.prefix_cache_queried_tokens));
 }
 
 TEST(EngineTest, StopTokensEndARequestAndRefusalsQueueNothing) {

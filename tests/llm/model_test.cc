@@ -53,7 +53,7 @@ std::vector<std::vector<float>> run_chunked(ForwardPass& pass, KvCache& cache,
   std::vector<int> blocks;
   int needed = (static_cast<int>(prompt.size()) + cache.block_tokens() - 1) / cache.block_tokens();
   for (int i = 0; i < needed; ++i) {
-    blocks.push_back(cache.allocate());
+    blocks.push_back(cache.allocator().allocate());
   }
   std::vector<std::vector<float>> rows;
   for (size_t start = 0; start < prompt.size(); start += chunk) {
@@ -66,7 +66,7 @@ std::vector<std::vector<float>> run_chunked(ForwardPass& pass, KvCache& cache,
     }
   }
   for (int block : blocks) {
-    cache.release(block);
+    cache.allocator().release(block);
   }
   return rows;
 }
@@ -107,7 +107,7 @@ TEST_P(ModelParityTest, BatchedPrefillAndGreedyDecodeMatchTheReference) {
   std::vector<std::vector<int>> blocks(count);
   auto grow = [&](size_t s, size_t length) {
     while (blocks[s].size() * cache.block_tokens() < length) {
-      blocks[s].push_back(cache.allocate());
+      blocks[s].push_back(cache.allocator().allocate());
     }
   };
   std::vector<StepSequence> step;

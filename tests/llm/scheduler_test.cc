@@ -1,7 +1,8 @@
 // The scheduler on its own, over a bare block allocator (no model): admission only when the
 // whole known sequence fits, chunked prefill within the token budget, preemption of the youngest
 // running sequence to the front of the waiting queue, and FIFO admission with no overtaking of
-// the queue's head.
+// the queue's head; prefix caching: exact reuse of cached blocks, eviction, admission with a
+// cached prefix.
 #include "llm/scheduler.h"
 
 #include <algorithm>
@@ -218,6 +219,179 @@ TEST(SchedulerTest, TheOldestWaitingSequenceIsNotStarved) {
     }
   }
   EXPECT_TRUE(admitted) << "the oldest waiting sequence was never admitted";
+}
+
+// ---- Prefix caching ---------------------------------------------------------------------
+
+std::vector<int32_t> counting(int from, int n) {
+  std::vector<int32_t> out(n);
+  for (int i = 0; i < n; ++i) {
+    out[i] = from + i;
+  }
+  return out;
+}
+
+// Caches the full blocks of `tokens` in newly allocated blocks, as a sequence that computed them
+// would; returns the blocks.
+std::vector<int> cache_sequence(BlockAllocator& blocks, const std::vector<int32_t>& tokens,
+                                int block_tokens) {
+  std::vector<int> held;
+  uint64_t parent = 0;
+  for (size_t start = 0; start + block_tokens <= tokens.size(); start += block_tokens) {
+    held.push_back(blocks.allocate());
+    parent = blocks.cache(held.back(), parent,
+                          std::span<const int32_t>(tokens).subspan(start, block_tokens));
+  }
+  return held;
+}
+
+TEST(PrefixCacheTest, AHitNeedsTheWholePrefixToMatch) {
+  BlockAllocator blocks(8, /*block_tokens=*/4, /*prefix_caching=*/true);
+  const std::vector<int32_t> tokens = counting(1, 12);
+  std::vector<int> first = cache_sequence(blocks, tokens, 4);
+  for (int b : first) {
+    blocks.release(b);
+  }
+  EXPECT_EQ(blocks.free_blocks(), 8);
+  EXPECT_EQ(blocks.evictable_blocks(), 3);
+
+  // The same start, then other tokens: the first two blocks, the same ones, held again.
+  std::vector<int32_t> same_start = counting(1, 8);
+  same_start.push_back(99);
+  std::vector<int> held;
+  std::vector<uint64_t> keys;
+  EXPECT_EQ(blocks.acquire_prefix(same_start, 8, held, keys), 2);
+  EXPECT_EQ(held, std::vector<int>(first.begin(), first.begin() + 2));
+  EXPECT_EQ(blocks.free_blocks(), 6);
+  EXPECT_EQ(blocks.used_blocks(), 2);
+
+  // A block's tokens alone are not enough: the second block after another first one misses.
+  std::vector<int32_t> other_start = counting(1, 12);
+  other_start[0] = 50;
+  std::vector<int> none;
+  std::vector<uint64_t> none_keys;
+  EXPECT_EQ(blocks.acquire_prefix(other_start, 8, none, none_keys), 0);
+  EXPECT_TRUE(none.empty());
+
+  // max_blocks caps what is taken, and a second holder shares the block.
+  std::vector<int> capped;
+  std::vector<uint64_t> capped_keys;
+  EXPECT_EQ(blocks.acquire_prefix(tokens, 1, capped, capped_keys), 1);
+  EXPECT_EQ(capped.front(), first.front());
+  blocks.release(capped.front());
+  EXPECT_EQ(blocks.used_blocks(), 2);  // still held by the first holder
+  for (int b : held) {
+    blocks.release(b);
+  }
+  EXPECT_EQ(blocks.used_blocks(), 0);
+}
+
+TEST(PrefixCacheTest, FreeBlocksGoFirstThenTheCachedOneReleasedLongestAgo) {
+  BlockAllocator blocks(4, /*block_tokens=*/2, /*prefix_caching=*/true);
+  std::vector<int> a = cache_sequence(blocks, counting(10, 2), 2);
+  std::vector<int> b = cache_sequence(blocks, counting(20, 2), 2);
+  blocks.release(a[0]);
+  blocks.release(b[0]);
+  EXPECT_EQ(blocks.evictable_blocks(), 2);
+  // The two never-cached blocks first, then a's (released before b's).
+  int third = blocks.allocate(), fourth = blocks.allocate();
+  EXPECT_NE(third, a[0]);
+  EXPECT_NE(fourth, b[0]);
+  EXPECT_EQ(blocks.allocate(), a[0]);
+  EXPECT_EQ(blocks.free_blocks(), 1);
+  std::vector<int> held;
+  std::vector<uint64_t> keys;
+  EXPECT_EQ(blocks.acquire_prefix(counting(10, 3), 4, held, keys), 0) << "a's block was evicted";
+  EXPECT_EQ(blocks.acquire_prefix(counting(20, 3), 4, held, keys), 1);
+  EXPECT_EQ(held, std::vector<int>({b[0]}));
+  EXPECT_EQ(blocks.allocate(), -1);
+}
+
+TEST(PrefixCacheTest, TheSameContentTwiceKeepsOneCachedCopy) {
+  BlockAllocator blocks(4, /*block_tokens=*/2, /*prefix_caching=*/true);
+  const std::vector<int32_t> tokens = counting(1, 4);
+  std::vector<int> first = cache_sequence(blocks, tokens, 2);
+  std::vector<int> second = cache_sequence(blocks, tokens, 2);  // computed side by side
+  EXPECT_EQ(blocks.free_blocks(), 0);
+  for (int b : second) {
+    blocks.release(b);
+  }
+  // The second copy was never cached: its blocks are plain free ones.
+  EXPECT_EQ(blocks.evictable_blocks(), 0);
+  EXPECT_EQ(blocks.free_blocks(), 2);
+  std::vector<int> held;
+  std::vector<uint64_t> keys;
+  EXPECT_EQ(blocks.acquire_prefix(counting(1, 5), 4, held, keys), 2);
+  EXPECT_EQ(held, first);
+}
+
+TEST(PrefixCacheTest, WithoutPrefixCachingNothingIsReused) {
+  BlockAllocator blocks(4, /*block_tokens=*/2, /*prefix_caching=*/false);
+  std::vector<int> a = cache_sequence(blocks, counting(1, 4), 2);
+  for (int b : a) {
+    blocks.release(b);
+  }
+  EXPECT_EQ(blocks.evictable_blocks(), 0);
+  std::vector<int> held;
+  std::vector<uint64_t> keys;
+  EXPECT_EQ(blocks.acquire_prefix(counting(1, 5), 4, held, keys), 0);
+}
+
+// The scheduler admits a sequence past its cached blocks, computes at least its last token (for
+// the logits) and has the blocks it fills cached; a sequence it cannot admit gives its cached
+// blocks back.
+TEST(PrefixCacheTest, AdmissionStartsAfterTheCachedPrefix) {
+  BlockAllocator blocks(8, /*block_tokens=*/4, /*prefix_caching=*/true);
+  Scheduler scheduler(blocks, {/*max_tokens_per_step=*/64, /*max_sequences=*/8,
+                               /*block_tokens=*/4});
+  SequenceQueue running, waiting;
+  auto with_tokens = [](uint64_t id, std::vector<int32_t> tokens) {
+    auto s = sequence(id, 0);
+    s->prompt_length = static_cast<int>(tokens.size());
+    s->tokens = std::move(tokens);
+    return s;
+  };
+  waiting.push_back(with_tokens(1, counting(1, 10)));
+  StepPlan plan = scheduler.plan(running, waiting);
+  EXPECT_EQ(plan.prefix_queried_tokens, 10);
+  EXPECT_EQ(plan.prefix_hit_tokens, 0);
+  run_step(plan);
+  scheduler.cache_full_blocks(*running[0]);
+  EXPECT_EQ(running[0]->block_keys.size(), 2u);
+
+  // 8 shared tokens: 2 cached blocks; 4 tokens to compute.
+  std::vector<int32_t> shared = counting(1, 8);
+  shared.insert(shared.end(), {70, 71, 72, 73});
+  waiting.push_back(with_tokens(2, shared));
+  // All 8 tokens cached: the second block is left to compute, for the last token's logits.
+  waiting.push_back(with_tokens(3, counting(1, 8)));
+  plan = scheduler.plan(running, waiting);
+  ASSERT_EQ(work_ids(plan), std::vector<uint64_t>({1, 2, 3}));
+  EXPECT_EQ(plan.work[1].tokens, 4);
+  EXPECT_EQ(running[1]->computed, 8);
+  EXPECT_EQ(running[1]->blocks[0], running[0]->blocks[0]);
+  EXPECT_EQ(running[1]->blocks[1], running[0]->blocks[1]);
+  EXPECT_EQ(plan.work[2].tokens, 4);
+  EXPECT_EQ(running[2]->computed, 4);
+  EXPECT_EQ(plan.prefix_queried_tokens, 20);
+  EXPECT_EQ(plan.prefix_hit_tokens, 12);
+  // 1 holds 3 blocks, 2 one more of its own (and 1's two), 3 one of its own: 5 in use.
+  EXPECT_EQ(blocks.used_blocks(), 5);
+
+  // No room for the rest of a long one: it is not admitted and holds nothing.
+  std::vector<int32_t> long_one = counting(1, 8);
+  long_one.resize(30, 5);
+  waiting.push_back(with_tokens(4, long_one));
+  run_step(plan);
+  plan = scheduler.plan(running, waiting);
+  EXPECT_TRUE(plan.admitted.empty());
+  EXPECT_TRUE(waiting.front()->blocks.empty());
+  EXPECT_EQ(waiting.front()->computed, 0);
+  EXPECT_EQ(plan.prefix_queried_tokens, 0);
+  for (auto& s : running) {
+    scheduler.release(*s);
+  }
+  EXPECT_EQ(blocks.used_blocks(), 0);
 }
 
 }  // namespace
