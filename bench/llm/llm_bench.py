@@ -46,6 +46,10 @@ CONFIGS = {
     "bf16-nobatch": ["--dtype", "bfloat16", "--max-sequences", "1"],
     "bf16-nooverlap": ["--dtype", "bfloat16", "--no-overlap"],
 }
+# Prefill budgets (issue 22, prefill with decode): prompt tokens a step, beside the decodes.
+for budget in (0, 16, 32, 64, 128):
+    CONFIGS[f"int8-prefill{budget}"] = CONFIGS["int8"] + ["--max-prefill-tokens-per-step",
+                                                          str(budget)]
 
 
 
@@ -109,24 +113,34 @@ def start_replica(model, extra, threads):
 
 
 async def one_request(session, url, rng, stream, prefix=()):
-    """(latency, time to first token or None) of one request: `prefix`, then random token ids up
-    to PROMPT_TOKENS."""
+    """(latency, time to first token or None, gaps between streamed tokens) of one request:
+    `prefix`, then random token ids up to PROMPT_TOKENS."""
     prompt = list(prefix) + [rng.randrange(3, 32000) for _ in range(PROMPT_TOKENS - len(prefix))]
     body = {"model": "bench", "prompt": prompt, "max_tokens": OUTPUT_TOKENS, "temperature": 0,
             "ignore_eos": True, "stream": stream}
+    if stream:
+        # A model served without a tokenizer streams no text: ids make each token an event
+        # (llama-server, which streams text, ignores the field).
+        body["return_token_ids"] = True
     start = time.monotonic()
-    first = None
+    first = last = None
+    gaps = []
     async with session.post(url, json=body) as response:
         if response.status != 200:
             raise RuntimeError(f"status {response.status}: {await response.text()}")
         if not stream:
             usage = (await response.json())["usage"]
             assert usage["completion_tokens"] == OUTPUT_TOKENS, usage
-            return time.monotonic() - start, None
+            return time.monotonic() - start, None, []
         async for line in response.content:
-            if first is None and line.startswith(b"data: {"):
-                first = time.monotonic()
-    return time.monotonic() - start, first - start
+            if line.startswith(b"data: {"):
+                now = time.monotonic()
+                if first is None:
+                    first = now
+                else:
+                    gaps.append(now - last)
+                last = now
+    return time.monotonic() - start, first - start, gaps
 
 
 LOAD_CALLS = itertools.count()
@@ -139,7 +153,7 @@ async def load(port, clients, seconds, fresh_connections=False, prefix=()):
     finds a prompt in its prefix or prompt cache from an earlier call."""
     call = next(LOAD_CALLS)
     url = f"http://127.0.0.1:{port}/v1/completions"
-    latencies, ttfts, errors = [], [], []
+    latencies, ttfts, gaps, errors = [], [], [], []
     deadline = time.monotonic() + seconds
     connector = aiohttp.TCPConnector(limit=clients, force_close=fresh_connections)
     async with aiohttp.ClientSession(connector=connector) as session:
@@ -147,17 +161,21 @@ async def load(port, clients, seconds, fresh_connections=False, prefix=()):
             rng = random.Random(f"{call}-{index}")
             while time.monotonic() < deadline:
                 try:
-                    latency, ttft = await one_request(session, url, rng, index == 0, prefix)
+                    latency, ttft, streamed = await one_request(session, url, rng, index == 0,
+                                                                prefix)
                 except (aiohttp.ClientError, RuntimeError) as error:  # counted and shown, not hidden
                     errors.append(repr(error))
                     continue
                 latencies.append(latency)
                 if ttft is not None:
                     ttfts.append(ttft)
+                    gaps.extend(streamed)
         begin = time.monotonic()
         await asyncio.gather(*(client(i) for i in range(clients)))
         elapsed = time.monotonic() - begin
     latencies.sort()
+    ttfts.sort()
+    gaps.sort()
     return {
         "clients": clients,
         "requests": len(latencies),
@@ -166,6 +184,10 @@ async def load(port, clients, seconds, fresh_connections=False, prefix=()):
         "p50_ms": 1000 * latencies[len(latencies) // 2],
         "p99_ms": 1000 * latencies[min(len(latencies) - 1, int(len(latencies) * 0.99))],
         "ttft_p50_ms": 1000 * statistics.median(ttfts),
+        "ttft_p99_ms": 1000 * ttfts[min(len(ttfts) - 1, int(len(ttfts) * 0.99))],
+        # The streaming client's gaps between tokens: the decoders' pace.
+        "itl_p50_ms": 1000 * statistics.median(gaps) if gaps else None,
+        "itl_p99_ms": 1000 * gaps[min(len(gaps) - 1, int(len(gaps) * 0.99))] if gaps else None,
         "errors": len(errors),
         "first_error": errors[0] if errors else None,
     }
@@ -184,7 +206,7 @@ def main():
     with tempfile.TemporaryDirectory() as tmp:
         model = make_model(tmp)
         print(f"{'config':<15} {'clients':>7} {'req/s':>7} {'tok/s':>7} {'p50 ms':>8} "
-              f"{'p99 ms':>8} {'ttft ms':>8}")
+              f"{'p99 ms':>8} {'ttft ms':>8} {'ttft p99':>8} {'itl ms':>7} {'itl p99':>7}")
         with open(os.path.join(model, "config.json")) as f:
             config = json.load(f)
         bandwidth = read_bandwidth(args.threads)
@@ -205,7 +227,9 @@ def main():
                     rows.append(row)
                     print(f"{name:<15} {c:>7} {row['req_s']:>7.1f} {row['tok_s']:>7.0f} "
                           f"{row['p50_ms']:>8.0f} {row['p99_ms']:>8.0f} "
-                          f"{row['ttft_p50_ms']:>8.0f}", flush=True)
+                          f"{row['ttft_p50_ms']:>8.0f} {row['ttft_p99_ms']:>8.0f} "
+                          f"{row['itl_p50_ms'] or 0:>7.1f} {row['itl_p99_ms'] or 0:>7.1f}",
+                          flush=True)
             finally:
                 proc.terminate()
                 proc.wait(30)

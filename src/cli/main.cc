@@ -52,6 +52,11 @@ void add_llm_options(CLI::App& cmd, runtime::LlmRuntimeOptions& llm) {
                  "llm: prompt and decode tokens of one forward step")
       ->check(CLI::Range(1, 1 << 20))
       ->capture_default_str();
+  cmd.add_option("--max-prefill-tokens-per-step", llm.engine.max_prefill_tokens_per_step,
+                 "llm: of those, prompt tokens (0: no separate bound); smaller keeps decoders' "
+                 "steps short while prompts join, larger gets prompts their first token sooner")
+      ->check(CLI::Range(0, 1 << 20))
+      ->capture_default_str();
   cmd.add_option("--kv-cache-tokens", llm.engine.kv_cache_tokens,
                  "llm: KV cache size in tokens (0: max-sequences full contexts, at most 64K)")
       ->check(CLI::Range(0, 1 << 26))

@@ -2,9 +2,10 @@
 //
 // One engine thread owns the running batch, the KV cache and the forward pass. Each step it
 // takes new requests and cancellations, gives every running sequence its next tokens (one for a
-// decoding sequence, a chunk of the prompt for a prefilling one) within max_tokens_per_step,
-// admits waiting sequences while blocks and budget last, runs one forward pass, samples, and
-// hands the sampled tokens to the output thread. The output thread detokenizes, checks stop
+// decoding sequence, a chunk of the prompt for a prefilling one) within max_tokens_per_step
+// (prompt chunks also within max_prefill_tokens_per_step), admits waiting sequences while
+// blocks and budget last, runs one forward pass, samples, and hands the sampled tokens to the
+// output thread. The output thread detokenizes, checks stop
 // strings and calls back while the engine thread runs the next step. When the cache runs out of
 // blocks, the youngest running sequence is preempted: its blocks are freed and it is recomputed
 // later from its tokens. The scheduling decisions are scheduler.h's; this file runs them.
@@ -32,6 +33,14 @@ struct OutputItem {
   FinishReason finish = FinishReason::kNone;
 };
 
+SchedulerOptions scheduler_options(const EngineOptions& options) {
+  SchedulerOptions out{options.max_tokens_per_step, options.max_sequences, options.kv_block_tokens};
+  if (options.max_prefill_tokens_per_step > 0) {
+    out.max_prefill_tokens_per_step = options.max_prefill_tokens_per_step;
+  }
+  return out;
+}
+
 class EngineImpl final : public Engine {
  public:
   EngineImpl(std::shared_ptr<const Model> model, std::shared_ptr<const Tokenizer> tokenizer,
@@ -40,8 +49,7 @@ class EngineImpl final : public Engine {
         tokenizer_(std::move(tokenizer)),
         options_(options),
         cache_(model_->config, kv_blocks, options.kv_block_tokens, options.prefix_caching),
-        scheduler_(cache_.allocator(),
-                   {options.max_tokens_per_step, options.max_sequences, options.kv_block_tokens}),
+        scheduler_(cache_.allocator(), scheduler_options(options)),
         pass_(model_, model_->options.threads) {
     stats_.kv_blocks_total = kv_blocks;
     output_thread_ = std::thread([this] { output_loop(); });
@@ -430,9 +438,11 @@ Result<std::unique_ptr<Engine>> create_engine(std::shared_ptr<const Model> model
   }
   const ModelConfig& c = model->config;
   if (options.kv_block_tokens < 1 || options.max_sequences < 1 || options.max_tokens_per_step < 1 ||
-      options.kv_cache_tokens < 0 || options.max_waiting < 1) {
+      options.kv_cache_tokens < 0 || options.max_waiting < 1 ||
+      options.max_prefill_tokens_per_step < 0) {
     return invalid_argument(
-        "kv_block_tokens, max_sequences, max_tokens_per_step and max_waiting must be positive");
+        "kv_block_tokens, max_sequences, max_tokens_per_step and max_waiting must be positive, "
+        "max_prefill_tokens_per_step not negative");
   }
   int64_t tokens = options.kv_cache_tokens > 0
                        ? options.kv_cache_tokens

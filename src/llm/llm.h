@@ -83,11 +83,13 @@ struct GenerationRequest {
 };
 
 struct EngineOptions {
-  int kv_cache_tokens = 0;             // 0: enough for max_sequences full contexts, at most 64K
-  int kv_block_tokens = 16;            // tokens per KV cache block
-  int max_sequences = 64;              // sequences in the running batch at once
-  int max_waiting = 1024;              // queued sequences past which submit() refuses more
-  int max_tokens_per_step = 512;       // prefill chunks and decode tokens of one forward step
+  int kv_cache_tokens = 0;        // 0: enough for max_sequences full contexts, at most 64K
+  int kv_block_tokens = 16;       // tokens per KV cache block
+  int max_sequences = 64;         // sequences in the running batch at once
+  int max_waiting = 1024;         // queued sequences past which submit() refuses more
+  int max_tokens_per_step = 512;  // prefill chunks and decode tokens of one forward step
+  // Of those, prompt chunks (and recomputation); 0: only max_tokens_per_step bounds them.
+  int max_prefill_tokens_per_step = 64;
   bool overlap_postprocessing = true;  // output work of step N runs during step N+1
   // Full KV blocks stay cached for requests whose tokens start the same (block_allocator.h).
   bool prefix_caching = true;

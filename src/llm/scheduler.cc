@@ -67,9 +67,26 @@ void Scheduler::preempt_youngest(SequenceQueue& running, SequenceQueue& waiting,
 StepPlan Scheduler::plan(SequenceQueue& running, SequenceQueue& waiting) {
   StepPlan plan;
   int budget = options_.max_tokens_per_step;
+  int prefill_budget = options_.max_prefill_tokens_per_step;
+  // A decode's one token takes the step's budget only; a longer remainder is prefill, cut to
+  // what is left of both budgets (0: it sits this step out).
+  auto tokens_for = [&](const Sequence& sequence) {
+    const int remaining = static_cast<int>(sequence.tokens.size()) - sequence.computed;
+    return remaining == 1 ? std::min(budget, 1) : std::min({budget, prefill_budget, remaining});
+  };
+  auto take = [&](const Sequence& sequence, int tokens) {
+    budget -= tokens;
+    if (static_cast<int>(sequence.tokens.size()) - sequence.computed > 1) {
+      prefill_budget -= tokens;
+    }
+  };
   for (size_t i = 0; i < running.size() && budget > 0;) {
     Sequence& sequence = *running[i];
-    int tokens = std::min(budget, static_cast<int>(sequence.tokens.size()) - sequence.computed);
+    int tokens = tokens_for(sequence);
+    if (tokens == 0) {
+      ++i;
+      continue;
+    }
     if (!reserve(sequence, sequence.computed + tokens, plan)) {
       if (i + 1 == running.size()) {  // it is the youngest itself: it waits
         preempt_youngest(running, waiting, plan);
@@ -79,7 +96,7 @@ StepPlan Scheduler::plan(SequenceQueue& running, SequenceQueue& waiting) {
       continue;  // try again with the freed blocks
     }
     plan.work.push_back({&sequence, tokens});
-    budget -= tokens;
+    take(sequence, tokens);
     ++i;
   }
   while (!waiting.empty() && budget > 0 &&
@@ -87,19 +104,20 @@ StepPlan Scheduler::plan(SequenceQueue& running, SequenceQueue& waiting) {
     Sequence& sequence = *waiting.front();
     const int length = static_cast<int>(sequence.tokens.size());
     take_cached_prefix(sequence);
+    const int tokens = tokens_for(sequence);
     // Admitted only when the whole known sequence fits now, so that admission alone never
     // forces a preemption.
-    if (blocks_for(length + 1) - static_cast<int>(sequence.blocks.size()) > blocks_.free_blocks()) {
+    if (tokens == 0 ||
+        blocks_for(length + 1) - static_cast<int>(sequence.blocks.size()) > blocks_.free_blocks()) {
       release(sequence);
       break;
     }
     plan.prefix_queried_tokens += length;
     plan.prefix_hit_tokens += sequence.computed;
-    int tokens = std::min(budget, length - sequence.computed);
     reserve(sequence, sequence.computed + tokens, plan);
     plan.work.push_back({&sequence, tokens});
     plan.admitted.push_back(sequence.id);
-    budget -= tokens;
+    take(sequence, tokens);
     running.push_back(std::move(waiting.front()));
     waiting.pop_front();
   }

@@ -3,12 +3,13 @@
 // its running and waiting queues each step and gets back a step plan.
 //
 // Policy: every running sequence, oldest first, gets its next tokens (one when decoding, a chunk
-// of the prompt when prefilling) within the step's token budget; when the cache has no block for
-// one of them, the youngest running sequence is preempted (its blocks freed, put first in the
-// waiting queue, recomputed later from its tokens). Then waiting sequences are admitted in FIFO
-// order while the budget, the batch size and the cache allow; a sequence is admitted only when
-// its whole known length plus one token fits in the free blocks, so admission alone never forces
-// a preemption, and the queue's head is never overtaken.
+// of the prompt when prefilling) within the step's token budget, prompt chunks also within the
+// step's prefill budget (so that decoders' steps stay short while prompts join them); when the
+// cache has no block for one of them, the youngest running sequence is preempted (its blocks freed,
+// put first in the waiting queue, recomputed later from its tokens). Then waiting sequences are
+// admitted in FIFO order while the budget, the batch size and the cache allow; a sequence is
+// admitted only when its whole known length plus one token fits in the free blocks, so admission
+// alone never forces a preemption, and the queue's head is never overtaken.
 //
 // With prefix caching (the allocator's), an admitted sequence first takes the cached blocks that
 // hold the start of its tokens (all but its last token, which is computed for the logits), and
@@ -17,6 +18,7 @@
 
 #include <cstdint>
 #include <deque>
+#include <limits>
 #include <memory>
 #include <random>
 #include <vector>
@@ -48,6 +50,9 @@ struct SchedulerOptions {
   int max_tokens_per_step = 1;
   int max_sequences = 1;
   int block_tokens = 1;
+  // Of max_tokens_per_step, tokens of sequences with more than one to compute (prompt chunks,
+  // recomputation).
+  int max_prefill_tokens_per_step = std::numeric_limits<int>::max();
 };
 
 // One sequence's work in a step: its next `tokens` tokens from position `computed`.

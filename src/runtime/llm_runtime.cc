@@ -45,6 +45,7 @@ llm::EngineOptions engine_options(const LlmEngineOptions& o) {
   engine.max_sequences = o.max_sequences;
   engine.max_waiting = o.max_waiting;
   engine.max_tokens_per_step = o.max_tokens_per_step;
+  engine.max_prefill_tokens_per_step = o.max_prefill_tokens_per_step;
   engine.overlap_postprocessing = o.overlap_postprocessing;
   engine.prefix_caching = o.prefix_caching;
   return engine;

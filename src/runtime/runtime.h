@@ -20,13 +20,14 @@ namespace flotilla::runtime {
 
 // The llm runtime's engine (llm::EngineOptions, which has the same fields and defaults).
 struct LlmEngineOptions {
-  int kv_cache_tokens = 0;             // 0: enough for max_sequences full contexts, at most 64K
-  int kv_block_tokens = 16;            // tokens per KV cache block
-  int max_sequences = 64;              // sequences in the running batch at once
-  int max_waiting = 1024;              // queued sequences past which generate() refuses more
-  int max_tokens_per_step = 512;       // prefill chunks and decode tokens of one forward step
-  bool overlap_postprocessing = true;  // output work of step N runs during step N+1
-  bool prefix_caching = true;          // reuse full KV blocks of prompts that start the same
+  int kv_cache_tokens = 0;               // 0: enough for max_sequences full contexts, at most 64K
+  int kv_block_tokens = 16;              // tokens per KV cache block
+  int max_sequences = 64;                // sequences in the running batch at once
+  int max_waiting = 1024;                // queued sequences past which generate() refuses more
+  int max_tokens_per_step = 512;         // prefill chunks and decode tokens of one forward step
+  int max_prefill_tokens_per_step = 64;  // of those, prompt chunks; 0: no separate bound
+  bool overlap_postprocessing = true;    // output work of step N runs during step N+1
+  bool prefix_caching = true;            // reuse full KV blocks of prompts that start the same
 };
 
 // Settings of the llm runtime (docs/llm.md).

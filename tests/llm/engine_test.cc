@@ -8,6 +8,7 @@
 #include <mutex>
 #include <random>
 #include <thread>
+#include <utility>
 
 #include <gtest/gtest.h>
 
@@ -118,12 +119,15 @@ TEST(EngineTest, ContinuousBatchingGivesTheReferenceGreedyTokens) {
     auto prompts = reference["prompts"].get<std::vector<std::vector<int32_t>>>();
     auto expected = reference["greedy"].get<std::vector<std::vector<int32_t>>>();
     for (bool overlap : {true, false}) {
-      for (int step_tokens : {512, 4}) {  // 4: prompts prefill in chunks beside decodes
+      // {step tokens, prefill tokens}: 4 or 3 make prompts prefill in chunks beside decodes.
+      for (auto [step_tokens, prefill_tokens] : {std::pair{512, 64}, {4, 64}, {512, 3}}) {
         EngineOptions options;
         options.overlap_postprocessing = overlap;
         options.max_tokens_per_step = step_tokens;
+        options.max_prefill_tokens_per_step = prefill_tokens;
         EXPECT_EQ(generate(name, prompts, greedy(expected[0].size()), options), expected)
-            << name << " overlap " << overlap << " step tokens " << step_tokens;
+            << name << " overlap " << overlap << " step tokens " << step_tokens
+            << " prefill tokens " << prefill_tokens;
       }
     }
   }
@@ -350,6 +354,46 @@ TEST(EngineTest, AFullQueueRefusesMoreUntilItDrains) {
   EXPECT_TRUE((*engine)->submit({{5, 6, 7}, greedy(4), collector.callback(accepted)}).is_ok());
   ASSERT_TRUE(collector.wait_for(accepted + 1));
   std::printf("%d accepted, %d refused\n", accepted, refused);
+}
+
+TEST(EngineTest, InvalidOptionsAreRefused) {
+  std::shared_ptr<const Model> model = load_fp32("llama-gqa");
+  const std::vector<std::pair<const char*, void (*)(EngineOptions&)>> cases = {
+      {"kv_block_tokens 0",
+       [](EngineOptions& o) {
+         o.kv_block_tokens = 0;
+       }},
+      {"max_sequences 0",
+       [](EngineOptions& o) {
+         o.max_sequences = 0;
+       }},
+      {"max_waiting 0",
+       [](EngineOptions& o) {
+         o.max_waiting = 0;
+       }},
+      {"max_tokens_per_step 0",
+       [](EngineOptions& o) {
+         o.max_tokens_per_step = 0;
+       }},
+      {"max_prefill_tokens_per_step -1",
+       [](EngineOptions& o) {
+         o.max_prefill_tokens_per_step = -1;
+       }},
+      {"kv_cache_tokens -1",
+       [](EngineOptions& o) {
+         o.kv_cache_tokens = -1;
+       }},
+  };
+  for (const auto& [name, spoil] : cases) {
+    EngineOptions options;
+    spoil(options);
+    auto engine = create_engine(model, nullptr, options);
+    ASSERT_FALSE(engine.is_ok()) << name;
+    EXPECT_EQ(engine.status().code(), StatusCode::kInvalidArgument) << name;
+  }
+  EngineOptions unbounded_prefill;  // 0: only the step's budget bounds prompt chunks
+  unbounded_prefill.max_prefill_tokens_per_step = 0;
+  EXPECT_TRUE(create_engine(model, nullptr, unbounded_prefill).is_ok());
 }
 
 // A request that arrives during a step joins the next one: with room for all, nothing waits

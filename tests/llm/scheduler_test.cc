@@ -1,8 +1,8 @@
 // The scheduler on its own, over a bare block allocator (no model): admission only when the
-// whole known sequence fits, chunked prefill within the token budget, preemption of the youngest
-// running sequence to the front of the waiting queue, and FIFO admission with no overtaking of
-// the queue's head; prefix caching: exact reuse of cached blocks, eviction, admission with a
-// cached prefix.
+// whole known sequence fits, chunked prefill within the token and prefill budgets, preemption of
+// the youngest running sequence to the front of the waiting queue, and FIFO admission with no
+// overtaking of the queue's head; prefix caching: exact reuse of cached blocks, eviction, admission
+// with a cached prefix.
 #include "llm/scheduler.h"
 
 #include <algorithm>
@@ -105,6 +105,41 @@ TEST(SchedulerTest, ChunkedPrefillStaysWithinTheTokenBudget) {
   EXPECT_EQ(plan.work[0].tokens, 2);
   EXPECT_EQ(plan.work[1].tokens, 3);
   EXPECT_TRUE(plan.preempted.empty());
+}
+
+TEST(SchedulerTest, PromptChunksStayWithinThePrefillBudgetWhileDecodesGoOn) {
+  BlockAllocator blocks(64);
+  SchedulerOptions options{/*max_tokens_per_step=*/16, /*max_sequences=*/8, /*block_tokens=*/2};
+  options.max_prefill_tokens_per_step = 4;
+  Scheduler scheduler(blocks, options);
+  SequenceQueue running, waiting;
+  waiting.push_back(sequence(1, 1));  // decodes from its first step on
+  waiting.push_back(sequence(2, 1));
+  waiting.push_back(sequence(3, 10));
+  waiting.push_back(sequence(4, 3));
+  StepPlan plan = scheduler.plan(running, waiting);
+  // 1 and 2 take one token each outside the prefill budget; 3 gets 4 of its 10; 4 has no
+  // prefill budget left and waits although the step budget has 10 tokens left.
+  EXPECT_EQ(work_ids(plan), std::vector<uint64_t>({1, 2, 3}));
+  EXPECT_EQ(plan.work[2].tokens, 4);
+  EXPECT_EQ(ids(waiting), std::vector<uint64_t>({4}));
+  run_step(plan);
+  plan = scheduler.plan(running, waiting);
+  EXPECT_EQ(work_ids(plan), std::vector<uint64_t>({1, 2, 3}));
+  EXPECT_EQ(plan.work[2].tokens, 4);
+  run_step(plan);
+  // 2 prompt tokens of 3 are left: 2 of the prefill budget go to 4.
+  plan = scheduler.plan(running, waiting);
+  EXPECT_EQ(work_ids(plan), std::vector<uint64_t>({1, 2, 3, 4}));
+  EXPECT_EQ(plan.work[2].tokens, 2);
+  EXPECT_EQ(plan.work[3].tokens, 2);
+  run_step(plan);
+  // 3 decodes now; 4's last prompt token is computed like a decode.
+  plan = scheduler.plan(running, waiting);
+  EXPECT_EQ(work_ids(plan), std::vector<uint64_t>({1, 2, 3, 4}));
+  for (const PlannedWork& w : plan.work) {
+    EXPECT_EQ(w.tokens, 1);
+  }
 }
 
 TEST(SchedulerTest, DecodeWithoutAFreeBlockPreemptsTheYoungestToTheFrontOfTheQueue) {
