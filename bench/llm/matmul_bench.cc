@@ -54,7 +54,7 @@ void BM_Matmul(benchmark::State& state) {
 void shapes(benchmark::internal::Benchmark* b) {
   const auto paths = static_cast<int64_t>(supported_kernels().size());
   for (int format : {0, 1, 2, 3}) {
-    for (int m : {1, 16, 64}) {
+    for (int m : {1, 4, 16, 64}) {
       for (int64_t path = 1; path < paths; ++path) {  // not the portable one: minutes a shape
         b->Args({2816, 512, m, format, path});        // gate and up stacked
         b->Args({32000, 512, m, format, path});       // LM head

@@ -7,12 +7,43 @@
 #include <cstdlib>
 #include <cstring>
 
+#if defined(__x86_64__) && defined(__linux__)
+#include <cpuid.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
+
 #include <spdlog/spdlog.h>
 
 #include "llm/safetensors.h"
 
 namespace flotilla::llm {
 namespace {
+
+// AMX int8: the CPU's tiles (CPUID 7.0 EDX bits 24, 25), the OS saving their state (XCR0 bits
+// 17, 18), and Linux letting this process use them (arch_prctl ARCH_REQ_XCOMP_PERM for
+// XTILEDATA, Linux 5.16 on; until then the first tile instruction faults).
+bool amx_int8_usable() {
+#if defined(__x86_64__) && defined(__linux__)
+  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+  if (__get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx) == 0 || (edx & (3u << 24)) != (3u << 24)) {
+    return false;
+  }
+  if (__get_cpuid(1, &eax, &ebx, &ecx, &edx) == 0 || (ecx & (1u << 27)) == 0) {  // OSXSAVE
+    return false;
+  }
+  unsigned xcr0 = 0, xcr0_high = 0;
+  __asm__("xgetbv" : "=a"(xcr0), "=d"(xcr0_high) : "c"(0));
+  if ((xcr0 & (3u << 17)) != (3u << 17)) {
+    return false;
+  }
+  constexpr long kArchReqXcompPerm = 0x1023;
+  constexpr long kXfeatureXtiledata = 18;
+  return syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) == 0;
+#else
+  return false;
+#endif
+}
 
 std::array<float, 256> build_fp8_table() {
   std::array<float, 256> table{};
@@ -203,6 +234,9 @@ std::vector<const Kernels*> supported_kernels() {
   }
   if (vnni && bf16) {
     supported.push_back(avx512_kernel_table(true, true));
+    if (amx_kernel_table() != nullptr && amx_int8_usable()) {
+      supported.push_back(amx_kernel_table());
+    }
   }
 #endif
   return supported;

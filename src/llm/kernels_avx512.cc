@@ -325,6 +325,186 @@ void matmul_bf16_dot(const Bf16Rows& rounded, int m, const WeightMatrix& w, int 
   for_each_tile<kTileW, kTileX, kChunkX>(m, row_begin, row_end, weight_rows, tile);
 }
 
+// ---- AMX: int8 weights by int8 activations, 16 x 16 x 32 products an instruction ----------
+
+#if defined(__AMX_TILE__) && defined(__AMX_INT8__)
+// tdpbssd multiplies signed bytes by signed bytes (no flip, no offset). Tile A holds 16 weight
+// rows x one block of 32 columns, loaded in place; tile B the same block of 16 activation rows
+// in the layout AMX wants (its row k: columns 4k..4k+3 of each activation row in turn), packed
+// once a matmul by prepare; tile C their 16 x 16 int32 sums, scaled after every block by the
+// block's activation scales into fp32 accumulators (one scale per 32 columns, as the VNNI path:
+// int32 sums of blocks with different scales cannot be added).
+constexpr int kAmxTile = 16;    // weight rows and activation rows of a tile
+constexpr int kAmxMinRows = 4;  // fewer activation rows: the VNNI path (AMX computes 16 anyway)
+constexpr int kAmxBlockBytes = 32;
+
+struct AmxRows {
+  const QuantizedRows* quantized = nullptr;  // for the VNNI path's share: rows past the last 16
+  int tiles = 0;                             // tiles of 16 activation rows (the last padded)
+  int blocks = 0;                            // column blocks of 32
+  int8_t* packed = nullptr;                  // [tile][block][8][64]
+  float* scales = nullptr;                   // [tile][block][16]: each activation row's scale
+};
+
+bool uses_amx(int m, const WeightMatrix& w) {
+  return w.format == WeightFormat::kInt8 && m >= kAmxMinRows && w.cols % kAmxBlockBytes == 0;
+}
+
+// Palette 1: tiles 0-3 (C) 16 rows of 16 int32, one per block of a round; tiles 4, 5 (A) 16
+// rows of 32 bytes; tiles 6, 7 (B) 8 rows of 64 bytes. As bytes in memory (a struct with
+// initializers on the stack was found half unwritten when ldtilecfg read it: GCC 12 does not
+// see the instruction read all 64 bytes).
+constexpr uint8_t kA = kAmxBlockBytes, kB = kAmxBlockBytes / 4;  // A's bytes a row, B's rows
+alignas(64) constexpr uint8_t kAmxConfig[64] = {
+    1,  0,                                                      // palette, start row
+    0,  0,  0,  0,  0,  0,  0,  0, 0,  0, 0,  0, 0,  0,         // reserved
+    64, 0,  64, 0,  64, 0,  64, 0, kA, 0, kA, 0, 64, 0, 64, 0,  // bytes a row, tiles 0-7
+    0,  0,  0,  0,  0,  0,  0,  0, 0,  0, 0,  0, 0,  0, 0,  0,  // tiles 8-15
+    16, 16, 16, 16, 16, 16, kB, kB};                            // rows, tiles 0-7
+
+// The configuration is per thread and stays until the thread sets another (nothing else here
+// uses the tiles).
+void configure_amx_tiles() {
+  thread_local bool configured = false;
+  if (!configured) {
+    _tile_loadconfig(kAmxConfig);
+    configured = true;
+  }
+}
+
+AmxRows pack_for_amx(const QuantizedRows& q, int m, int cols) {
+  thread_local Scratch<int8_t> packed_scratch;
+  thread_local Scratch<float> scales_scratch;
+  AmxRows a;
+  a.tiles = (m + kAmxTile - 1) / kAmxTile;
+  a.blocks = cols / kAmxBlockBytes;
+  const size_t tile_blocks = static_cast<size_t>(a.tiles) * a.blocks;
+  a.packed = packed_scratch.get(tile_blocks * 8 * 64, /*zero=*/true);
+  a.scales = scales_scratch.get(tile_blocks * kAmxTile, /*zero=*/true);
+  for (int i = 0; i < m; ++i) {
+    const int t = i / kAmxTile, n = i % kAmxTile;
+    const int8_t* codes = q.codes + static_cast<int64_t>(i) * q.stride;
+    const float* lanes = q.lane_scales + static_cast<int64_t>(i) * q.stride / 4;
+    for (int b = 0; b < a.blocks; ++b) {
+      const size_t tile_block = static_cast<size_t>(t) * a.blocks + b;
+      int8_t* block = a.packed + tile_block * 8 * 64;
+      for (int k = 0; k < 8; ++k) {
+        std::memcpy(block + k * 64 + n * 4, codes + b * kAmxBlockBytes + k * 4, 4);
+      }
+      a.scales[tile_block * kAmxTile + n] = lanes[b * kAmxBlockBytes / 4];
+    }
+  }
+  return a;
+}
+
+// One round: N (1-4) consecutive blocks into C tiles 0..N-1, alternating the A and B tiles so
+// that loads overlap products; then each block's sums, scaled, into acc. `packed` and `scales`
+// are the first block's.
+template <int N>
+inline void amx_round(const int8_t* wblock, int ldw, const int8_t* packed, const float* scales,
+                      __m512 (&acc)[kAmxTile]) {
+  constexpr int kPacked = 8 * 64;  // bytes of one block of B
+  _tile_zero(0);
+  _tile_loadd(4, wblock, ldw);
+  _tile_loadd(6, packed, 64);
+  _tile_dpbssd(0, 4, 6);
+  if constexpr (N > 1) {
+    _tile_zero(1);
+    _tile_loadd(5, wblock + kAmxBlockBytes, ldw);
+    _tile_loadd(7, packed + kPacked, 64);
+    _tile_dpbssd(1, 5, 7);
+  }
+  if constexpr (N > 2) {
+    _tile_zero(2);
+    _tile_loadd(4, wblock + 2 * kAmxBlockBytes, ldw);
+    _tile_loadd(6, packed + 2 * kPacked, 64);
+    _tile_dpbssd(2, 4, 6);
+  }
+  if constexpr (N > 3) {
+    _tile_zero(3);
+    _tile_loadd(5, wblock + 3 * kAmxBlockBytes, ldw);
+    _tile_loadd(7, packed + 3 * kPacked, 64);
+    _tile_dpbssd(3, 5, 7);
+  }
+  alignas(64) int32_t sums[4][kAmxTile][kAmxTile];
+  constexpr int kStride = kAmxTile * sizeof(int32_t);
+  _tile_stored(0, sums[0], kStride);
+  if constexpr (N > 1) {
+    _tile_stored(1, sums[1], kStride);
+  }
+  if constexpr (N > 2) {
+    _tile_stored(2, sums[2], kStride);
+  }
+  if constexpr (N > 3) {
+    _tile_stored(3, sums[3], kStride);
+  }
+#pragma GCC unroll 4
+  for (int j = 0; j < N; ++j) {
+    const __m512 block_scales = _mm512_loadu_ps(scales + j * kAmxTile);
+#pragma GCC unroll 16
+    for (int row = 0; row < kAmxTile; ++row) {
+      acc[row] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_load_si512(sums[j][row])), block_scales,
+                                 acc[row]);
+    }
+  }
+}
+
+void matmul_int8_amx(const AmxRows& a, int m, const WeightMatrix& w, int row_begin, int row_end,
+                     float* y, int ldy, bool accumulate) {
+  configure_amx_tiles();
+  const int amx_end = row_begin + (row_end - row_begin) / kAmxTile * kAmxTile;
+  alignas(64) float out[kAmxTile][kAmxTile];
+  for (int r = row_begin; r < amx_end; r += kAmxTile) {
+    const int8_t* wrows =
+        reinterpret_cast<const int8_t*>(w.data) + static_cast<int64_t>(r) * w.cols;
+    for (int t = 0; t < a.tiles; ++t) {
+      __m512 acc[kAmxTile];
+      for (__m512& v : acc) {
+        v = _mm512_setzero_ps();
+      }
+      for (int b = 0; b < a.blocks; b += 4) {
+        const size_t tile_block = static_cast<size_t>(t) * a.blocks + b;
+        const int8_t* wblock = wrows + b * kAmxBlockBytes;
+        const int8_t* packed = a.packed + tile_block * 8 * 64;
+        const float* scales = a.scales + tile_block * kAmxTile;
+        if (t == 0 && r + kAmxTile < amx_end) {
+          // The next weight rows' same four blocks (128 bytes a row): the hardware prefetcher
+          // does not follow 16 interleaved row streams.
+          for (int row = 0; row < kAmxTile; ++row) {
+            const char* next = reinterpret_cast<const char*>(wblock) +
+                               static_cast<int64_t>(kAmxTile + row) * w.cols;
+            _mm_prefetch(next, _MM_HINT_T0);
+            _mm_prefetch(next + 64, _MM_HINT_T0);
+          }
+        }
+        switch (std::min(4, a.blocks - b)) {
+          case 4:
+            amx_round<4>(wblock, w.cols, packed, scales, acc);
+            break;
+          case 3:
+            amx_round<3>(wblock, w.cols, packed, scales, acc);
+            break;
+          case 2:
+            amx_round<2>(wblock, w.cols, packed, scales, acc);
+            break;
+          default:
+            amx_round<1>(wblock, w.cols, packed, scales, acc);
+        }
+      }
+      // acc[row] lane n: weight row r + row by activation row 16t + n (before the row scale).
+      for (int row = 0; row < kAmxTile; ++row) {
+        _mm512_store_ps(out[row], acc[row]);
+      }
+      const int xr = std::min(kAmxTile, m - t * kAmxTile);
+      store_tile(out, w, r, kAmxTile, t * kAmxTile, xr, 1.0f, y, ldy, accumulate);
+    }
+  }
+  if (amx_end < row_end) {
+    matmul_int8_vnni(*a.quantized, m, w, amx_end, row_end, y, ldy, accumulate);
+  }
+}
+#endif
+
 // ---- The tables ---------------------------------------------------------------------------
 
 // vdpbf16ps pays where the widening is not shared: a tile of activation rows or fewer (decode of
@@ -434,6 +614,33 @@ void avx512_silu_mul(float* gate, const float* up, int n) {
   }
 }
 
+#if defined(__AMX_TILE__) && defined(__AMX_INT8__)
+// The VNNI and BF16 table's work, but int8 weights by at least kAmxMinRows activation rows go
+// through the tiles.
+const void* amx_prepare(const float* x, int m, const WeightMatrix& w) {
+  const void* quantized = avx512_prepare<true, true>(x, m, w);
+  if (!uses_amx(m, w)) {
+    return quantized;
+  }
+  thread_local AmxRows packed;
+  packed = pack_for_amx(*static_cast<const QuantizedRows*>(quantized), m, w.cols);
+  packed.quantized = static_cast<const QuantizedRows*>(quantized);
+  return &packed;
+}
+
+void amx_matmul(const float* x, int m, const WeightMatrix& w, int row_begin, int row_end, float* y,
+                int ldy, bool accumulate, const void* prepared) {
+  if (!uses_amx(m, w)) {
+    return avx512_matmul<true, true>(x, m, w, row_begin, row_end, y, ldy, accumulate, prepared);
+  }
+  if (prepared == nullptr) {
+    prepared = amx_prepare(x, m, w);
+  }
+  matmul_int8_amx(*static_cast<const AmxRows*>(prepared), m, w, row_begin, row_end, y, ldy,
+                  accumulate);
+}
+#endif
+
 template <bool kVnni, bool kBf16>
 constexpr Kernels avx512_table(std::string_view name) {
   return {name,
@@ -449,8 +656,21 @@ const Kernels kAvx512f = avx512_table<false, false>("avx512f");
 const Kernels kAvx512Vnni = avx512_table<true, false>("avx512-vnni");
 const Kernels kAvx512Bf16 = avx512_table<false, true>("avx512-bf16");
 const Kernels kAvx512VnniBf16 = avx512_table<true, true>("avx512-vnni-bf16");
+#if defined(__AMX_TILE__) && defined(__AMX_INT8__)
+// Row ranges split between threads in whole tiles of 16 weight rows.
+const Kernels kAmx = {"avx512-vnni-bf16-amx", amx_matmul, avx512_dot, avx512_axpy,
+                      avx512_silu_mul,        kAmxTile,   amx_prepare};
+#endif
 
 }  // namespace
+
+const Kernels* amx_kernel_table() {
+#if defined(__AMX_TILE__) && defined(__AMX_INT8__)
+  return &kAmx;
+#else
+  return nullptr;
+#endif
+}
 
 const Kernels* avx512_kernel_table(bool vnni, bool bf16) {
   if (vnni) {
@@ -462,6 +682,9 @@ const Kernels* avx512_kernel_table(bool vnni, bool bf16) {
 #else
 
 const Kernels* avx512_kernel_table(bool, bool) {
+  return nullptr;
+}
+const Kernels* amx_kernel_table() {
   return nullptr;
 }
 

@@ -82,7 +82,9 @@ TEST(KernelsTest, EveryPathMatchesPortableForEveryFormatAndShape) {
          {WeightFormat::kF32, WeightFormat::kBF16, WeightFormat::kInt8, WeightFormat::kFp8}) {
       for (auto [rows, cols, m] :
            {std::tuple{7, 19, 1}, std::tuple{12, 64, 5}, std::tuple{5, 8, 9},
-            std::tuple{33, 136, 37}, std::tuple{9, 257, 2}, std::tuple{4, 96, 4}}) {
+            std::tuple{33, 136, 37}, std::tuple{9, 257, 2}, std::tuple{4, 96, 4},
+            // AMX tiles: two of weight rows and a VNNI tail; two of activation rows, one partial
+            std::tuple{40, 160, 21}, std::tuple{16, 64, 8}}) {
         std::vector<float> values = random_values(static_cast<size_t>(rows) * cols, rows + cols);
         WeightMatrix w = make_weight_matrix(format, rows, cols, values.data());
         const std::vector<float> weights = dequantized(w);
