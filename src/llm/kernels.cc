@@ -20,13 +20,15 @@
 namespace flotilla::llm {
 namespace {
 
-// AMX int8: the CPU's tiles (CPUID 7.0 EDX bits 24, 25), the OS saving their state (XCR0 bits
-// 17, 18), and Linux letting this process use them (arch_prctl ARCH_REQ_XCOMP_PERM for
-// XTILEDATA, Linux 5.16 on; until then the first tile instruction faults).
-bool amx_int8_usable() {
+// AMX int8 and bf16: the CPU's tiles (CPUID 7.0 EDX bits 22, 24, 25), the OS saving their
+// state (XCR0 bits 17, 18), and Linux letting this process use them (arch_prctl
+// ARCH_REQ_XCOMP_PERM for XTILEDATA, Linux 5.16 on; until then the first tile instruction
+// faults).
+bool amx_usable() {
 #if defined(__x86_64__) && defined(__linux__)
   unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
-  if (__get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx) == 0 || (edx & (3u << 24)) != (3u << 24)) {
+  if (__get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx) == 0 ||
+      (edx & (0xdu << 22)) != (0xdu << 22)) {
     return false;
   }
   if (__get_cpuid(1, &eax, &ebx, &ecx, &edx) == 0 || (ecx & (1u << 27)) == 0) {  // OSXSAVE
@@ -234,7 +236,7 @@ std::vector<const Kernels*> supported_kernels() {
   }
   if (vnni && bf16) {
     supported.push_back(avx512_kernel_table(true, true));
-    if (amx_kernel_table() != nullptr && amx_int8_usable()) {
+    if (amx_kernel_table() != nullptr && amx_usable()) {
       supported.push_back(amx_kernel_table());
     }
   }

@@ -1,8 +1,8 @@
 // Compute kernels of the forward pass, with runtime CPU dispatch: AVX-512 paths (F, and VNNI
-// int8 and BF16 dot products where the CPU has them, and AMX int8 tiles), an AVX2+FMA+F16C
-// path, and a portable one that any x86-64 or other target runs. Matrices are weights in the
-// Hugging Face layout, [output features][input features], so y = x · Wᵀ is a dot product per output
-// row, and a weight row is read once for every activation row of the step.
+// int8 and BF16 dot products where the CPU has them, and AMX int8 and bf16 tiles), an
+// AVX2+FMA+F16C path, and a portable one that any x86-64 or other target runs. Matrices are
+// weights in the Hugging Face layout, [output features][input features], so y = x · Wᵀ is a dot
+// product per output row, and a weight row is read once for every activation row of the step.
 #pragma once
 
 #include <cstddef>
@@ -62,8 +62,8 @@ const Kernels* avx2_kernels();
 // vdpbf16ps on bf16-rounded ones (up to 4 activation rows; widened beyond). nullptr when the build
 // has no AVX-512; hands out a table whatever the CPU: supported_kernels() is what checks.
 const Kernels* avx512_kernel_table(bool vnni, bool bf16);
-// avx512-vnni-bf16 with int8 weights by 8 or more activation rows through AMX tiles (tdpbssd);
-// nullptr when the build has no AMX.
+// avx512-vnni-bf16 with int8 and bf16 weights by 4 or more activation rows through AMX tiles
+// (tdpbssd, tdpbf16ps); nullptr when the build has no AMX.
 const Kernels* amx_kernel_table();
 // Every path this CPU runs: the portable one first, the best last.
 std::vector<const Kernels*> supported_kernels();

@@ -1,4 +1,4 @@
-// The AVX-512 paths: compiled with AVX-512 F/BW/VL, VNNI and BF16 (only this file), used only
+// The AVX-512 paths: compiled with AVX-512 F/BW/VL, VNNI, BF16 and AMX (only this file), used only
 // when the CPU reports what each table needs (kernels.cc checks before handing one out).
 // - avx512f: every weight format widened to fp32, 16 lanes, a 4 x 4 tile of accumulators (16
 //   of the 32 zmm registers).
@@ -9,7 +9,9 @@
 //   scaled sums of the activation codes are taken off the result.
 // - BF16 (vdpbf16ps), for up to 4 activation rows: they are rounded to bf16 once a matmul, and 32
 //   products of bf16 pairs accumulate in fp32 in one instruction, again with no widening.
-// Both trade the fp32 activations of the other paths for a rounding of them: kernels_test bounds
+// - AMX (tdpbssd, tdpbf16ps; also compiled here), for int8 and bf16 weights by 4 or more
+//   activation rows: the same roundings, 16 x 16 x 32 products an instruction.
+// All trade the fp32 activations of the other paths for a rounding of them: kernels_test bounds
 // the difference from the portable reference by that rounding.
 #include <algorithm>
 #include <cmath>
@@ -327,7 +329,7 @@ void matmul_bf16_dot(const Bf16Rows& rounded, int m, const WeightMatrix& w, int 
 
 // ---- AMX: int8 weights by int8 activations, 16 x 16 x 32 products an instruction ----------
 
-#if defined(__AMX_TILE__) && defined(__AMX_INT8__)
+#if defined(__AMX_TILE__) && defined(__AMX_INT8__) && defined(__AMX_BF16__)
 // tdpbssd multiplies signed bytes by signed bytes (no flip, no offset). Tile A holds 16 weight
 // rows x one block of 32 columns, loaded in place; tile B the same block of 16 activation rows
 // in the layout AMX wants (its row k: columns 4k..4k+3 of each activation row in turn), packed
@@ -350,25 +352,32 @@ bool uses_amx(int m, const WeightMatrix& w) {
   return w.format == WeightFormat::kInt8 && m >= kAmxMinRows && w.cols % kAmxBlockBytes == 0;
 }
 
-// Palette 1: tiles 0-3 (C) 16 rows of 16 int32, one per block of a round; tiles 4, 5 (A) 16
-// rows of 32 bytes; tiles 6, 7 (B) 8 rows of 64 bytes. As bytes in memory (a struct with
+// Palette 1, for int8: tiles 0-3 (C) 16 rows of 16 int32, one per block of a round; tiles 4,
+// 5 (A) 16 rows of 32 bytes; tiles 6, 7 (B) 8 rows of 64 bytes. For bf16: the same C tiles, A
+// and B 16 rows of 64 bytes (32 bf16 values; pairs in B). As bytes in memory (a struct with
 // initializers on the stack was found half unwritten when ldtilecfg read it: GCC 12 does not
 // see the instruction read all 64 bytes).
-constexpr uint8_t kA = kAmxBlockBytes, kB = kAmxBlockBytes / 4;  // A's bytes a row, B's rows
-alignas(64) constexpr uint8_t kAmxConfig[64] = {
+constexpr uint8_t kA = kAmxBlockBytes, kB = kAmxBlockBytes / 4;  // int8: A's bytes a row, B's rows
+alignas(64) constexpr uint8_t kAmxInt8Config[64] = {
     1,  0,                                                      // palette, start row
     0,  0,  0,  0,  0,  0,  0,  0, 0,  0, 0,  0, 0,  0,         // reserved
     64, 0,  64, 0,  64, 0,  64, 0, kA, 0, kA, 0, 64, 0, 64, 0,  // bytes a row, tiles 0-7
     0,  0,  0,  0,  0,  0,  0,  0, 0,  0, 0,  0, 0,  0, 0,  0,  // tiles 8-15
     16, 16, 16, 16, 16, 16, kB, kB};                            // rows, tiles 0-7
+alignas(64) constexpr uint8_t kAmxBf16Config[64] = {
+    1,  0,                                                      // palette, start row
+    0,  0,  0,  0,  0,  0,  0,  0, 0,  0, 0,  0, 0,  0,         // reserved
+    64, 0,  64, 0,  64, 0,  64, 0, 64, 0, 64, 0, 64, 0, 64, 0,  // bytes a row, tiles 0-7
+    0,  0,  0,  0,  0,  0,  0,  0, 0,  0, 0,  0, 0,  0, 0,  0,  // tiles 8-15
+    16, 16, 16, 16, 16, 16, 16, 16};                            // rows, tiles 0-7
 
 // The configuration is per thread and stays until the thread sets another (nothing else here
-// uses the tiles).
-void configure_amx_tiles() {
-  thread_local bool configured = false;
-  if (!configured) {
-    _tile_loadconfig(kAmxConfig);
-    configured = true;
+// uses the tiles): loaded only when a matmul needs the other one.
+void configure_amx_tiles(const uint8_t* config) {
+  thread_local const uint8_t* loaded = nullptr;
+  if (loaded != config) {
+    _tile_loadconfig(config);
+    loaded = config;
   }
 }
 
@@ -395,6 +404,17 @@ AmxRows pack_for_amx(const QuantizedRows& q, int m, int cols) {
     }
   }
   return a;
+}
+
+// The same 128 bytes of each of the next 16 weight rows (`ldw` bytes apart), into L1: the
+// hardware prefetcher does not follow 16 interleaved row streams (the LM head, 16-32 MB, ran
+// 15% faster by int8 at 16 rows; matrices that stay in L2 lose a little).
+inline void prefetch_next_rows(const char* block, int ldw) {
+  for (int row = 0; row < kAmxTile; ++row) {
+    const char* next = block + static_cast<int64_t>(kAmxTile + row) * ldw;
+    _mm_prefetch(next, _MM_HINT_T0);
+    _mm_prefetch(next + 64, _MM_HINT_T0);
+  }
 }
 
 // One round: N (1-4) consecutive blocks into C tiles 0..N-1, alternating the A and B tiles so
@@ -451,7 +471,7 @@ inline void amx_round(const int8_t* wblock, int ldw, const int8_t* packed, const
 
 void matmul_int8_amx(const AmxRows& a, int m, const WeightMatrix& w, int row_begin, int row_end,
                      float* y, int ldy, bool accumulate) {
-  configure_amx_tiles();
+  configure_amx_tiles(kAmxInt8Config);
   const int amx_end = row_begin + (row_end - row_begin) / kAmxTile * kAmxTile;
   alignas(64) float out[kAmxTile][kAmxTile];
   for (int r = row_begin; r < amx_end; r += kAmxTile) {
@@ -468,14 +488,7 @@ void matmul_int8_amx(const AmxRows& a, int m, const WeightMatrix& w, int row_beg
         const int8_t* packed = a.packed + tile_block * 8 * 64;
         const float* scales = a.scales + tile_block * kAmxTile;
         if (t == 0 && r + kAmxTile < amx_end) {
-          // The next weight rows' same four blocks (128 bytes a row): the hardware prefetcher
-          // does not follow 16 interleaved row streams.
-          for (int row = 0; row < kAmxTile; ++row) {
-            const char* next = reinterpret_cast<const char*>(wblock) +
-                               static_cast<int64_t>(kAmxTile + row) * w.cols;
-            _mm_prefetch(next, _MM_HINT_T0);
-            _mm_prefetch(next + 64, _MM_HINT_T0);
-          }
+          prefetch_next_rows(reinterpret_cast<const char*>(wblock), w.cols);
         }
         switch (std::min(4, a.blocks - b)) {
           case 4:
@@ -501,6 +514,90 @@ void matmul_int8_amx(const AmxRows& a, int m, const WeightMatrix& w, int row_beg
   }
   if (amx_end < row_end) {
     matmul_int8_vnni(*a.quantized, m, w, amx_end, row_end, y, ldy, accumulate);
+  }
+}
+
+// bf16 weights by bf16-rounded activations through tdpbf16ps: 16 weight rows x 16 activation
+// rows x 32 columns an instruction, accumulating in fp32 inside the C tile (no scales to apply
+// between blocks). Tile A: 16 weight rows in place; tile B: a block of activation rows packed
+// as AMX wants (its row k: columns 2k, 2k+1 of each activation row in turn).
+struct AmxBf16Rows {
+  const Bf16Rows* rounded = nullptr;  // for the BF16 dot path's share: rows past the last 16
+  int tiles = 0;                      // tiles of 16 activation rows (the last padded)
+  int blocks = 0;                     // column blocks of 32
+  uint16_t* packed = nullptr;         // [tile][block][16][32]
+};
+
+bool uses_amx_bf16(int m, const WeightMatrix& w) {
+  return w.format == WeightFormat::kBF16 && m >= kAmxMinRows && w.cols % 32 == 0;
+}
+
+AmxBf16Rows pack_bf16_for_amx(const Bf16Rows& rounded, int m, int cols) {
+  thread_local Scratch<uint16_t> packed_scratch;
+  AmxBf16Rows a;
+  a.rounded = &rounded;
+  a.tiles = (m + kAmxTile - 1) / kAmxTile;
+  a.blocks = cols / 32;
+  a.packed = packed_scratch.get(static_cast<size_t>(a.tiles) * a.blocks * 16 * 32, /*zero=*/true);
+  for (int i = 0; i < m; ++i) {
+    const int t = i / kAmxTile, n = i % kAmxTile;
+    const uint16_t* values = rounded.values + static_cast<int64_t>(i) * rounded.stride;
+    for (int b = 0; b < a.blocks; ++b) {
+      uint16_t* block = a.packed + (static_cast<size_t>(t) * a.blocks + b) * 16 * 32;
+      for (int k = 0; k < 16; ++k) {
+        std::memcpy(block + k * 32 + n * 2, values + b * 32 + k * 2, 2 * sizeof(uint16_t));
+      }
+    }
+  }
+  return a;
+}
+
+void matmul_bf16_amx(const AmxBf16Rows& a, int m, const WeightMatrix& w, int row_begin, int row_end,
+                     float* y, int ldy, bool accumulate) {
+  configure_amx_tiles(kAmxBf16Config);
+  const int amx_end = row_begin + (row_end - row_begin) / kAmxTile * kAmxTile;
+  const int ldw = w.cols * static_cast<int>(sizeof(uint16_t));
+  constexpr int kPacked = 16 * 32;  // values of one block of B
+  alignas(64) float sums[2][kAmxTile][kAmxTile];
+  alignas(64) float out[kAmxTile][kAmxTile];
+  for (int r = row_begin; r < amx_end; r += kAmxTile) {
+    const uint16_t* wrows =
+        reinterpret_cast<const uint16_t*>(w.data) + static_cast<int64_t>(r) * w.cols;
+    for (int t = 0; t < a.tiles; ++t) {
+      const uint16_t* packed = a.packed + static_cast<size_t>(t) * a.blocks * kPacked;
+      // Even blocks into C tile 0, odd ones into 1, alternating A and B tiles so that loads
+      // overlap products.
+      _tile_zero(0);
+      _tile_zero(1);
+      int b = 0;
+      for (; b + 2 <= a.blocks; b += 2) {
+        if (t == 0 && r + kAmxTile < amx_end) {
+          prefetch_next_rows(reinterpret_cast<const char*>(wrows + b * 32), ldw);
+        }
+        _tile_loadd(4, wrows + b * 32, ldw);
+        _tile_loadd(6, packed + b * kPacked, 64);
+        _tile_dpbf16ps(0, 4, 6);
+        _tile_loadd(5, wrows + (b + 1) * 32, ldw);
+        _tile_loadd(7, packed + (b + 1) * kPacked, 64);
+        _tile_dpbf16ps(1, 5, 7);
+      }
+      if (b < a.blocks) {
+        _tile_loadd(4, wrows + b * 32, ldw);
+        _tile_loadd(6, packed + b * kPacked, 64);
+        _tile_dpbf16ps(0, 4, 6);
+      }
+      _tile_stored(0, sums[0], kAmxTile * sizeof(float));
+      _tile_stored(1, sums[1], kAmxTile * sizeof(float));
+      for (int row = 0; row < kAmxTile; ++row) {
+        _mm512_store_ps(out[row],
+                        _mm512_add_ps(_mm512_load_ps(sums[0][row]), _mm512_load_ps(sums[1][row])));
+      }
+      const int xr = std::min(kAmxTile, m - t * kAmxTile);
+      store_tile(out, w, r, kAmxTile, t * kAmxTile, xr, 1.0f, y, ldy, accumulate);
+    }
+  }
+  if (amx_end < row_end) {
+    matmul_bf16_dot(*a.rounded, m, w, amx_end, row_end, y, ldy, accumulate);
   }
 }
 #endif
@@ -614,29 +711,41 @@ void avx512_silu_mul(float* gate, const float* up, int n) {
   }
 }
 
-#if defined(__AMX_TILE__) && defined(__AMX_INT8__)
-// The VNNI and BF16 table's work, but int8 weights by at least kAmxMinRows activation rows go
-// through the tiles.
+#if defined(__AMX_TILE__) && defined(__AMX_INT8__) && defined(__AMX_BF16__)
+// The VNNI and BF16 table's work, but int8 and bf16 weights by at least kAmxMinRows activation
+// rows go through the tiles.
 const void* amx_prepare(const float* x, int m, const WeightMatrix& w) {
-  const void* quantized = avx512_prepare<true, true>(x, m, w);
-  if (!uses_amx(m, w)) {
-    return quantized;
+  if (uses_amx(m, w)) {
+    thread_local AmxRows packed;
+    const auto* quantized = static_cast<const QuantizedRows*>(avx512_prepare<true, true>(x, m, w));
+    packed = pack_for_amx(*quantized, m, w.cols);
+    packed.quantized = quantized;
+    return &packed;
   }
-  thread_local AmxRows packed;
-  packed = pack_for_amx(*static_cast<const QuantizedRows*>(quantized), m, w.cols);
-  packed.quantized = static_cast<const QuantizedRows*>(quantized);
-  return &packed;
+  if (uses_amx_bf16(m, w)) {
+    thread_local Bf16Rows rounded;
+    thread_local AmxBf16Rows packed;
+    rounded = round_rows_to_bf16(x, m, w.cols);
+    packed = pack_bf16_for_amx(rounded, m, w.cols);
+    return &packed;
+  }
+  return avx512_prepare<true, true>(x, m, w);
 }
 
 void amx_matmul(const float* x, int m, const WeightMatrix& w, int row_begin, int row_end, float* y,
                 int ldy, bool accumulate, const void* prepared) {
-  if (!uses_amx(m, w)) {
+  const bool int8 = uses_amx(m, w);
+  if (!int8 && !uses_amx_bf16(m, w)) {
     return avx512_matmul<true, true>(x, m, w, row_begin, row_end, y, ldy, accumulate, prepared);
   }
   if (prepared == nullptr) {
     prepared = amx_prepare(x, m, w);
   }
-  matmul_int8_amx(*static_cast<const AmxRows*>(prepared), m, w, row_begin, row_end, y, ldy,
+  if (int8) {
+    return matmul_int8_amx(*static_cast<const AmxRows*>(prepared), m, w, row_begin, row_end, y, ldy,
+                           accumulate);
+  }
+  matmul_bf16_amx(*static_cast<const AmxBf16Rows*>(prepared), m, w, row_begin, row_end, y, ldy,
                   accumulate);
 }
 #endif
@@ -656,7 +765,7 @@ const Kernels kAvx512f = avx512_table<false, false>("avx512f");
 const Kernels kAvx512Vnni = avx512_table<true, false>("avx512-vnni");
 const Kernels kAvx512Bf16 = avx512_table<false, true>("avx512-bf16");
 const Kernels kAvx512VnniBf16 = avx512_table<true, true>("avx512-vnni-bf16");
-#if defined(__AMX_TILE__) && defined(__AMX_INT8__)
+#if defined(__AMX_TILE__) && defined(__AMX_INT8__) && defined(__AMX_BF16__)
 // Row ranges split between threads in whole tiles of 16 weight rows.
 const Kernels kAmx = {"avx512-vnni-bf16-amx", amx_matmul, avx512_dot, avx512_axpy,
                       avx512_silu_mul,        kAmxTile,   amx_prepare};
@@ -665,7 +774,7 @@ const Kernels kAmx = {"avx512-vnni-bf16-amx", amx_matmul, avx512_dot, avx512_axp
 }  // namespace
 
 const Kernels* amx_kernel_table() {
-#if defined(__AMX_TILE__) && defined(__AMX_INT8__)
+#if defined(__AMX_TILE__) && defined(__AMX_INT8__) && defined(__AMX_BF16__)
   return &kAmx;
 #else
   return nullptr;
