@@ -5,10 +5,10 @@
 // decoding sequence, a chunk of the prompt for a prefilling one) within max_tokens_per_step
 // (prompt chunks also within max_prefill_tokens_per_step), admits waiting sequences while
 // blocks and budget last, runs one forward pass, samples, and hands the sampled tokens to the
-// output thread. The output thread detokenizes, checks stop
-// strings and calls back while the engine thread runs the next step. When the cache runs out of
-// blocks, the youngest running sequence is preempted: its blocks are freed and it is recomputed
-// later from its tokens. The scheduling decisions are scheduler.h's; this file runs them.
+// output thread. The output thread detokenizes, checks stop strings and calls back while the
+// engine thread runs the next step. When the cache runs out of blocks, the youngest running
+// sequence is preempted: its blocks are freed and it is recomputed later from its tokens. The
+// scheduling decisions are scheduler.h's; this file runs them.
 #include <algorithm>
 #include <chrono>
 #include <deque>

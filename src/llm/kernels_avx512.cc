@@ -327,7 +327,7 @@ void matmul_bf16_dot(const Bf16Rows& rounded, int m, const WeightMatrix& w, int 
   for_each_tile<kTileW, kTileX, kChunkX>(m, row_begin, row_end, weight_rows, tile);
 }
 
-// ---- AMX: int8 weights by int8 activations, 16 x 16 x 32 products an instruction ----------
+// ---- AMX: int8 and bf16 weights, 16 x 16 x 32 products an instruction ---------------------
 
 #if defined(__AMX_TILE__) && defined(__AMX_INT8__) && defined(__AMX_BF16__)
 // tdpbssd multiplies signed bytes by signed bytes (no flip, no offset). Tile A holds 16 weight
@@ -348,8 +348,33 @@ struct AmxRows {
   float* scales = nullptr;                   // [tile][block][16]: each activation row's scale
 };
 
+// int8 and bf16 weights by enough activation rows, in whole blocks of 32 columns (a tile load
+// reads a whole block: a partial one would read past the row).
 bool uses_amx(int m, const WeightMatrix& w) {
-  return w.format == WeightFormat::kInt8 && m >= kAmxMinRows && w.cols % kAmxBlockBytes == 0;
+  return (w.format == WeightFormat::kInt8 || w.format == WeightFormat::kBF16) && m >= kAmxMinRows &&
+         w.cols % kAmxBlockBytes == 0;
+}
+
+// The tile loop of both formats: for every 16 weight rows of [row_begin, row_end) and every
+// tile of 16 activation rows, tile(r, t, rows_follow, out) fills out[row][n] with weight row
+// r + row by activation row 16t + n (before the row scale), and it is stored here;
+// `rows_follow`: another 16 weight rows come after these. The rows past the last 16 go to
+// tail(first_row), the format's dot-product path.
+template <typename Tile, typename Tail>
+void for_each_amx_tile(int tiles, int m, const WeightMatrix& w, int row_begin, int row_end,
+                       float* y, int ldy, bool accumulate, Tile&& tile, Tail&& tail) {
+  const int amx_end = row_begin + (row_end - row_begin) / kAmxTile * kAmxTile;
+  alignas(64) float out[kAmxTile][kAmxTile];
+  for (int r = row_begin; r < amx_end; r += kAmxTile) {
+    for (int t = 0; t < tiles; ++t) {
+      tile(r, t, r + kAmxTile < amx_end, out);
+      const int xr = std::min(kAmxTile, m - t * kAmxTile);
+      store_tile(out, w, r, kAmxTile, t * kAmxTile, xr, 1.0f, y, ldy, accumulate);
+    }
+  }
+  if (amx_end < row_end) {
+    tail(amx_end);
+  }
 }
 
 // Palette 1, for int8: tiles 0-3 (C) 16 rows of 16 int32, one per block of a round; tiles 4,
@@ -472,49 +497,42 @@ inline void amx_round(const int8_t* wblock, int ldw, const int8_t* packed, const
 void matmul_int8_amx(const AmxRows& a, int m, const WeightMatrix& w, int row_begin, int row_end,
                      float* y, int ldy, bool accumulate) {
   configure_amx_tiles(kAmxInt8Config);
-  const int amx_end = row_begin + (row_end - row_begin) / kAmxTile * kAmxTile;
-  alignas(64) float out[kAmxTile][kAmxTile];
-  for (int r = row_begin; r < amx_end; r += kAmxTile) {
+  auto tile = [&](int r, int t, bool rows_follow, float(&out)[kAmxTile][kAmxTile]) {
     const int8_t* wrows =
         reinterpret_cast<const int8_t*>(w.data) + static_cast<int64_t>(r) * w.cols;
-    for (int t = 0; t < a.tiles; ++t) {
-      __m512 acc[kAmxTile];
-      for (__m512& v : acc) {
-        v = _mm512_setzero_ps();
-      }
-      for (int b = 0; b < a.blocks; b += 4) {
-        const size_t tile_block = static_cast<size_t>(t) * a.blocks + b;
-        const int8_t* wblock = wrows + b * kAmxBlockBytes;
-        const int8_t* packed = a.packed + tile_block * 8 * 64;
-        const float* scales = a.scales + tile_block * kAmxTile;
-        if (t == 0 && r + kAmxTile < amx_end) {
-          prefetch_next_rows(reinterpret_cast<const char*>(wblock), w.cols);
-        }
-        switch (std::min(4, a.blocks - b)) {
-          case 4:
-            amx_round<4>(wblock, w.cols, packed, scales, acc);
-            break;
-          case 3:
-            amx_round<3>(wblock, w.cols, packed, scales, acc);
-            break;
-          case 2:
-            amx_round<2>(wblock, w.cols, packed, scales, acc);
-            break;
-          default:
-            amx_round<1>(wblock, w.cols, packed, scales, acc);
-        }
-      }
-      // acc[row] lane n: weight row r + row by activation row 16t + n (before the row scale).
-      for (int row = 0; row < kAmxTile; ++row) {
-        _mm512_store_ps(out[row], acc[row]);
-      }
-      const int xr = std::min(kAmxTile, m - t * kAmxTile);
-      store_tile(out, w, r, kAmxTile, t * kAmxTile, xr, 1.0f, y, ldy, accumulate);
+    __m512 acc[kAmxTile];
+    for (__m512& v : acc) {
+      v = _mm512_setzero_ps();
     }
-  }
-  if (amx_end < row_end) {
-    matmul_int8_vnni(*a.quantized, m, w, amx_end, row_end, y, ldy, accumulate);
-  }
+    for (int b = 0; b < a.blocks; b += 4) {
+      const size_t tile_block = static_cast<size_t>(t) * a.blocks + b;
+      const int8_t* wblock = wrows + b * kAmxBlockBytes;
+      const int8_t* packed = a.packed + tile_block * 8 * 64;
+      const float* scales = a.scales + tile_block * kAmxTile;
+      if (t == 0 && rows_follow) {
+        prefetch_next_rows(reinterpret_cast<const char*>(wblock), w.cols);
+      }
+      switch (std::min(4, a.blocks - b)) {
+        case 4:
+          amx_round<4>(wblock, w.cols, packed, scales, acc);
+          break;
+        case 3:
+          amx_round<3>(wblock, w.cols, packed, scales, acc);
+          break;
+        case 2:
+          amx_round<2>(wblock, w.cols, packed, scales, acc);
+          break;
+        default:
+          amx_round<1>(wblock, w.cols, packed, scales, acc);
+      }
+    }
+    for (int row = 0; row < kAmxTile; ++row) {
+      _mm512_store_ps(out[row], acc[row]);
+    }
+  };
+  for_each_amx_tile(a.tiles, m, w, row_begin, row_end, y, ldy, accumulate, tile, [&](int first) {
+    matmul_int8_vnni(*a.quantized, m, w, first, row_end, y, ldy, accumulate);
+  });
 }
 
 // bf16 weights by bf16-rounded activations through tdpbf16ps: 16 weight rows x 16 activation
@@ -527,10 +545,6 @@ struct AmxBf16Rows {
   int blocks = 0;                     // column blocks of 32
   uint16_t* packed = nullptr;         // [tile][block][16][32]
 };
-
-bool uses_amx_bf16(int m, const WeightMatrix& w) {
-  return w.format == WeightFormat::kBF16 && m >= kAmxMinRows && w.cols % 32 == 0;
-}
 
 AmxBf16Rows pack_bf16_for_amx(const Bf16Rows& rounded, int m, int cols) {
   thread_local Scratch<uint16_t> packed_scratch;
@@ -555,50 +569,44 @@ AmxBf16Rows pack_bf16_for_amx(const Bf16Rows& rounded, int m, int cols) {
 void matmul_bf16_amx(const AmxBf16Rows& a, int m, const WeightMatrix& w, int row_begin, int row_end,
                      float* y, int ldy, bool accumulate) {
   configure_amx_tiles(kAmxBf16Config);
-  const int amx_end = row_begin + (row_end - row_begin) / kAmxTile * kAmxTile;
   const int ldw = w.cols * static_cast<int>(sizeof(uint16_t));
   constexpr int kPacked = 16 * 32;  // values of one block of B
-  alignas(64) float sums[2][kAmxTile][kAmxTile];
-  alignas(64) float out[kAmxTile][kAmxTile];
-  for (int r = row_begin; r < amx_end; r += kAmxTile) {
+  auto tile = [&](int r, int t, bool rows_follow, float(&out)[kAmxTile][kAmxTile]) {
     const uint16_t* wrows =
         reinterpret_cast<const uint16_t*>(w.data) + static_cast<int64_t>(r) * w.cols;
-    for (int t = 0; t < a.tiles; ++t) {
-      const uint16_t* packed = a.packed + static_cast<size_t>(t) * a.blocks * kPacked;
-      // Even blocks into C tile 0, odd ones into 1, alternating A and B tiles so that loads
-      // overlap products.
-      _tile_zero(0);
-      _tile_zero(1);
-      int b = 0;
-      for (; b + 2 <= a.blocks; b += 2) {
-        if (t == 0 && r + kAmxTile < amx_end) {
-          prefetch_next_rows(reinterpret_cast<const char*>(wrows + b * 32), ldw);
-        }
-        _tile_loadd(4, wrows + b * 32, ldw);
-        _tile_loadd(6, packed + b * kPacked, 64);
-        _tile_dpbf16ps(0, 4, 6);
-        _tile_loadd(5, wrows + (b + 1) * 32, ldw);
-        _tile_loadd(7, packed + (b + 1) * kPacked, 64);
-        _tile_dpbf16ps(1, 5, 7);
+    const uint16_t* packed = a.packed + static_cast<size_t>(t) * a.blocks * kPacked;
+    // Even blocks into C tile 0, odd ones into 1, alternating A and B tiles so that loads
+    // overlap products.
+    _tile_zero(0);
+    _tile_zero(1);
+    int b = 0;
+    for (; b + 2 <= a.blocks; b += 2) {
+      if (t == 0 && rows_follow) {
+        prefetch_next_rows(reinterpret_cast<const char*>(wrows + b * 32), ldw);
       }
-      if (b < a.blocks) {
-        _tile_loadd(4, wrows + b * 32, ldw);
-        _tile_loadd(6, packed + b * kPacked, 64);
-        _tile_dpbf16ps(0, 4, 6);
-      }
-      _tile_stored(0, sums[0], kAmxTile * sizeof(float));
-      _tile_stored(1, sums[1], kAmxTile * sizeof(float));
-      for (int row = 0; row < kAmxTile; ++row) {
-        _mm512_store_ps(out[row],
-                        _mm512_add_ps(_mm512_load_ps(sums[0][row]), _mm512_load_ps(sums[1][row])));
-      }
-      const int xr = std::min(kAmxTile, m - t * kAmxTile);
-      store_tile(out, w, r, kAmxTile, t * kAmxTile, xr, 1.0f, y, ldy, accumulate);
+      _tile_loadd(4, wrows + b * 32, ldw);
+      _tile_loadd(6, packed + b * kPacked, 64);
+      _tile_dpbf16ps(0, 4, 6);
+      _tile_loadd(5, wrows + (b + 1) * 32, ldw);
+      _tile_loadd(7, packed + (b + 1) * kPacked, 64);
+      _tile_dpbf16ps(1, 5, 7);
     }
-  }
-  if (amx_end < row_end) {
-    matmul_bf16_dot(*a.rounded, m, w, amx_end, row_end, y, ldy, accumulate);
-  }
+    if (b < a.blocks) {
+      _tile_loadd(4, wrows + b * 32, ldw);
+      _tile_loadd(6, packed + b * kPacked, 64);
+      _tile_dpbf16ps(0, 4, 6);
+    }
+    alignas(64) float sums[2][kAmxTile][kAmxTile];
+    _tile_stored(0, sums[0], kAmxTile * sizeof(float));
+    _tile_stored(1, sums[1], kAmxTile * sizeof(float));
+    for (int row = 0; row < kAmxTile; ++row) {
+      _mm512_store_ps(out[row],
+                      _mm512_add_ps(_mm512_load_ps(sums[0][row]), _mm512_load_ps(sums[1][row])));
+    }
+  };
+  for_each_amx_tile(a.tiles, m, w, row_begin, row_end, y, ldy, accumulate, tile, [&](int first) {
+    matmul_bf16_dot(*a.rounded, m, w, first, row_end, y, ldy, accumulate);
+  });
 }
 #endif
 
@@ -715,33 +723,32 @@ void avx512_silu_mul(float* gate, const float* up, int n) {
 // The VNNI and BF16 table's work, but int8 and bf16 weights by at least kAmxMinRows activation
 // rows go through the tiles.
 const void* amx_prepare(const float* x, int m, const WeightMatrix& w) {
-  if (uses_amx(m, w)) {
+  if (!uses_amx(m, w)) {
+    return avx512_prepare<true, true>(x, m, w);
+  }
+  if (w.format == WeightFormat::kInt8) {
     thread_local AmxRows packed;
     const auto* quantized = static_cast<const QuantizedRows*>(avx512_prepare<true, true>(x, m, w));
     packed = pack_for_amx(*quantized, m, w.cols);
     packed.quantized = quantized;
     return &packed;
   }
-  if (uses_amx_bf16(m, w)) {
-    thread_local Bf16Rows rounded;
-    thread_local AmxBf16Rows packed;
-    rounded = round_rows_to_bf16(x, m, w.cols);
-    packed = pack_bf16_for_amx(rounded, m, w.cols);
-    return &packed;
-  }
-  return avx512_prepare<true, true>(x, m, w);
+  thread_local Bf16Rows rounded;
+  thread_local AmxBf16Rows packed;
+  rounded = round_rows_to_bf16(x, m, w.cols);
+  packed = pack_bf16_for_amx(rounded, m, w.cols);
+  return &packed;
 }
 
 void amx_matmul(const float* x, int m, const WeightMatrix& w, int row_begin, int row_end, float* y,
                 int ldy, bool accumulate, const void* prepared) {
-  const bool int8 = uses_amx(m, w);
-  if (!int8 && !uses_amx_bf16(m, w)) {
+  if (!uses_amx(m, w)) {
     return avx512_matmul<true, true>(x, m, w, row_begin, row_end, y, ldy, accumulate, prepared);
   }
   if (prepared == nullptr) {
     prepared = amx_prepare(x, m, w);
   }
-  if (int8) {
+  if (w.format == WeightFormat::kInt8) {
     return matmul_int8_amx(*static_cast<const AmxRows*>(prepared), m, w, row_begin, row_end, y, ldy,
                            accumulate);
   }

@@ -70,13 +70,16 @@ StepPlan Scheduler::plan(SequenceQueue& running, SequenceQueue& waiting) {
   int prefill_budget = options_.max_prefill_tokens_per_step;
   // A decode's one token takes the step's budget only; a longer remainder is prefill, cut to
   // what is left of both budgets (0: it sits this step out).
+  auto remaining = [](const Sequence& sequence) {
+    return static_cast<int>(sequence.tokens.size()) - sequence.computed;
+  };
   auto tokens_for = [&](const Sequence& sequence) {
-    const int remaining = static_cast<int>(sequence.tokens.size()) - sequence.computed;
-    return remaining == 1 ? std::min(budget, 1) : std::min({budget, prefill_budget, remaining});
+    return remaining(sequence) == 1 ? std::min(budget, 1)
+                                    : std::min({budget, prefill_budget, remaining(sequence)});
   };
   auto take = [&](const Sequence& sequence, int tokens) {
     budget -= tokens;
-    if (static_cast<int>(sequence.tokens.size()) - sequence.computed > 1) {
+    if (remaining(sequence) > 1) {
       prefill_budget -= tokens;
     }
   };
