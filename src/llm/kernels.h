@@ -5,6 +5,7 @@
 // product per output row, and a weight row is read once for every activation row of the step.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <string_view>
@@ -55,8 +56,14 @@ struct Kernels {
 // or unsupported name: the best, with a warning).
 const Kernels& kernels();
 const Kernels& portable_kernels();
-// nullptr when the CPU (or the build) has no AVX2, FMA and F16C.
+// nullptr when the CPU (or the build) has no AVX2, FMA and F16C. Its int8 matmul takes the
+// activation rows as int16 codes, one scale a row, up to this code: a row's int32 sums of
+// products with int8 weights (|w| <= 128) cannot overflow.
 const Kernels* avx2_kernels();
+constexpr int avx2_int16_code_limit(int cols) {
+  return static_cast<int>(
+      std::clamp<int64_t>(INT32_MAX / (128 * static_cast<int64_t>(cols)), 1, 32767));
+}
 // The AVX-512 tables (F, BW and VL): avx512f widens every format to fp32; with `vnni` int8
 // weights go through vpdpbusd on int8-quantized activations, with `bf16` bf16 weights through
 // vdpbf16ps on bf16-rounded ones (up to 4 activation rows; widened beyond). nullptr when the build

@@ -1,6 +1,7 @@
 // The AVX2 path: compiled with -mavx2 -mfma -mf16c (only this file), used only when the CPU
-// reports all three: the tiled matmul of kernels_tiles.h on 8-lane vectors, every weight
-// format widened to fp32.
+// reports all three: the tiled matmul of kernels_tiles.h on 8-lane vectors, with the weights
+// widened to fp32, but for int8 weights (integer products, vpmaddwd) and bf16 weights by one
+// activation row (widened two a lane).
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -59,8 +60,242 @@ struct Avx2 {
   }
 };
 
+// ---- int8 weights by int16 activations (vpmaddwd) -----------------------------------------
+
+// AVX2 has no 8-bit dot product that takes both signs (vpmaddubsw wants one operand unsigned,
+// and saturates). vpmaddwd multiplies 16-bit pairs into exact 32-bit sums: the weights are
+// sign-extended to 16 bits (one instruction for 16 of them, shared by every activation row of a
+// tile), the activation rows quantized to int16 once a matmul, one scale a row, as fine as the
+// int32 sums allow (avx2_int16_code_limit). Per 16 products: one vpmaddwd and one vpaddd, where
+// widening to fp32 took two conversions and two FMAs.
+struct Int16Rows {
+  int stride = 0;  // codes a row, padded with zero codes to a multiple of 16
+  int16_t* codes = nullptr;
+  float* scales = nullptr;  // per row: x ~ code x scale
+};
+
+// The codes and scales live in the calling thread's scratch.
+Int16Rows quantize_rows_int16(const float* x, int m, int cols) {
+  thread_local Scratch<int16_t> codes_scratch;
+  thread_local Scratch<float> scales_scratch;
+  Int16Rows q;
+  q.stride = (cols + 15) / 16 * 16;
+  q.codes = codes_scratch.get(static_cast<size_t>(m) * q.stride, /*zero=*/true);
+  q.scales = scales_scratch.get(m);
+  const auto limit = static_cast<float>(avx2_int16_code_limit(cols));
+  for (int i = 0; i < m; ++i) {
+    const float* row = x + static_cast<int64_t>(i) * cols;
+    int16_t* codes = q.codes + static_cast<int64_t>(i) * q.stride;
+    const __m256 sign_bit = _mm256_set1_ps(-0.0f);
+    __m256 amax8 = _mm256_setzero_ps();
+    int c = 0;
+    for (; c + 8 <= cols; c += 8) {
+      amax8 = _mm256_max_ps(amax8, _mm256_andnot_ps(sign_bit, _mm256_loadu_ps(row + c)));
+    }
+    alignas(32) float lanes[8];
+    _mm256_store_ps(lanes, amax8);
+    float amax = *std::max_element(lanes, lanes + 8);
+    for (int k = c; k < cols; ++k) {
+      amax = std::max(amax, std::fabs(row[k]));
+    }
+    q.scales[i] = amax / limit;
+    const float inverse = amax > 0 ? limit / amax : 0;
+    const __m256 inverse8 = _mm256_set1_ps(inverse);
+    c = 0;
+    for (; c + 16 <= cols; c += 16) {
+      // Rounded to nearest even (the default rounding mode), within ±limit by construction;
+      // packs interleave 128-bit lanes, permute puts them back in order.
+      __m256i low = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(row + c), inverse8));
+      __m256i high = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(row + c + 8), inverse8));
+      __m256i packed = _mm256_permute4x64_epi64(_mm256_packs_epi32(low, high), 0xd8);
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(codes + c), packed);
+    }
+    for (; c < cols; ++c) {
+      codes[c] = static_cast<int16_t>(std::nearbyint(row[c] * inverse));
+    }
+  }
+  return q;
+}
+
+// 3 x 3 accumulators: with 3 x 4 (as the fp32 tiles) the products' temporaries pushed
+// accumulators out of the 16 registers.
+constexpr int kInt8TileX = 3;
+
+inline int32_t hsum_epi32(__m256i v) {
+  __m128i sum = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+  sum = _mm_add_epi32(sum, _mm_shuffle_epi32(sum, 0x4e));
+  sum = _mm_add_epi32(sum, _mm_shuffle_epi32(sum, 0xb1));
+  return _mm_cvtsi128_si32(sum);
+}
+
+template <int WR, int XR>
+inline void tile_int8_madd(const int8_t* const* wrows, const int16_t* const* xrows, int cols,
+                           float (&out)[kTileW][kInt8TileX]) {
+  __m256i acc[WR][XR];
+#pragma GCC unroll 4
+  for (int a = 0; a < WR; ++a) {
+#pragma GCC unroll 4
+    for (int b = 0; b < XR; ++b) {
+      acc[a][b] = _mm256_setzero_si256();
+    }
+  }
+  int c = 0;
+  for (; c + 16 <= cols; c += 16) {
+    __m256i wv[WR];
+#pragma GCC unroll 4
+    for (int a = 0; a < WR; ++a) {
+      if constexpr (XR <= 2) {
+        _mm_prefetch(reinterpret_cast<const char*>(wrows[a] + c) + 1024, _MM_HINT_T0);
+      }
+      wv[a] = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(wrows[a] + c)));
+    }
+#pragma GCC unroll 4
+    for (int b = 0; b < XR; ++b) {
+      const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xrows[b] + c));
+#pragma GCC unroll 4
+      for (int a = 0; a < WR; ++a) {
+        acc[a][b] = _mm256_add_epi32(acc[a][b], _mm256_madd_epi16(wv[a], xv));
+      }
+    }
+  }
+  for (int a = 0; a < WR; ++a) {
+    for (int b = 0; b < XR; ++b) {
+      int32_t sum = hsum_epi32(acc[a][b]);
+      for (int k = c; k < cols; ++k) {
+        sum += static_cast<int32_t>(wrows[a][k]) * xrows[b][k];
+      }
+      out[a][b] = static_cast<float>(sum);
+    }
+  }
+}
+
+void matmul_int8_madd(const Int16Rows& q, int m, const WeightMatrix& w, int row_begin, int row_end,
+                      float* y, int ldy, bool accumulate) {
+  const int8_t* wrows[kTileW];
+  auto weight_rows = [&](int r, int wr, int, int) {
+    for (int a = 0; a < wr; ++a) {
+      wrows[a] = reinterpret_cast<const int8_t*>(w.data) + static_cast<int64_t>(r + a) * w.cols;
+    }
+  };
+  auto tile = [&](int r, int wr, int i, int xr) {
+    const int16_t* xrows[kInt8TileX];
+    for (int b = 0; b < xr; ++b) {
+      xrows[b] = q.codes + static_cast<int64_t>(i + b) * q.stride;
+    }
+    float out[kTileW][kInt8TileX];
+    dispatch_tile<kTileW, kInt8TileX>(wr, xr, [&](auto wr_c, auto xr_c) {
+      tile_int8_madd<decltype(wr_c)::value, decltype(xr_c)::value>(wrows, xrows, w.cols, out);
+    });
+    for (int a = 0; a < wr; ++a) {
+      for (int b = 0; b < xr; ++b) {
+        out[a][b] *= q.scales[i + b];
+      }
+    }
+    store_tile(out, w, r, wr, i, xr, 1.0f, y, ldy, accumulate);
+  };
+  for_each_tile<kTileW, kInt8TileX, kChunkX>(m, row_begin, row_end, weight_rows, tile);
+}
+
+// ---- bf16 weights by one activation row --------------------------------------------------
+
+// A bf16 value is the upper half of an fp32: 16 bf16 weights loaded as 8 32-bit lanes are the
+// 8 odd-indexed ones as fp32 once the lower halves are masked off (one vpand), and the 8
+// even-indexed ones once shifted up (one vpslld). Widening 8 at a time took a vpmovzxwd and a
+// vpslld. The activation row is put once a matmul into the same order: in each block of 16
+// columns, its 8 even columns, then its 8 odd ones (the columns past the last block as they are).
+// Decoding one sequence is bound by this widening, not by memory: 1.3x the weights a second
+// (bench/RESULTS.md, "AVX2 kernels").
+constexpr int kPairBlock = 16;
+
+// The row lives in the calling thread's scratch.
+const float* deinterleave_row(const float* x, int cols) {
+  thread_local Scratch<float> scratch;
+  float* out = scratch.get(cols);
+  int c = 0;
+  for (; c + kPairBlock <= cols; c += kPairBlock) {
+    for (int j = 0; j < kPairBlock / 2; ++j) {
+      out[c + j] = x[c + 2 * j];
+      out[c + kPairBlock / 2 + j] = x[c + 2 * j + 1];
+    }
+  }
+  std::copy(x + c, x + cols, out + c);
+  return out;
+}
+
+template <int WR>
+inline void tile_bf16_row(const uint16_t* const* wrows, const float* x, int cols,
+                          float (&out)[kTileW][kTileX]) {
+  __m256 even[WR], odd[WR];  // two chains of FMAs a weight row
+#pragma GCC unroll 4
+  for (int a = 0; a < WR; ++a) {
+    even[a] = odd[a] = _mm256_setzero_ps();
+  }
+  const __m256i upper = _mm256_set1_epi32(static_cast<int>(0xffff0000u));
+  int c = 0;
+  for (; c + kPairBlock <= cols; c += kPairBlock) {
+    const __m256 x_even = _mm256_loadu_ps(x + c), x_odd = _mm256_loadu_ps(x + c + 8);
+#pragma GCC unroll 4
+    for (int a = 0; a < WR; ++a) {
+      const __m256i pairs = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wrows[a] + c));
+      even[a] = _mm256_fmadd_ps(_mm256_castsi256_ps(_mm256_slli_epi32(pairs, 16)), x_even, even[a]);
+      odd[a] = _mm256_fmadd_ps(_mm256_castsi256_ps(_mm256_and_si256(pairs, upper)), x_odd, odd[a]);
+    }
+  }
+  for (int a = 0; a < WR; ++a) {
+    float sum = hsum(_mm256_add_ps(even[a], odd[a]));
+    for (int k = c; k < cols; ++k) {
+      sum += bf16_to_float(wrows[a][k]) * x[k];
+    }
+    out[a][0] = sum;
+  }
+}
+
+void matmul_bf16_row(const float* deinterleaved, const WeightMatrix& w, int row_begin, int row_end,
+                     float* y, bool accumulate) {
+  const uint16_t* wrows[kTileW];
+  auto weight_rows = [&](int r, int wr, int, int) {
+    for (int a = 0; a < wr; ++a) {
+      wrows[a] = reinterpret_cast<const uint16_t*>(w.data) + static_cast<int64_t>(r + a) * w.cols;
+    }
+  };
+  auto tile = [&](int r, int wr, int i, int xr) {
+    float out[kTileW][kTileX];
+    with_count<kTileW>(wr, [&](auto wr_c) {
+      tile_bf16_row<decltype(wr_c)::value>(wrows, deinterleaved, w.cols, out);
+    });
+    store_tile(out, w, r, wr, i, xr, 1.0f, y, /*ldy=*/0, accumulate);
+  };
+  for_each_tile<kTileW, kTileX, kChunkX>(1, row_begin, row_end, weight_rows, tile);
+}
+
+const void* avx2_prepare(const float* x, int m, const WeightMatrix& w) {
+  if (w.format == WeightFormat::kBF16 && m == 1) {
+    return deinterleave_row(x, w.cols);
+  }
+  if (w.format != WeightFormat::kInt8) {
+    return nullptr;
+  }
+  thread_local Int16Rows quantized;
+  quantized = quantize_rows_int16(x, m, w.cols);
+  return &quantized;
+}
+
 void avx2_matmul(const float* x, int m, const WeightMatrix& w, int row_begin, int row_end, float* y,
-                 int ldy, bool accumulate, const void* /*prepared*/) {
+                 int ldy, bool accumulate, const void* prepared) {
+  if (w.format == WeightFormat::kInt8) {
+    if (prepared == nullptr) {
+      prepared = avx2_prepare(x, m, w);
+    }
+    return matmul_int8_madd(*static_cast<const Int16Rows*>(prepared), m, w, row_begin, row_end, y,
+                            ldy, accumulate);
+  }
+  if (w.format == WeightFormat::kBF16 && m == 1) {
+    if (prepared == nullptr) {
+      prepared = avx2_prepare(x, m, w);
+    }
+    return matmul_bf16_row(static_cast<const float*>(prepared), w, row_begin, row_end, y,
+                           accumulate);
+  }
   matmul_any_widened<Avx2, kTileW, kTileX, kChunkX>(x, m, w, row_begin, row_end, y, ldy,
                                                     accumulate);
 }
@@ -127,7 +362,7 @@ void avx2_silu_mul(float* gate, const float* up, int n) {
   }
 }
 
-const Kernels kAvx2{"avx2", avx2_matmul, avx2_dot, avx2_axpy, avx2_silu_mul, kTileW, nullptr};
+const Kernels kAvx2{"avx2", avx2_matmul, avx2_dot, avx2_axpy, avx2_silu_mul, kTileW, avx2_prepare};
 
 }  // namespace
 
