@@ -641,6 +641,11 @@ Result<Downloaded> Download::Impl::fetch_all() {
     // Network trouble: keep what arrived for a resume. Anything else: start over next time.
     return failed.code() == StatusCode::kUnavailable ? failed : discard(failed);
   }
+  if (stop) {
+    // Cancelled while every worker was between ranges: none saw a failed fetch, and ranges
+    // are missing. What arrived stays for a resume.
+    return unavailable(url.text() + ": download cancelled");
+  }
   FLOTILLA_ASSIGN_OR_RETURN(std::string digest, hasher.digest());
   meter.add(0, /*final=*/true);
   state.remove();
