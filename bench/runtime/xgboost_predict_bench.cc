@@ -12,6 +12,7 @@
 #include <benchmark/benchmark.h>
 #include <xgboost/c_api.h>
 
+#include "common/common_logging.h"
 #include "runtime/runtime.h"
 
 namespace {

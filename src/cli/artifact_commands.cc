@@ -19,6 +19,7 @@ struct PullFlags {
   uint64_t range_mib = 4;
   uint64_t max_cache_mib = 0;
   std::string log_level = "info";
+  std::string log_format = "json";
 };
 
 struct PackFlags {
@@ -47,7 +48,8 @@ void draw_progress(const store::Progress& progress) {
 }
 
 int run_pull(const PullFlags& flags) {
-  if (Status logging = init_logging(flags.log_level); !logging.is_ok()) {
+  if (Status logging = init_logging(flags.log_level, flags.log_format, {.component = "pull"});
+      !logging.is_ok()) {
     std::cerr << "flotilla pull: " << logging.message() << "\n";
     return kExitBadInput;
   }
@@ -126,6 +128,7 @@ std::function<int()> add_artifact_commands(CLI::App& app) {
       ->capture_default_str();
   pull_cmd->add_option("--log-level", pull->log_level, "trace, debug, info, warn, error")
       ->capture_default_str();
+  add_log_format_flag(*pull_cmd, pull->log_format);
 
   auto pack = std::make_shared<PackFlags>();
   CLI::App* artifact = app.add_subcommand("artifact", "Artifact tools");

@@ -9,6 +9,7 @@
 #include <signal.h>
 
 #include "common/common.h"
+#include "common/common_logging.h"
 #include "control/control_scaling.h"
 
 namespace flotilla::cli {
@@ -56,6 +57,9 @@ struct AutoscalingFlags {
   control::AutoscalingOptions options() const;
 };
 void add_autoscaling_flags(CLI::App& cmd, AutoscalingFlags& flags);
+
+// --log-format: json (the default) or text (common/common_logging.h).
+void add_log_format_flag(CLI::App& cmd, std::string& format);
 
 // This process's name among its peers (a controller on the Lease, a gateway in the fleet's
 // samples): `flag` when given, else $POD_NAME, else the host name and pid.

@@ -37,6 +37,7 @@ struct ControllerFlags {
   int64_t resync_ms = 30'000;
   AutoscalingFlags autoscaling;
   std::string log_level = "info";
+  std::string log_format = "json";
 };
 
 // Where gateways reach this controller: --advertise-address, else $POD_IP (or the listen host)
@@ -65,7 +66,8 @@ int fail(const std::string& message) {
 }
 
 int run_controller(const ControllerFlags& flags) {
-  if (Status status = init_logging(flags.log_level); !status.is_ok()) {
+  if (Status status = init_logging(flags.log_level, flags.log_format, {.component = "controller"});
+      !status.is_ok()) {
     return fail(status.message());
   }
   if (flags.renew_deadline_ms >= flags.lease_duration_ms ||
@@ -223,6 +225,7 @@ std::function<int()> add_controller_command(CLI::App& app) {
   add_autoscaling_flags(*cmd, flags->autoscaling);
   cmd->add_option("--log-level", flags->log_level, "trace, debug, info, warn, error or off")
       ->capture_default_str();
+  add_log_format_flag(*cmd, flags->log_format);
   return [flags]() {
     return run_controller(*flags);
   };

@@ -45,6 +45,7 @@ struct GatewayFlags {
   int64_t config_poll_ms = 1'000;
   std::string access_log;
   std::string log_level = "info";
+  std::string log_format = "json";
 };
 
 struct MintFlags {
@@ -81,7 +82,8 @@ int fail(const std::string& message) {
 }
 
 int run_gateway(const GatewayFlags& flags) {
-  if (Status status = init_logging(flags.log_level); !status.is_ok()) {
+  if (Status status = init_logging(flags.log_level, flags.log_format, {.component = "gateway"});
+      !status.is_ok()) {
     return fail(status.message());
   }
   if (int sources = !flags.config.empty() + !flags.upstreams.empty() + flags.kubernetes;
@@ -315,6 +317,7 @@ std::function<int()> add_gateway_command(CLI::App& app) {
                   "JSON access log: a file path, or - for stderr (default: none)");
   cmd->add_option("--log-level", flags->log_level, "trace, debug, info, warn, error or off")
       ->capture_default_str();
+  add_log_format_flag(*cmd, flags->log_format);
 
   CLI::App* mint_cmd = cmd->add_subcommand(
       "mint-token", "Create an API token: prints it once, with the salted hash for the config");

@@ -139,6 +139,10 @@ void add_replica_command(CLI::App& app, ReplicaFlags& flags) {
       ->capture_default_str();
   cmd->add_option("--log-level", flags.log_level, "trace, debug, info, warn, error or off")
       ->capture_default_str();
+  cli::add_log_format_flag(*cmd, flags.log_format);
+  cmd->add_option("--replica-id", flags.replica_id,
+                  "This replica's id in its log lines (given by the orchestrator; default: "
+                  "$POD_NAME)");
   cmd->add_flag("--standby", flags.standby,
                 "Warm pool mode (for orchestrators): start, then read one JSON line "
                 "{\"args\": [replica flags]} from stdin and serve as if started with them; "

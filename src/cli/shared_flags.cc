@@ -51,6 +51,14 @@ void add_autoscaling_flags(CLI::App& cmd, AutoscalingFlags& flags) {
       ->capture_default_str();
 }
 
+void add_log_format_flag(CLI::App& cmd, std::string& format) {
+  cmd.add_option("--log-format", format,
+                 "Log lines on stderr: json (an object a line: time, level, component, endpoint, "
+                 "replica, request_id, message) or text")
+      ->check(CLI::IsMember({"json", "text"}))
+      ->capture_default_str();
+}
+
 std::string instance_name(const std::string& flag) {
   if (!flag.empty()) {
     return flag;

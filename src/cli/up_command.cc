@@ -31,6 +31,7 @@ struct UpFlags {
   std::vector<std::string> open_routes = {"health"};
   int64_t drain_timeout_ms = 30'000;
   std::string log_level = "info";
+  std::string log_format = "json";
   std::string replica_log_level = "warn";
   AutoscalingFlags autoscaling;
   int64_t cold_start_timeout_ms = 60'000;
@@ -60,7 +61,8 @@ Result<int> lock_data_dir(const std::string& data_dir) {
 }
 
 int run_up(const UpFlags& flags) {
-  if (Status status = init_logging(flags.log_level); !status.is_ok()) {
+  if (Status status = init_logging(flags.log_level, flags.log_format, {.component = "up"});
+      !status.is_ok()) {
     return fail(status.message());
   }
   auto gateway_address = split_address(flags.gateway_addr);
@@ -90,7 +92,8 @@ int run_up(const UpFlags& flags) {
   local.log_dir = data_dir + "/logs";
   local.warm_pool_size = flags.warm_pool;
   // Replicas pull URL models into the data directory's shared cache (docs/store.md).
-  local.replica_args = {"--log-level", flags.replica_log_level, "--cache-dir", data_dir + "/cache"};
+  local.replica_args = {"--log-level",    flags.replica_log_level, "--log-format",
+                        flags.log_format, "--cache-dir",           data_dir + "/cache"};
   local.stop_timeout = std::chrono::milliseconds(flags.drain_timeout_ms);
   // Replicas carry the data directory as their marker: a restart finds those no row describes.
   local.instance = data_dir;
@@ -204,6 +207,7 @@ std::function<int()> add_up_command(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--log-level", flags->log_level, "trace, debug, info, warn, error or off")
       ->capture_default_str();
+  add_log_format_flag(*cmd, flags->log_format);
   cmd->add_option("--replica-log-level", flags->replica_log_level,
                   "Log level of the replicas (their logs: <data-dir>/logs)")
       ->capture_default_str();

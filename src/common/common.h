@@ -335,13 +335,6 @@ struct LoadSample {
 };
 
 // ---------------------------------------------------------------------------------------------
-// Logging
-
-// Sends spdlog's default logger to stderr at `level` ("trace" .. "off"). Returns an error for
-// an unknown level name.
-Status init_logging(std::string_view level);
-
-// ---------------------------------------------------------------------------------------------
 // Metrics
 
 using Labels = std::vector<std::pair<std::string, std::string>>;

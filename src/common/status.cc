@@ -4,7 +4,6 @@
 #include <cstdio>
 #include <cstdlib>
 
-#include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
 
 #include "common/common.h"
@@ -162,23 +161,6 @@ int64_t unix_time_ms() {
 
 int64_t ceil_div(double value, double by) {
   return static_cast<int64_t>(std::ceil(value / std::max(by, 1e-9) - 1e-9));
-}
-
-Status init_logging(std::string_view level) {
-  auto parsed = spdlog::level::from_str(std::string(level));
-  if (parsed == spdlog::level::off && level != "off") {
-    return invalid_argument("unknown log level '" + std::string(level) +
-                            "' (use trace, debug, info, warn, error, critical or off)");
-  }
-  // Logs go to stderr: stdout is kept for machine-readable lines (the replica's listen line).
-  static const bool installed = [] {
-    spdlog::set_default_logger(spdlog::stderr_color_mt("flotilla"));
-    return true;
-  }();
-  (void)installed;
-  spdlog::set_level(parsed);
-  spdlog::set_pattern("%Y-%m-%dT%H:%M:%S.%e %^%l%$ %v");
-  return Status::ok();
 }
 
 }  // namespace flotilla

@@ -303,6 +303,9 @@ void GatewayImpl::handle(http::Request&& request, http::Responder&& responder) {
   call->view = view;
   call->endpoint = view->runtime;
   call->request_id = std::move(request_id);
+  if (access_log_) {
+    call->trace_id = traceparent_trace_id(http::find_header(request.headers, "traceparent"));
+  }
   call->version = std::move(route.version);
   call->shape = shape;
   http::ClientRequest& upstream = call->request;

@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 #include <spdlog/spdlog.h>
 
+#include "common/common_logging.h"
 #include "gateway/snapshots.h"
 
 namespace flotilla::gateway {
@@ -155,8 +156,12 @@ void Proxy::on_upstream(const std::shared_ptr<ProxyCall>& call, http::ClientResp
   // Out of descriptors here says nothing about the replica: counted, it never ejects it.
   record_failure(call->replica,
                  response.local_failure ? AttemptResult::kLocalFailure : AttemptResult::kFailure);
-  spdlog::debug("request {}: replica {} of '{}' failed ({}): {}", call->request_id, replica.id,
-                replica.endpoint, http::failure_name(response.failure), response.error);
+  if (spdlog::should_log(spdlog::level::debug)) {
+    LogScope scope(
+        {.endpoint = replica.endpoint, .replica = replica.id, .request_id = call->request_id});
+    spdlog::debug("request {}: replica {} of '{}' failed ({}): {}", call->request_id, replica.id,
+                  replica.endpoint, http::failure_name(response.failure), response.error);
+  }
   if (should_retry(FailedAttempt{response.failure, response.unsent.has_value(), call->client_gone,
                                  call->attempts})) {
     // Nothing reached the client: send it again, to another replica or, when none is
@@ -217,8 +222,13 @@ void Proxy::on_upstream_stream(const std::shared_ptr<ProxyCall>& call,
   // Cut mid-stream (kStreamInterrupted): bytes went to the client, so no retry; the client's
   // stream is cut too, so it cannot take the partial stream for a whole one.
   record_failure(call->replica);
-  spdlog::debug("request {}: replica {} of '{}' failed mid-stream ({}): {}", call->request_id,
-                replica.id, replica.endpoint, http::failure_name(response.failure), response.error);
+  if (spdlog::should_log(spdlog::level::debug)) {
+    LogScope scope(
+        {.endpoint = replica.endpoint, .replica = replica.id, .request_id = call->request_id});
+    spdlog::debug("request {}: replica {} of '{}' failed mid-stream ({}): {}", call->request_id,
+                  replica.id, replica.endpoint, http::failure_name(response.failure),
+                  response.error);
+  }
   end_stream(*call, 502, false);
 }
 
@@ -280,6 +290,8 @@ bool Proxy::account(ProxyCall& call, int code) {
   if (access_log_) {
     nlohmann::json line{{"ts", unix_time_ms()},
                         {"request_id", call.request_id},
+                        {"trace_id", call.trace_id.empty() ? nlohmann::json(nullptr)
+                                                           : nlohmann::json(call.trace_id)},
                         {"method", http::method_name(call.method)},
                         {"path", call.path},
                         {"endpoint", endpoint.name},

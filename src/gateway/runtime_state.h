@@ -285,6 +285,7 @@ struct ProxyCall : std::enable_shared_from_this<ProxyCall> {
   std::string path;  // as the client sent it, for the log
   http::ClientRequest request;
   std::string request_id;
+  std::string trace_id;  // of the client's traceparent, for the access log (empty: none)
   std::shared_ptr<const Snapshot> snapshot;  // keeps `view` alive
   const EndpointView* view = nullptr;
   std::shared_ptr<EndpointRuntime> endpoint;

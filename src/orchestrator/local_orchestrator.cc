@@ -723,7 +723,7 @@ class LocalOrchestrator final : public Orchestrator {
                                      "--name",    deployment.endpoint,
                                      "--host",    options_.host,
                                      "--port",    std::to_string(replica.port)};
-    args.insert(args.end(), {"--model-version", deployment.version});
+    args.insert(args.end(), {"--model-version", deployment.version, "--replica-id", replica.id});
     args.insert(args.end(), options_.replica_args.begin(), options_.replica_args.end());
 
     auto pool = pools_.find(deployment.runtime);

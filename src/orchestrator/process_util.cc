@@ -12,6 +12,7 @@
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <netinet/in.h>
+#include <nlohmann/json.hpp>
 #include <signal.h>
 #include <spawn.h>
 #include <sys/prctl.h>
@@ -41,6 +42,21 @@ std::string read_file(const std::string& path) {
   std::ostringstream text;
   text << in.rdbuf();
   return text.str();
+}
+
+// "error: cannot load model ..." from a JSON log line (common/common_logging.h); any other
+// line as it is.
+std::string log_message(const std::string& line) {
+  if (!line.starts_with('{')) {
+    return line;
+  }
+  const nlohmann::json entry = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+  if (!entry.is_object() || !entry.contains("message") || !entry["message"].is_string()) {
+    return line;
+  }
+  const auto level = entry.find("level");
+  return (level != entry.end() && level->is_string() ? level->get<std::string>() + ": " : "") +
+         entry["message"].get<std::string>();
 }
 
 }  // namespace
@@ -270,7 +286,7 @@ std::string exit_reason_from_log(const std::string& path) {
     if (line.empty()) {
       continue;
     }
-    last = line;
+    last = log_message(line);
     if (line.starts_with("flotilla ")) {
       command_error = line;
     }

@@ -48,7 +48,8 @@ std::string describe_exit(int status);
 
 // Why a replica that exited by itself stopped, from the end of its log (the last 4 KiB): the
 // last line the `flotilla` command printed as its error ("flotilla replica: cannot load model:
-// ..."), else the last non-empty line; "" when unreadable.
+// ..."), else the last non-empty line (a JSON log line: its level and message); "" when
+// unreadable.
 std::string exit_reason_from_log(const std::string& path);
 
 // Makes cgroup `dir` with cpu.max and memory.max set (0: no limit) and moves `pid` into it.

@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 #include <spdlog/spdlog.h>
 
+#include "common/common_logging.h"
 #include "replica/replica.h"
 #include "replica/replica_process.h"
 #include "replica/replica_standby.h"
@@ -135,7 +136,14 @@ Result<ServedModel> load_model(const ProcessFlags& flags, runtime::RuntimeKind k
 }  // namespace
 
 int run_replica_process(const ProcessFlags& flags) {
-  if (Status status = init_logging(flags.log_level); !status.is_ok()) {
+  const char* pod = std::getenv("POD_NAME");
+  LogFields fields{.component = "replica",
+                   .endpoint = flags.name,
+                   .replica = !flags.replica_id.empty() ? flags.replica_id
+                              : pod                     ? pod
+                                                        : ""};
+  if (Status status = init_logging(flags.log_level, flags.log_format, std::move(fields));
+      !status.is_ok()) {
     std::cerr << "flotilla replica: " << status.message() << "\n";
     return kExitBadInput;
   }
@@ -218,7 +226,9 @@ int run_standby_process(const ProcessFlags& standby_flags, const StandbyHooks& h
   if (!hooks.exit_with_parent()) {
     return 0;
   }
-  if (Status status = init_logging(standby_flags.log_level); !status.is_ok()) {
+  if (Status status =
+          init_logging(standby_flags.log_level, standby_flags.log_format, {.component = "replica"});
+      !status.is_ok()) {
     std::cerr << "flotilla replica: " << status.message() << "\n";
     return kExitBadInput;
   }

@@ -41,6 +41,8 @@ struct ProcessFlags {
   int64_t drain_timeout_ms = 30'000;
   int predict_threads = 1;
   std::string log_level = "info";
+  std::string log_format = "json";
+  std::string replica_id;  // for the log lines; empty: $POD_NAME, else none
   std::string cache_dir = ".flotilla/cache";
   bool no_lazy_load = false;
   bool standby = false;

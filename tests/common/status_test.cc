@@ -58,12 +58,6 @@ TEST(StatusTest, ResultFromOkStatusBecomesInternalError) {
   EXPECT_EQ(result.status().code(), StatusCode::kInternal);
 }
 
-TEST(LoggingTest, RejectsUnknownLevel) {
-  EXPECT_TRUE(init_logging("warn").is_ok());
-  EXPECT_TRUE(init_logging("off").is_ok());
-  EXPECT_FALSE(init_logging("loud").is_ok());
-}
-
 TEST(ResultDeathTest, ValueOfAnErrorIsACheckFailureNamingTheStatus) {
   Result<int> result = not_found("model 'm'");
   EXPECT_DEATH((void)result.value(), "value\\(\\) of a Result holding an error: .*model 'm'");

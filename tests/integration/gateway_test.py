@@ -1195,6 +1195,7 @@ class Observability(GatewayTestCase):
                          ("llm", "v7", "e1", 200), line)
         self.assertIsInstance(line["latency_ms"], (int, float))
         self.assertGreaterEqual(line["latency_ms"], 0)
+        self.assertEqual(line["trace_id"], TRACEPARENT.split("-")[1], line)
         # without a (valid) client id the gateway makes one, sends it upstream and logs it
         for headers in ({}, {"X-Request-Id": "not valid/" + "x" * 200}):
             r = gw.req("POST", infer_path("obs"), oip(), headers)
@@ -1206,10 +1207,19 @@ class Observability(GatewayTestCase):
                                   "a generated request id in the access log")
             self.assertEqual((line["endpoint"], line["version"], line["replica"],
                               line["code"]), ("obs", "v1", "r1", 200), line)
+            self.assertIsNone(line["trace_id"], line)
         r = gw.req("POST", "/v1/completions", {"model": "llm"})
         sent = {k.lower(): v for k, v in self.assertOk(r)["headers"]}
         self.assertEqual(sent.get("x-request-id"), r.headers.get("x-request-id"))
         self.assertNotIn("traceparent", sent)
+        # a traceparent that is not one (wrong length, upper case, all-zero trace id) gives none
+        for bad in ("00-abc-def-01", TRACEPARENT.upper(), "00-" + "0" * 32 + "-b7ad6b7169203331-01"):
+            r = gw.req("POST", infer_path("obs"), oip(), {"traceparent": bad})
+            self.assertOk(r)
+            rid = r.headers.get("x-request-id")
+            line = gw.wait_access(lambda ln, rid=rid: ln.get("request_id") == rid,
+                                  "a request with a malformed traceparent in the access log")
+            self.assertIsNone(line["trace_id"], (bad, line))
 
     def test_stats_samples_after_light_load(self):
         gw = self.gw

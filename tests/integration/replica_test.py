@@ -2062,3 +2062,45 @@ class ModelVersions(ReplicaTestCase):
                               capture_output=True, text=True, timeout=STARTUP_DEADLINE_S)
         self.assertNotEqual(proc.returncode, 0)
         self.assertIn("--model-version", proc.stderr)
+
+
+class LogLines(ReplicaTestCase):
+    """Issue 23, item 5: a replica's log is one JSON object a line on stderr (time, level,
+    component, endpoint, replica, message); --log-format text is for a person."""
+
+    TIME = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z")
+
+    def test_json_lines_name_the_endpoint_and_replica(self):
+        srv = start_server(self, model_path("binary.json"), "--name", "fraud",
+                           "--replica-id", "fraud-1-abc")
+        self.assertEqual(srv.stop(), 0)
+        lines = [line for line in srv.stderr().splitlines() if line.strip()]
+        self.assertGreaterEqual(len(lines), 2, srv.stderr())
+        for line in lines:
+            entry = json.loads(line)
+            self.assertEqual(list(entry), ["time", "level", "component", "endpoint", "replica",
+                                           "message"], line)
+            self.assertRegex(entry["time"], self.TIME)
+            self.assertEqual((entry["component"], entry["endpoint"], entry["replica"]),
+                             ("replica", "fraud", "fraud-1-abc"), line)
+        messages = [json.loads(line)["message"] for line in lines]
+        self.assertTrue(any(m.startswith("serving model 'fraud'") for m in messages), messages)
+        self.assertIn("drained, exiting", messages)
+
+    def test_text_lines_on_request(self):
+        srv = start_server(self, model_path("binary.json"), "--log-format", "text")
+        self.assertEqual(srv.stop(), 0)
+        lines = [line for line in srv.stderr().splitlines() if line.strip()]
+        self.assertTrue(lines, srv.stderr())
+        for line in lines:
+            self.assertFalse(line.startswith("{"), line)
+            self.assertRegex(line, r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3} ")
+        self.assertTrue(any("drained, exiting" in line for line in lines), lines)
+
+    def test_an_unknown_format_is_refused(self):
+        proc = subprocess.run([FLOTILLA_BIN, "replica", "--model", model_path("binary.json"),
+                               "--port", "0", "--log-format", "xml"],
+                              capture_output=True, text=True, timeout=STARTUP_DEADLINE_S)
+        self.assertNotEqual(proc.returncode, 0)
+        self.assertIn("--log-format", proc.stderr)
+        self.assertEqual(proc.stdout, "")

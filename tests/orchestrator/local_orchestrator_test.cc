@@ -599,6 +599,29 @@ TEST(ProcessCpuTest, ReadsThisProcessAndRefusesAMissingOne) {
   EXPECT_EQ(process_cpu_seconds(0), -1);
 }
 
+TEST(ExitReasonTest, PrefersTheCommandsErrorElseTheLastLineAndReadsJsonLogLines) {
+  const std::string path = (std::filesystem::temp_directory_path() /
+                            ("flotilla-exit-reason-" + std::to_string(::getpid()) + ".log"))
+                               .string();
+  auto reason_of = [&](const std::string& log) {
+    std::ofstream(path, std::ios::trunc) << log;
+    return exit_reason_from_log(path);
+  };
+  EXPECT_EQ(reason_of("2026-12-05T17:35:00.123 info listening\nlast words \n\n"), "last words");
+  EXPECT_EQ(reason_of("{\"time\":\"t\",\"level\":\"error\",\"component\":\"replica\","
+                      "\"message\":\"cannot load model 'm': \\\"bad\\\"\"}\n"),
+            "error: cannot load model 'm': \"bad\"");
+  EXPECT_EQ(reason_of("{\"level\":\"info\",\"message\":\"draining\"}\n"
+                      "flotilla replica: cannot load model 'm'\n"
+                      "{\"level\":\"info\",\"message\":\"exiting\"}\n"),
+            "flotilla replica: cannot load model 'm'");
+  // Not a log object (a truncated line, a JSON value without a message): as it is.
+  EXPECT_EQ(reason_of("{\"level\":\"error\",\"mess\n"), "{\"level\":\"error\",\"mess");
+  EXPECT_EQ(reason_of("{\"level\":7,\"message\":1}\n"), "{\"level\":7,\"message\":1}");
+  std::filesystem::remove(path);
+  EXPECT_EQ(exit_reason_from_log(path), "");
+}
+
 TEST(CgroupTest, ReasonNamesWhatIsMissing) {
   const std::string reason = cgroup_unavailable_reason("/nonexistent-root/flotilla");
   EXPECT_NE(reason.find("/nonexistent-root"), std::string::npos) << reason;
