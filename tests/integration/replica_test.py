@@ -222,6 +222,16 @@ class ReplicaTestCase(unittest.TestCase):
     maxDiff = 4000
 
     # -- assertions
+    def assertRefused(self, flag, value):
+        """A replica started with `flag value` exits non-zero at once, naming the flag, and
+        prints nothing on stdout."""
+        proc = subprocess.run([FLOTILLA_BIN, "replica", "--model", model_path("binary.json"),
+                               "--port", "0", flag, value],
+                              capture_output=True, text=True, timeout=STARTUP_DEADLINE_S)
+        self.assertNotEqual(proc.returncode, 0)
+        self.assertIn(flag, proc.stderr)
+        self.assertEqual(proc.stdout, "")
+
     def assertClose(self, got, expected, what=""):
         exp = np.asarray(expected, dtype=np.float64)
         g = np.asarray(got, dtype=np.float64)
@@ -2057,11 +2067,7 @@ class ModelVersions(ReplicaTestCase):
         self.assertEqual(j["model_version"], "1")
 
     def test_a_version_that_cannot_be_a_path_segment_is_refused(self):
-        proc = subprocess.run([FLOTILLA_BIN, "replica", "--model", model_path("binary.json"),
-                               "--port", "0", "--model-version", "a/b"],
-                              capture_output=True, text=True, timeout=STARTUP_DEADLINE_S)
-        self.assertNotEqual(proc.returncode, 0)
-        self.assertIn("--model-version", proc.stderr)
+        self.assertRefused("--model-version", "a/b")
 
 
 class LogLines(ReplicaTestCase):
@@ -2098,9 +2104,4 @@ class LogLines(ReplicaTestCase):
         self.assertTrue(any("drained, exiting" in line for line in lines), lines)
 
     def test_an_unknown_format_is_refused(self):
-        proc = subprocess.run([FLOTILLA_BIN, "replica", "--model", model_path("binary.json"),
-                               "--port", "0", "--log-format", "xml"],
-                              capture_output=True, text=True, timeout=STARTUP_DEADLINE_S)
-        self.assertNotEqual(proc.returncode, 0)
-        self.assertIn("--log-format", proc.stderr)
-        self.assertEqual(proc.stdout, "")
+        self.assertRefused("--log-format", "xml")
