@@ -1906,14 +1906,22 @@ class Autoscaling(ControlTestCase):
         # estimate was seen at 15 (1.25x).
         band = 0.3 * saturation
 
+        seen = {"target": None, "since": 0.0}
+
         def settled(v):
-            # Past the probes (which pass through the band on their way up): the target moved
-            # to the knee of the curve it learned, or an overload cut it.
+            # Past the probes (which pass through the band on their way up): the last move took
+            # the target to the knee of the curve it learned, or an overload cut it, and it has
+            # held for two vertical periods. (Any such move in the history was taken once: an
+            # overload cut to 15 was followed by a move up to a noisy knee at 16.7, under ASan.)
             target = v["autoscaler"]["target_concurrency"]
-            return abs(target - saturation) <= band and \
-                any("vertical" in e["message"] and
-                    ("to the knee" in e["message"] or "overload" in e["message"])
-                    for e in self.autoscaler_events(name))
+            now = time.monotonic()
+            if target != seen["target"]:
+                seen.update(target=target, since=now)
+            vertical = [e["message"] for e in self.autoscaler_events(name)
+                        if "vertical" in e["message"]]
+            return abs(target - saturation) <= band and bool(vertical) and \
+                ("to the knee" in vertical[-1] or "overload" in vertical[-1]) and \
+                now - seen["since"] >= 2.0
         up.wait_view(name, settled, "a target within 30% of the saturation point",
                      deadline_s=90)
         # It stays there: three more vertical periods.
