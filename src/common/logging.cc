@@ -12,6 +12,18 @@ namespace {
 
 thread_local LogFields scope_fields;
 
+// `over`'s non-empty fields, the others from `under`.
+LogFields merged(LogFields over, const LogFields& under) {
+  for (auto [field, fallback] :
+       {std::pair{&over.component, &under.component}, std::pair{&over.endpoint, &under.endpoint},
+        std::pair{&over.replica, &under.replica}, std::pair{&over.request_id, &under.request_id}}) {
+    if (field->empty()) {
+      *field = *fallback;
+    }
+  }
+  return over;
+}
+
 // 2026-12-05T17:35:00.123Z
 std::string rfc3339_utc(std::chrono::system_clock::time_point time) {
   const auto ms =
@@ -34,15 +46,12 @@ class JsonFormatter final : public spdlog::formatter {
     line["time"] = rfc3339_utc(msg.time);
     const spdlog::string_view_t level = spdlog::level::to_string_view(msg.level);
     line["level"] = std::string_view(level.data(), level.size());
-    const LogFields& scoped = scope_fields;
-    for (const auto& [key, own, scope] :
-         {std::tuple{"component", &process_.component, &scoped.component},
-          std::tuple{"endpoint", &process_.endpoint, &scoped.endpoint},
-          std::tuple{"replica", &process_.replica, &scoped.replica},
-          std::tuple{"request_id", &process_.request_id, &scoped.request_id}}) {
-      const std::string& value = scope->empty() ? *own : *scope;
-      if (!value.empty()) {
-        line[key] = value;
+    const LogFields fields = merged(scope_fields, process_);
+    for (const auto& [key, value] :
+         {std::pair{"component", &fields.component}, std::pair{"endpoint", &fields.endpoint},
+          std::pair{"replica", &fields.replica}, std::pair{"request_id", &fields.request_id}}) {
+      if (!value->empty()) {
+        line[key] = *value;
       }
     }
     line["message"] = std::string_view(msg.payload.data(), msg.payload.size());
@@ -86,15 +95,7 @@ Status init_logging(std::string_view level, std::string_view format, LogFields p
 }
 
 LogScope::LogScope(LogFields fields) : previous_(scope_fields) {
-  for (auto [field, previous] : {std::pair{&fields.component, &previous_.component},
-                                 std::pair{&fields.endpoint, &previous_.endpoint},
-                                 std::pair{&fields.replica, &previous_.replica},
-                                 std::pair{&fields.request_id, &previous_.request_id}}) {
-    if (field->empty()) {
-      *field = *previous;  // nested: an outer scope's field stays
-    }
-  }
-  scope_fields = std::move(fields);
+  scope_fields = merged(std::move(fields), previous_);  // nested: an outer scope's fields stay
 }
 
 LogScope::~LogScope() {

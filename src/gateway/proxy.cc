@@ -13,6 +13,21 @@
 #include "gateway/snapshots.h"
 
 namespace flotilla::gateway {
+namespace {
+
+// At debug level: an attempt that failed, on a line carrying the request's fields.
+void log_failed_attempt(const ProxyCall& call, const ReplicaRuntime& replica,
+                        const http::ClientResponse& response, std::string_view how) {
+  if (!spdlog::should_log(spdlog::level::debug)) {
+    return;
+  }
+  LogScope scope(
+      {.endpoint = replica.endpoint, .replica = replica.id, .request_id = call.request_id});
+  spdlog::debug("request {}: replica {} of '{}' failed{} ({}): {}", call.request_id, replica.id,
+                replica.endpoint, how, http::failure_name(response.failure), response.error);
+}
+
+}  // namespace
 
 Proxy::Proxy(const GatewayOptions& options, const Clock& clock, Workers& workers,
              Admission& admission, const Snapshots& snapshots, AccessLog* access_log)
@@ -156,12 +171,7 @@ void Proxy::on_upstream(const std::shared_ptr<ProxyCall>& call, http::ClientResp
   // Out of descriptors here says nothing about the replica: counted, it never ejects it.
   record_failure(call->replica,
                  response.local_failure ? AttemptResult::kLocalFailure : AttemptResult::kFailure);
-  if (spdlog::should_log(spdlog::level::debug)) {
-    LogScope scope(
-        {.endpoint = replica.endpoint, .replica = replica.id, .request_id = call->request_id});
-    spdlog::debug("request {}: replica {} of '{}' failed ({}): {}", call->request_id, replica.id,
-                  replica.endpoint, http::failure_name(response.failure), response.error);
-  }
+  log_failed_attempt(*call, replica, response, "");
   if (should_retry(FailedAttempt{response.failure, response.unsent.has_value(), call->client_gone,
                                  call->attempts})) {
     // Nothing reached the client: send it again, to another replica or, when none is
@@ -222,13 +232,7 @@ void Proxy::on_upstream_stream(const std::shared_ptr<ProxyCall>& call,
   // Cut mid-stream (kStreamInterrupted): bytes went to the client, so no retry; the client's
   // stream is cut too, so it cannot take the partial stream for a whole one.
   record_failure(call->replica);
-  if (spdlog::should_log(spdlog::level::debug)) {
-    LogScope scope(
-        {.endpoint = replica.endpoint, .replica = replica.id, .request_id = call->request_id});
-    spdlog::debug("request {}: replica {} of '{}' failed mid-stream ({}): {}", call->request_id,
-                  replica.id, replica.endpoint, http::failure_name(response.failure),
-                  response.error);
-  }
+  log_failed_attempt(*call, replica, response, " mid-stream");
   end_stream(*call, 502, false);
 }
 
