@@ -11,10 +11,14 @@ PACKAGES=(
   libboost-dev libsimdjson-dev nlohmann-json3-dev libspdlog-dev libfmt-dev libcli11-dev
   libyaml-cpp-dev libxgboost-dev libssl-dev libsqlite3-dev libgtest-dev libgmock-dev libbenchmark-dev
   libpcre2-dev
+  # Chart.js, embedded in the binary for the dashboard
+  libjs-chart.js
   # tests, fixtures and benchmarks
   python3 python3-venv python3-xgboost python3-sklearn python3-numpy python3-aiohttp python3-matplotlib python3-regex
   python3-yaml
   prometheus wrk curl
+  # headless browser for the dashboard's test
+  chromium
   # peer proxies, load generators and callgrind for bench/gateway (../shared/bench/peers)
   nginx haproxy hey valgrind
 )

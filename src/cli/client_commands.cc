@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 #include <yaml-cpp/yaml.h>
 
+#include "cli/api_client.h"
 #include "cli/commands.h"
 #include "control/control.h"
 #include "http/http.h"
@@ -23,105 +24,6 @@ using nlohmann::json;
 
 constexpr std::chrono::milliseconds kApiTimeout{30'000};
 
-struct ClientFlags {
-  std::string api;
-  std::string token;
-  std::string output = "table";
-};
-
-// Where to find the API and the token: flags, else FLOTILLA_API / FLOTILLA_TOKEN, else the
-// defaults of `flotilla up` and ./.flotilla/admin.token.
-struct Connection {
-  std::string host;
-  uint16_t port = 0;
-  std::string token;
-};
-
-std::string read_text_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) {
-    return "";
-  }
-  std::ostringstream text;
-  text << in.rdbuf();
-  return text.str();
-}
-
-std::string trim(std::string text) {
-  while (!text.empty() && std::isspace(static_cast<unsigned char>(text.back()))) {
-    text.pop_back();
-  }
-  size_t start = 0;
-  while (start < text.size() && std::isspace(static_cast<unsigned char>(text[start]))) {
-    ++start;
-  }
-  return text.substr(start);
-}
-
-Result<Connection> connect_flags(const ClientFlags& flags) {
-  std::string api = flags.api;
-  if (api.empty()) {
-    const char* env = std::getenv("FLOTILLA_API");
-    api = env != nullptr ? env : "http://127.0.0.1:8081";
-  }
-  if (api.starts_with("http://")) {
-    api = api.substr(7);
-  }
-  while (!api.empty() && api.back() == '/') {
-    api.pop_back();
-  }
-  FLOTILLA_ASSIGN_OR_RETURN(auto address, split_address(api));
-  Connection connection{address.first, address.second, flags.token};
-  if (connection.token.empty()) {
-    const char* env = std::getenv("FLOTILLA_TOKEN");
-    connection.token = env != nullptr ? env : trim(read_text_file(".flotilla/admin.token"));
-  }
-  return connection;
-}
-
-// One API call; a non-2xx answer becomes a Status carrying the API's message.
-Result<json> call(const Connection& connection, http::Method method, const std::string& target,
-                  std::string body = "", std::string content_type = "application/json") {
-  http::ClientRequest request;
-  request.method = method;
-  request.target = target;
-  if (!connection.token.empty()) {
-    request.headers.emplace_back("Authorization", "Bearer " + connection.token);
-  }
-  if (!body.empty()) {
-    request.headers.emplace_back("Content-Type", content_type);
-  }
-  request.body = std::move(body);
-  http::ClientResponse response =
-      http::fetch(connection.host, connection.port, std::move(request), kApiTimeout);
-  const std::string where = "http://" + connection.host + ":" + std::to_string(connection.port);
-  if (response.failure != http::UpstreamFailure::kNone) {
-    return unavailable("cannot reach the control plane at " + where + ": " + response.error +
-                       " (is `flotilla up` running? --api or FLOTILLA_API say where)");
-  }
-  json parsed = json::parse(response.body, nullptr, false);
-  if (response.status < 200 || response.status >= 300) {
-    std::string message =
-        parsed.is_object() && parsed.contains("message") && parsed["message"].is_string()
-            ? parsed["message"].get<std::string>()
-            : "HTTP " + std::to_string(response.status);
-    const StatusCode code = response.status == 404   ? StatusCode::kNotFound
-                            : response.status == 409 ? StatusCode::kFailedPrecondition
-                            : response.status < 500  ? StatusCode::kInvalidArgument
-                                                     : StatusCode::kInternal;
-    return Status(code, message);
-  }
-  if (parsed.is_discarded()) {
-    return internal_error("the control plane answered with a body that is not JSON");
-  }
-  return parsed;
-}
-
-int fail(const std::string& command, const Status& status) {
-  std::cerr << "flotilla " << command << ": " << status.message() << "\n";
-  return status.code() == StatusCode::kUnavailable ? kExitCannotListen : kExitBadInput;
-}
-
 std::string format_time(int64_t unix_ms) {
   const std::time_t seconds = static_cast<std::time_t>(unix_ms / 1000);
   std::tm parts{};
@@ -129,27 +31,6 @@ std::string format_time(int64_t unix_ms) {
   char text[32];
   std::strftime(text, sizeof(text), "%Y-%m-%dT%H:%M:%SZ", &parts);
   return text;
-}
-
-// Prints rows as left-aligned columns.
-void print_table(const std::vector<std::vector<std::string>>& rows) {
-  std::vector<size_t> widths;
-  for (const auto& row : rows) {
-    widths.resize(std::max(widths.size(), row.size()));
-    for (size_t i = 0; i < row.size(); ++i) {
-      widths[i] = std::max(widths[i], row[i].size());
-    }
-  }
-  for (const auto& row : rows) {
-    std::string line;
-    for (size_t i = 0; i < row.size(); ++i) {
-      line += row[i];
-      if (i + 1 < row.size()) {
-        line += std::string(widths[i] - row[i].size() + 2, ' ');
-      }
-    }
-    std::cout << line << "\n";
-  }
 }
 
 std::string versions_summary(const json& view) {
@@ -423,16 +304,6 @@ int print_or_fail(const std::string& command, const ClientFlags& client, Result<
     print_table_view(*result);
   }
   return 0;
-}
-
-void add_client_flags(CLI::App* cmd, ClientFlags& flags) {
-  cmd->add_option("--api", flags.api,
-                  "Control plane URL (default: $FLOTILLA_API, else http://127.0.0.1:8081)");
-  cmd->add_option("--token", flags.token,
-                  "API token (default: $FLOTILLA_TOKEN, else ./.flotilla/admin.token)");
-  cmd->add_option("-o,--output", flags.output, "table or json")
-      ->check(CLI::IsMember({"table", "json"}))
-      ->capture_default_str();
 }
 
 }  // namespace

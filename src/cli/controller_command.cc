@@ -17,6 +17,7 @@
 #include "cluster/cluster.h"
 #include "common/common.h"
 #include "control/control_api.h"
+#include "control/control_metrics.h"
 #include "http/http.h"
 #include "kube/kube.h"
 
@@ -57,7 +58,7 @@ http::Response json_response(int status, const nlohmann::json& body) {
 }
 
 bool is_api_path(std::string_view path) {
-  return path.starts_with("/api/") || path == "/metrics";
+  return path.starts_with("/api/") || path == "/metrics" || control::is_dashboard_path(path);
 }
 
 int fail(const std::string& message) {
@@ -152,9 +153,19 @@ int run_controller(const ControllerFlags& flags) {
   controller = std::make_unique<cluster::Controller>(client, options);
   api_service = std::make_unique<cluster::ClusterApi>(
       client,
-      cluster::ClusterApi::Options{"http://" + advertised, flags.gateway_url, [&controller] {
-                                     return controller->leading();
-                                   }});
+      cluster::ClusterApi::Options{
+          "http://" + advertised, flags.gateway_url,
+          [&controller] { return controller->leading(); },
+          [&controller](const std::string& name, int64_t seconds) -> Result<nlohmann::json> {
+            if (!controller->leading()) {
+              return unavailable(
+                  "this controller does not lead; the leader (its address is on the Lease " +
+                  std::string(cluster::kControllerLease) + ") keeps the endpoints' metrics");
+            }
+            return control::metrics_window_to_json(
+                name, seconds,
+                controller->metrics_history().window(name, real_clock().unix_ms(), seconds));
+          }});
   api_routes = std::make_unique<control::ApiRoutes>(*api_service, /*metrics_open=*/false,
                                                     "kubectl get secret " +
                                                         std::string(cluster::kAdminTokenSecret) +

@@ -185,6 +185,7 @@ int main(int argc, char** argv) {
   auto run_up = flotilla::cli::add_up_command(app);
   auto run_client = flotilla::cli::add_client_commands(app);
   auto run_artifact = flotilla::cli::add_artifact_commands(app);
+  auto run_top = flotilla::cli::add_top_command(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -212,6 +213,9 @@ int main(int argc, char** argv) {
     return run_up();
   }
   if (const int code = run_artifact(); code >= 0) {
+    return code;
+  }
+  if (const int code = run_top(); code >= 0) {
     return code;
   }
   const int code = run_client();

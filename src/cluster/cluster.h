@@ -19,6 +19,7 @@
 #include "auth/auth.h"
 #include "common/common.h"
 #include "control/control_api.h"
+#include "control/control_metrics.h"
 #include "control/control_scaling.h"
 #include "control/control_spec.h"
 #include "gateway/gateway.h"
@@ -158,7 +159,7 @@ class FleetSamples {
   void add(const std::string& gateway, const std::string& endpoint,
            const std::vector<LoadSample>& samples);
   // The settled seconds of `endpoint` not taken before, oldest first: concurrency, queued,
-  // arrivals, completions and rejections summed over the gateways; latency the mean over
+  // arrivals, completions, rejections and responses summed over the gateways; latency the mean over
   // their completions.
   std::vector<LoadSample> take(const std::string& endpoint, int64_t now_unix_ms);
   // Forgets the endpoints not named.
@@ -232,6 +233,9 @@ class ClusterApi : public control::ApiService {
     std::string api_url;            // where this API is served (/api/2.0/info)
     std::string gateway_url;        // where clients reach the gateways (/api/2.0/info)
     std::function<bool()> leading;  // for /metrics; may be empty
+    // An endpoint's 1 s history (ApiService::endpoint_metrics) once it is known to exist: the
+    // leading controller's. Empty: none kept here.
+    std::function<Result<nlohmann::json>(const std::string& name, int64_t seconds)> metrics;
   };
 
   // `client` must outlive it.
@@ -259,6 +263,7 @@ class ClusterApi : public control::ApiService {
   Result<std::vector<std::string>> endpoint_names() override;
   Result<std::vector<control::EventRow>> list_events(const std::string& endpoint,
                                                      size_t limit) override;
+  Result<nlohmann::json> endpoint_metrics(const std::string& name, int64_t seconds) override;
   Result<nlohmann::json> create_token(const std::string& id, std::vector<std::string> endpoints,
                                       bool admin, const std::string& comment,
                                       const std::string& actor) override;
@@ -414,6 +419,9 @@ class Controller {
   // One gateway's samples and capacity requests (POST /v1/samples); from any thread. Ignored
   // while not leading.
   void add_report(const SampleReport& report) FLOTILLA_EXCLUDES(mu_);
+  // Each endpoint's last hour at 1 s, kept while leading (with the autoscaler on: the seconds
+  // it takes from the gateways' reports). Any thread.
+  const control::MetricsHistory& metrics_history() const { return metrics_history_; }
 
  private:
   void lead();  // from leading to losing the Lease
@@ -443,6 +451,7 @@ class Controller {
   std::map<std::string, control::Scale> scales_;
   std::map<std::string, PodUsage::Reading> usage_read_;  // the last reading of each endpoint
   PodUsage pod_usage_;
+  control::MetricsHistory metrics_history_;
 };
 
 }  // namespace flotilla::cluster

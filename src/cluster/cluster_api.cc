@@ -460,6 +460,14 @@ Result<std::vector<std::string>> ClusterApi::endpoint_names() {
   return names;
 }
 
+Result<json> ClusterApi::endpoint_metrics(const std::string& name, int64_t seconds) {
+  FLOTILLA_RETURN_IF_ERROR(get_endpoint(name).status());
+  if (!options_.metrics) {
+    return unavailable("this controller keeps no endpoint metrics");
+  }
+  return options_.metrics(name, seconds);
+}
+
 Result<std::vector<control::EventRow>> ClusterApi::list_events(const std::string& endpoint,
                                                                size_t limit) {
   FLOTILLA_ASSIGN_OR_RETURN(json object, get_endpoint(endpoint));

@@ -207,6 +207,7 @@ bool Controller::autoscale(const kube::Reflector::Objects& endpoints,
     MutexLock lock(mu_);
     capacity.swap(capacity_);
     samples_.retain(names);
+    metrics_history_.retain(names);
     for (const std::string& name : names) {
       samples[name] = samples_.take(name, now_ms);
     }
@@ -267,6 +268,18 @@ bool Controller::autoscale(const kube::Reflector::Objects& endpoints,
       spdlog::info("autoscaler: {}: {}", name, change);
     }
     const control::Scale scale = scaler->scale();
+    control::ReplicaCounts replicas;  // pods by version: ready, and asked for but not ready
+    for (const control::ServedModelSpec& served : spec->served_models) {
+      const auto deployment = deployments.find(version_object_name(name, served.name));
+      if (deployment != deployments.end()) {
+        const json& status = field(deployment->second, "status");
+        const int64_t version_ready = kube::integer_field(status, "readyReplicas", 0);
+        replicas[served.name]["ready"] = version_ready;
+        replicas[served.name]["starting"] =
+            std::max<int64_t>(0, kube::integer_field(status, "replicas", 0) - version_ready);
+      }
+    }
+    metrics_history_.record(name, samples[name], replicas, scale.replicas, scale.target);
     const auto previous = scales_.find(name);
     if (previous == scales_.end() || previous->second != scale) {
       scales_[name] = scale;

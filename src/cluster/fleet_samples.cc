@@ -1,6 +1,7 @@
 // Load samples from a fleet of gateways: the report's wire form and the controller's per-second
 // sums over the gateways.
 #include <algorithm>
+#include <charconv>
 #include <cmath>
 
 #include "cluster/cluster.h"
@@ -22,10 +23,65 @@ int64_t second_of(int64_t unix_ms) {
 }
 
 json sample_to_json(const LoadSample& sample) {
-  return {{"unix_ms", sample.unix_ms},         {"concurrency", sample.concurrency},
-          {"queued", sample.queued},           {"arrivals", sample.arrivals},
-          {"completions", sample.completions}, {"rejected", sample.rejected},
-          {"latency_ms", sample.latency_ms}};
+  json codes = json::object();
+  for (const auto& [code, count] : sample.responses.codes) {
+    codes[std::to_string(code)] = count;
+  }
+  json latency = json::array();
+  for (const auto& [bucket, count] : sample.responses.latency) {
+    latency.push_back({bucket, count});
+  }
+  return {{"unix_ms", sample.unix_ms},
+          {"concurrency", sample.concurrency},
+          {"queued", sample.queued},
+          {"arrivals", sample.arrivals},
+          {"completions", sample.completions},
+          {"rejected", sample.rejected},
+          {"latency_ms", sample.latency_ms},
+          {"codes", std::move(codes)},
+          {"latency_buckets", std::move(latency)}};
+}
+
+// A count from a report: an integer >= 0.
+bool is_count(const json& value) {
+  return value.is_number_integer() && value.get<int64_t>() >= 0;
+}
+
+// The responses of a sample: "codes" ({"200": count}) and "latency_buckets" ([[bucket,
+// count]]), both optional (a gateway from before they were reported sends neither).
+Status responses_from_json(const json& object, const std::string& where, ResponseCounts& into) {
+  const json& codes = kube::field(object, "codes");
+  if (!codes.is_null()) {
+    if (!codes.is_object()) {
+      return invalid_argument(where + ".codes: an object of counts by status code");
+    }
+    for (const auto& [code, count] : codes.items()) {
+      int value = 0;
+      const auto [end, error] = std::from_chars(code.data(), code.data() + code.size(), value);
+      if (error != std::errc() || end != code.data() + code.size() || value < 0 || value > 599 ||
+          !is_count(count)) {
+        return invalid_argument(where + ".codes." + code +
+                                ": a status code (0-599) with a count >= 0");
+      }
+      into.codes[value] = count.get<uint64_t>();
+    }
+  }
+  const json& latency = kube::field(object, "latency_buckets");
+  if (!latency.is_null()) {
+    if (!latency.is_array()) {
+      return invalid_argument(where + ".latency_buckets: a list of [bucket, count]");
+    }
+    for (const json& entry : latency) {
+      if (!entry.is_array() || entry.size() != 2 || !is_count(entry[0]) ||
+          entry[0].get<int64_t>() >= ResponseCounts::kLatencyBuckets || !is_count(entry[1])) {
+        return invalid_argument(where + ".latency_buckets: [bucket (0-" +
+                                std::to_string(ResponseCounts::kLatencyBuckets - 1) +
+                                "), count >= 0] pairs");
+      }
+      into.latency[entry[0].get<int>()] = entry[1].get<uint64_t>();
+    }
+  }
+  return Status::ok();
 }
 
 Result<LoadSample> sample_from_json(const json& object, const std::string& where) {
@@ -59,6 +115,7 @@ Result<LoadSample> sample_from_json(const json& object, const std::string& where
   FLOTILLA_RETURN_IF_ERROR(number("completions", sample.completions));
   FLOTILLA_RETURN_IF_ERROR(number("rejected", sample.rejected));
   FLOTILLA_RETURN_IF_ERROR(number("latency_ms", sample.latency_ms));
+  FLOTILLA_RETURN_IF_ERROR(responses_from_json(object, where, sample.responses));
   return sample;
 }
 
@@ -154,6 +211,7 @@ std::vector<LoadSample> FleetSamples::take(const std::string& endpoint, int64_t 
         sum.completions += sample.completions;
         sum.rejected += sample.rejected;
         latency_weighted += sample.latency_ms * static_cast<double>(sample.completions);
+        sum.responses.merge(sample.responses);
       }
     }
     sum.latency_ms =

@@ -110,6 +110,58 @@ std::vector<double> exponential_buckets(double start, double factor, int count) 
   return bounds;
 }
 
+int ResponseCounts::latency_bucket(double seconds) {
+  if (!(seconds >= kFirstLatencyBound)) {  // NaN too
+    return 0;
+  }
+  const double bucket = std::floor(4 * std::log2(seconds / kFirstLatencyBound)) + 1;
+  return static_cast<int>(std::min<double>(bucket, kLatencyBuckets - 1));
+}
+
+double ResponseCounts::latency_bucket_middle(int bucket) {
+  if (bucket <= 0) {
+    return kFirstLatencyBound / 2;
+  }
+  return kFirstLatencyBound * std::exp2((bucket - 0.5) / 4);
+}
+
+void ResponseCounts::merge(const ResponseCounts& other) {
+  for (const auto& [code, count] : other.codes) {
+    codes[code] += count;
+  }
+  for (const auto& [bucket, count] : other.latency) {
+    latency[bucket] += count;
+  }
+}
+
+uint64_t ResponseCounts::responses() const {
+  uint64_t total = 0;
+  for (const auto& [code, count] : codes) {
+    total += count;
+  }
+  return total;
+}
+
+double ResponseCounts::latency_quantile(double q) const {
+  uint64_t total = 0;
+  for (const auto& [bucket, count] : latency) {
+    total += count;
+  }
+  if (total == 0) {
+    return 0;
+  }
+  const auto rank = std::max<uint64_t>(
+      1, static_cast<uint64_t>(std::ceil(std::clamp(q, 0.0, 1.0) * static_cast<double>(total))));
+  uint64_t seen = 0;
+  for (const auto& [bucket, count] : latency) {
+    seen += count;
+    if (seen >= rank) {
+      return latency_bucket_middle(bucket);
+    }
+  }
+  return latency_bucket_middle(latency.rbegin()->first);
+}
+
 MetricsRegistry::Family& MetricsRegistry::family(const std::string& name, const std::string& help,
                                                  const std::string& type) {
   auto [it, inserted] = families_.try_emplace(name);

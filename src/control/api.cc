@@ -5,6 +5,8 @@
 #include <charconv>
 
 #include "control/control_api.h"
+#include "control/control_metrics.h"
+#include "control/dashboard.h"
 #include "protocol/protocol.h"
 
 namespace flotilla::control {
@@ -78,7 +80,52 @@ std::string query_value(std::string_view query, std::string_view name) {
   return "";
 }
 
+std::string_view content_type_of(std::string_view name) {
+  if (name.ends_with(".html")) {
+    return "text/html; charset=utf-8";
+  }
+  if (name.ends_with(".js")) {
+    return "text/javascript; charset=utf-8";
+  }
+  return name.ends_with(".css") ? "text/css; charset=utf-8" : "application/octet-stream";
+}
+
+// GET /dashboard/...: the embedded files, to anyone (they hold no data; the page asks the API
+// with the user's token). The page may talk only to this server.
+http::Response dashboard_response(std::string_view path) {
+  if (path == "/dashboard") {
+    http::Response response;
+    response.status = 308;
+    response.headers.emplace_back("Location", "/dashboard/");
+    return response;
+  }
+  std::string_view name = path.substr(std::string_view("/dashboard/").size());
+  if (name.empty()) {
+    name = "index.html";
+  }
+  for (const DashboardAsset& asset : dashboard_assets()) {
+    if (asset.name == name) {
+      http::Response response;
+      response.content_type = std::string(content_type_of(name));
+      response.body = std::string(asset.body);
+      response.headers.emplace_back("Cache-Control", "no-cache");
+      response.headers.emplace_back("X-Content-Type-Options", "nosniff");
+      response.headers.emplace_back("Referrer-Policy", "no-referrer");
+      response.headers.emplace_back(
+          "Content-Security-Policy",
+          "default-src 'self'; img-src 'self' data:; object-src 'none'; frame-ancestors 'none'");
+      return response;
+    }
+  }
+  return error_response(404, "ENDPOINT_NOT_FOUND",
+                        "no dashboard file " + std::string(path) + " (see /dashboard/)");
+}
+
 }  // namespace
+
+bool is_dashboard_path(std::string_view path) {
+  return path == "/dashboard" || path.starts_with("/dashboard/");
+}
 
 std::string api_error_body(int status, std::string_view message) {
   return protocol::encode_mlflow_error(code_for_status(status), protocol::valid_utf8(message));
@@ -113,6 +160,10 @@ http::Response ApiRoutes::handle(const http::Request& request) const {
 
   if (path == "/health") {
     return json_response(200, {{"status", "ok"}});
+  }
+  if (is_dashboard_path(path)) {
+    return request.method == http::Method::kGet ? dashboard_response(path)
+                                                : method_not_allowed("GET");
   }
   if (path == "/metrics" && request.method == http::Method::kGet) {
     // The same series as the gateway's /metrics, under the same rule: any valid token (none with
@@ -273,6 +324,21 @@ http::Response ApiRoutes::handle_endpoints(const http::Request& request, std::st
                       {"message", event.message}});
     }
     return json_response(200, {{"events", std::move(list)}});
+  }
+  if (action == "metrics") {
+    if (request.method != http::Method::kGet) {
+      return method_not_allowed("GET");
+    }
+    int64_t seconds = kMetricsWindowDefaultSeconds;
+    if (const std::string window = query_value(query, "window"); !window.empty()) {
+      Result<int64_t> parsed = parse_metrics_window(window);
+      if (!parsed.is_ok()) {
+        return error_response(parsed.status());
+      }
+      seconds = *parsed;
+    }
+    Result<nlohmann::json> metrics = service_.endpoint_metrics(name, seconds);
+    return metrics.is_ok() ? json_response(200, *metrics) : error_response(metrics.status());
   }
   return error_response(404, "ENDPOINT_NOT_FOUND", "no API route " + request.target);
 }

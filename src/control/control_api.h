@@ -64,6 +64,10 @@ class ApiService {
   virtual Result<std::vector<std::string>> endpoint_names() = 0;
   // The newest `limit` events of `endpoint`, newest first; those of a deleted endpoint too.
   virtual Result<std::vector<EventRow>> list_events(const std::string& endpoint, size_t limit) = 0;
+  // GET .../{name}/metrics: the endpoint's 1 s history over the last `seconds`, as
+  // metrics_window_to_json (control_metrics.h) shapes it. Errors: kNotFound; kUnavailable where
+  // this process keeps none (a controller that does not lead).
+  virtual Result<nlohmann::json> endpoint_metrics(const std::string& name, int64_t seconds) = 0;
 
   // Tokens: {"token": "<shown once>", "token_info": {...}} from create_token.
   virtual Result<nlohmann::json> create_token(const std::string& id,
@@ -73,6 +77,10 @@ class ApiService {
   virtual Status revoke_token(const std::string& id, const std::string& actor) = 0;
   virtual Result<nlohmann::json> list_tokens() = 0;
 };
+
+// /dashboard and what is under it: the dashboard's files, which ApiRoutes serves without a
+// token (docs/dashboard.md).
+bool is_dashboard_path(std::string_view path);
 
 // The API's error body for errors the HTTP server answers itself (413, 431, ...), in the
 // API's shape: {"error_code": "...", "message": "..."}.

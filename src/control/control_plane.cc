@@ -549,6 +549,31 @@ void ControlPlaneImpl::autoscale(const std::vector<orchestrator::Replica>& repli
   }
 }
 
+void ControlPlaneImpl::record_metrics(const std::vector<orchestrator::Replica>& replicas) {
+  std::map<std::string, std::optional<Scale>> scales;
+  {
+    MutexLock lock(mu_);
+    for (const auto& [name, stored] : endpoints_) {
+      scales.emplace(name, stored.state.scale);
+    }
+  }
+  std::vector<std::string> names;
+  for (const auto& [name, scale] : scales) {
+    ReplicaCounts counts;
+    for (const orchestrator::Replica& replica : replicas) {
+      if (replica.deployment.endpoint == name) {
+        counts[replica.deployment.version][std::string(orchestrator::state_name(replica.state))] +=
+            1;
+      }
+    }
+    metrics_history_.record(name, gateway_.samples(name, 30), counts,
+                            scale ? std::optional(scale->replicas) : std::nullopt,
+                            scale ? std::optional(scale->target) : std::nullopt);
+    names.push_back(name);
+  }
+  metrics_history_.retain(names);
+}
+
 void ControlPlaneImpl::save_learned(const std::string& endpoint, const LearnedTarget& learned) {
   auto it = learned_.find(endpoint);
   if (it != learned_.end() && it->second == learned) {
@@ -604,6 +629,7 @@ void ControlPlaneImpl::reconcile_once() {
   // written there), then act without it.
   const std::vector<orchestrator::Replica> replicas = orchestrator_.list();
   autoscale(replicas);
+  record_metrics(replicas);
   for (auto& [key, gauge] : replicas_by_state_) {
     const auto state = key;  // a copy: clang 14 cannot capture a structured binding
     gauge->set(static_cast<double>(
@@ -850,6 +876,18 @@ Result<nlohmann::json> ControlPlaneImpl::endpoint_view(const std::string& name) 
   view["creation_timestamp"] = record.created_unix_ms;
   view["last_updated_timestamp"] = record.updated_unix_ms;
   return view;
+}
+
+Result<nlohmann::json> ControlPlaneImpl::endpoint_metrics(const std::string& name,
+                                                          int64_t seconds) {
+  {
+    MutexLock lock(mu_);
+    if (!endpoints_.contains(name)) {
+      return not_found("endpoint '" + name + "' does not exist");
+    }
+  }
+  return metrics_window_to_json(name, seconds,
+                                metrics_history_.window(name, clock_.unix_ms(), seconds));
 }
 
 Result<std::vector<std::string>> ControlPlaneImpl::endpoint_names() {

@@ -15,6 +15,7 @@
 
 #include "control/control.h"
 #include "control/control_api.h"
+#include "control/control_metrics.h"
 #include "control/control_scaling.h"
 #include "control/control_spec.h"
 #include "control/reconciler.h"
@@ -75,6 +76,7 @@ class ControlPlaneImpl final : public ControlPlane,
   Result<std::vector<EventRow>> list_events(const std::string& endpoint, size_t limit) override {
     return store_->list_events(endpoint, limit);
   }
+  Result<nlohmann::json> endpoint_metrics(const std::string& name, int64_t seconds) override;
   Result<nlohmann::json> create_token(const std::string& id, std::vector<std::string> endpoints,
                                       bool admin, const std::string& comment,
                                       const std::string& actor) override;
@@ -96,6 +98,8 @@ class ControlPlaneImpl final : public ControlPlane,
   void reconcile_once();
   // The autoscaler's pass (reconciler thread): samples in, decisions out into endpoints_.
   void autoscale(const std::vector<orchestrator::Replica>& replicas);
+  // Adds each endpoint's new gateway samples to metrics_history_, with its replicas and scale.
+  void record_metrics(const std::vector<orchestrator::Replica>& replicas);
   // Stores what an endpoint's autoscaler learned when it changed since the last save.
   void save_learned(const std::string& endpoint, const LearnedTarget& learned);
   // The forecast's demand history: read from the store when an endpoint's scaler starts, and
@@ -141,6 +145,7 @@ class ControlPlaneImpl final : public ControlPlane,
   std::map<std::string, UsageCounters> usage_readings_;
   // Every deployment ensured with replicas, by key (reconciler thread only).
   std::map<std::string, orchestrator::Deployment> ensured_;
+  MetricsHistory metrics_history_;
   std::string new_admin_token_;
   std::unique_ptr<ApiServer> api_;
   std::thread reconciler_;

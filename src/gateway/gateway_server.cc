@@ -346,10 +346,10 @@ std::vector<LoadSample> GatewayImpl::samples(const std::string& endpoint, size_t
 void GatewayImpl::sample_all() {
   for (auto& runtime : snapshots_.endpoints()) {
     const EndpointRuntime& endpoint = *runtime;
-    runtime->sampler.tick(LoadReading{endpoint.in_flight.load(), endpoint.queued.load(),
-                                      endpoint.arrivals.load(), endpoint.completions.load(),
-                                      endpoint.rejected.load(), endpoint.upstream_answers.load(),
-                                      endpoint.upstream_us.load()});
+    runtime->sampler.tick(LoadReading{
+        endpoint.in_flight.load(), endpoint.queued.load(), endpoint.arrivals.load(),
+        endpoint.completions.load(), endpoint.rejected.load(), endpoint.upstream_answers.load(),
+        endpoint.upstream_us.load(), endpoint.codes.totals(), endpoint.response_latency.read()});
   }
 }
 

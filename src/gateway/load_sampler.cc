@@ -24,6 +24,20 @@ bool LoadSampler::tick(const LoadReading& reading) {
     sample.latency_ms = static_cast<double>(reading.upstream_us - last_upstream_us_) / 1e3 /
                         static_cast<double>(reading.upstream_answers - last_upstream_answers_);
   }
+  for (const auto& [code, total] : reading.codes) {
+    uint64_t& last = last_codes_[code];
+    if (total > last) {
+      sample.responses.codes[code] = total - last;
+    }
+    last = total;
+  }
+  for (size_t bucket = 0; bucket < reading.latency.size(); ++bucket) {
+    if (reading.latency[bucket] > last_latency_[bucket]) {
+      sample.responses.latency[static_cast<int>(bucket)] =
+          reading.latency[bucket] - last_latency_[bucket];
+    }
+  }
+  last_latency_ = reading.latency;
   last_upstream_answers_ = reading.upstream_answers;
   last_upstream_us_ = reading.upstream_us;
   concurrency_sum_ = 0;

@@ -1,20 +1,44 @@
 // One endpoint's load, sampled: the control thread reads the endpoint's counters every tick
 // (100 ms) and closes a 1 s LoadSample every `ticks_per_sample` ticks (mean in-flight and
 // queued over the ticks; arrivals, completions and rejections since the last sample; the mean
-// upstream latency of the answers since then). The last `kept` samples are kept for
-// samples() and the autoscaler.
+// upstream latency of the answers since then; the responses since then by code and latency). The
+// last `kept` samples are kept for samples() and the autoscaler.
 //
 // Private to the gateway module.
 #pragma once
 
+#include <array>
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <deque>
+#include <map>
 #include <vector>
 
 #include "common/common.h"
 
 namespace flotilla::gateway {
+
+using LatencyCounts = std::array<uint64_t, ResponseCounts::kLatencyBuckets>;
+
+// Every response's latency since the endpoint's start, counted in ResponseCounts' buckets:
+// lock-free, for the request path.
+class LatencyTotals {
+ public:
+  void observe(double seconds) {
+    counts_[ResponseCounts::latency_bucket(seconds)].fetch_add(1, std::memory_order_relaxed);
+  }
+  LatencyCounts read() const {
+    LatencyCounts counts{};
+    for (size_t i = 0; i < counts.size(); ++i) {
+      counts[i] = counts_[i].load(std::memory_order_relaxed);
+    }
+    return counts;
+  }
+
+ private:
+  std::array<std::atomic<uint64_t>, ResponseCounts::kLatencyBuckets> counts_{};
+};
 
 // One tick's reading of an endpoint's counters; the totals count from the endpoint's start.
 struct LoadReading {
@@ -24,7 +48,9 @@ struct LoadReading {
   uint64_t completions = 0;
   uint64_t rejected = 0;
   uint64_t upstream_answers = 0;
-  uint64_t upstream_us = 0;  // summed time of those answers at the replicas
+  uint64_t upstream_us = 0;       // summed time of those answers at the replicas
+  std::map<int, uint64_t> codes;  // responses by status code
+  LatencyCounts latency{};        // responses by latency bucket
 };
 
 class LoadSampler {
@@ -59,6 +85,8 @@ class LoadSampler {
   uint64_t last_rejected_ = 0;
   uint64_t last_upstream_answers_ = 0;
   uint64_t last_upstream_us_ = 0;
+  std::map<int, uint64_t> last_codes_;
+  LatencyCounts last_latency_{};
 
   mutable Mutex mutex_;
   std::deque<LoadSample> samples_ FLOTILLA_GUARDED_BY(mutex_);

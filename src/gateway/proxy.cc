@@ -283,6 +283,7 @@ bool Proxy::account(ProxyCall& call, int code) {
   EndpointRuntime& endpoint = *call.endpoint;
   endpoint.codes.inc(code);
   endpoint.latency.observe(total);
+  endpoint.response_latency.observe(total);
   endpoint.added_latency.observe(std::max(0.0, added));
   endpoint.completions.fetch_add(1, std::memory_order_relaxed);
   if (call.upstream_time.count() > 0) {

@@ -73,6 +73,17 @@ class CodeCounters {
     counter->inc();
   }
 
+  // Every code seen so far and its count.
+  std::map<int, uint64_t> totals() const {
+    std::map<int, uint64_t> totals;
+    for (size_t code = 0; code < counters_.size(); ++code) {
+      if (const Counter* counter = counters_[code].load(std::memory_order_acquire)) {
+        totals[static_cast<int>(code)] = counter->value();
+      }
+    }
+    return totals;
+  }
+
  private:
   MetricsRegistry& registry_;
   std::string name_;
@@ -223,6 +234,7 @@ struct EndpointRuntime {
   Gauge& in_flight_gauge;
   Gauge& queue_gauge;
   Counter& retries;
+  LatencyTotals response_latency;  // for the samples' quantiles (finer than `latency`)
 
   // Registry of replica state by "version/id@host:port"; touched only under the gateway's
   // swap mutex.

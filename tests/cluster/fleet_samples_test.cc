@@ -90,6 +90,8 @@ TEST(SampleReportTest, RoundTripsThroughItsJson) {
   SampleReport report;
   report.gateway = "gw-a";
   report.endpoints["fraud"] = {sample(10'000, 2.5, 7, 3.25)};
+  report.endpoints["fraud"][0].responses.codes = {{200, 6}, {503, 1}};
+  report.endpoints["fraud"][0].responses.latency = {{0, 1}, {40, 6}};
   report.endpoints["idle"] = {};
   report.capacity = {"idle"};
   Result<SampleReport> parsed = parse_sample_report(sample_report_to_json(report));
@@ -104,6 +106,23 @@ TEST(SampleReportTest, RoundTripsThroughItsJson) {
   EXPECT_EQ(got.completions, 7u);
   EXPECT_EQ(got.rejected, 1u);
   EXPECT_DOUBLE_EQ(got.latency_ms, 3.25);
+  EXPECT_EQ(got.responses, report.endpoints["fraud"][0].responses);
+}
+
+TEST(FleetSamplesTest, SumsTheResponsesOfEachSecond) {
+  FleetSamples fleet(std::chrono::milliseconds(0));
+  LoadSample a = sample(10'000, 1, 3, 1);
+  a.responses.codes = {{200, 3}};
+  a.responses.latency = {{10, 3}};
+  LoadSample b = sample(10'000, 1, 2, 1);
+  b.responses.codes = {{200, 1}, {429, 1}};
+  b.responses.latency = {{10, 1}, {1, 1}};
+  fleet.add("gw-a", "fraud", {a});
+  fleet.add("gw-b", "fraud", {b});
+  const std::vector<LoadSample> taken = fleet.take("fraud", 20'000);
+  ASSERT_EQ(taken.size(), 1u);
+  EXPECT_EQ(taken[0].responses.codes, (std::map<int, uint64_t>{{200, 4}, {429, 1}}));
+  EXPECT_EQ(taken[0].responses.latency, (std::map<int, uint64_t>{{1, 1}, {10, 4}}));
 }
 
 TEST(SampleReportTest, BadReportsAreRefusedNamingWhatIsWrong) {
@@ -121,6 +140,13 @@ TEST(SampleReportTest, BadReportsAreRefusedNamingWhatIsWrong) {
       {R"({"gateway": "g", "endpoints": {"e": [{"unix_ms": 1.5}]}})", "unix_ms"},
       {R"({"gateway": "g", "endpoints": {"e": [{"unix_ms": 9223372036854775807}]}})",
        "unix_ms: past the year 2286"},
+      {R"({"gateway": "g", "endpoints": {"e": [{"unix_ms": 1, "concurrency": 0, "queued": 0, )"
+       R"("arrivals": 0, "completions": 0, "rejected": 0, "latency_ms": 0, "codes": {"2x": 1}}]}})",
+       "codes.2x"},
+      {R"({"gateway": "g", "endpoints": {"e": [{"unix_ms": 1, "concurrency": 0, "queued": 0, )"
+       R"("arrivals": 0, "completions": 0, "rejected": 0, "latency_ms": 0, )"
+       R"("latency_buckets": [[100, 1]]}]}})",
+       "latency_buckets"},
       {R"({"gateway": "g", "capacity": "e"})", "capacity"},
       {R"({"gateway": "g", "capacity": [1]})", "capacity"},
   };

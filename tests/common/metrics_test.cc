@@ -1,3 +1,4 @@
+#include <cmath>
 #include <thread>
 
 #include <gmock/gmock.h>
@@ -109,6 +110,42 @@ TEST(ProcessMetricsTest, ReportsMemoryAndCpu) {
   EXPECT_THAT(text, HasSubstr("# TYPE process_cpu_seconds_total counter"));
   EXPECT_THAT(text, HasSubstr("process_resident_memory_bytes "));
   EXPECT_THAT(text, ::testing::Not(HasSubstr("process_resident_memory_bytes 0\n")));
+}
+
+TEST(ResponseCountsTest, BucketsAreAQuarterOctaveWide) {
+  EXPECT_EQ(ResponseCounts::latency_bucket(0), 0);
+  EXPECT_EQ(ResponseCounts::latency_bucket(-1), 0);
+  EXPECT_EQ(ResponseCounts::latency_bucket(std::nan("")), 0);
+  EXPECT_EQ(ResponseCounts::latency_bucket(49e-6), 0);
+  EXPECT_EQ(ResponseCounts::latency_bucket(50e-6), 1);
+  EXPECT_EQ(ResponseCounts::latency_bucket(100e-6), 5);
+  EXPECT_EQ(ResponseCounts::latency_bucket(1e9), ResponseCounts::kLatencyBuckets - 1);
+  for (double seconds : {0.0003, 0.0021, 0.047, 0.5, 3.0, 70.0}) {
+    const double middle =
+        ResponseCounts::latency_bucket_middle(ResponseCounts::latency_bucket(seconds));
+    EXPECT_NEAR(middle / seconds, 1.0, 0.1) << seconds;
+  }
+}
+
+TEST(ResponseCountsTest, QuantilesReadOffTheBucketsAndMergeAdds) {
+  ResponseCounts counts;
+  EXPECT_EQ(counts.latency_quantile(0.5), 0);
+  for (int i = 0; i < 98; ++i) {
+    counts.latency[ResponseCounts::latency_bucket(0.002)] += 1;
+  }
+  counts.latency[ResponseCounts::latency_bucket(0.2)] += 2;
+  counts.codes = {{200, 99}, {500, 1}};
+  EXPECT_NEAR(counts.latency_quantile(0.5), 0.002, 0.0002);
+  EXPECT_NEAR(counts.latency_quantile(0.98), 0.002, 0.0002);
+  EXPECT_NEAR(counts.latency_quantile(0.99), 0.2, 0.02);
+  EXPECT_NEAR(counts.latency_quantile(1.0), 0.2, 0.02);
+  ResponseCounts more;
+  more.codes = {{200, 1}, {429, 2}};
+  more.latency = {{3, 3}};
+  counts.merge(more);
+  EXPECT_EQ(counts.codes, (std::map<int, uint64_t>{{200, 100}, {429, 2}, {500, 1}}));
+  EXPECT_EQ(counts.responses(), 103u);
+  EXPECT_EQ(counts.latency[3], 3u);
 }
 
 // Another process's /metrics, as the orchestrator reads a replica's queue.

@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 
 #include "control/control_api.h"
+#include "control/control_metrics.h"
 
 namespace flotilla::control {
 namespace {
@@ -94,6 +95,13 @@ class FakeService final : public ApiService {
     }
     return events;
   }
+  Result<nlohmann::json> endpoint_metrics(const std::string& name, int64_t seconds) override {
+    if (!endpoints_.contains(name)) {
+      return not_found("endpoint '" + name + "' does not exist");
+    }
+    last_metrics_window_ = seconds;
+    return nlohmann::json{{"name", name}};
+  }
   Result<nlohmann::json> create_token(const std::string& id, std::vector<std::string> endpoints,
                                       bool admin, const std::string& comment,
                                       const std::string& actor) override {
@@ -116,6 +124,7 @@ class FakeService final : public ApiService {
   std::map<std::string, nlohmann::json> endpoints_;
   bool tokens_unavailable_ = false;
   size_t last_events_limit_ = 0;
+  int64_t last_metrics_window_ = 0;
   std::vector<std::string> revoked_;
 };
 
@@ -228,6 +237,50 @@ TEST_F(ApiTest, EndpointRoutesMapStatusesToHttpAndErrorCodes) {
 
   EXPECT_EQ(call(http::Method::kDelete, prefix + "/fraud", kAdmin).status, 200);
   EXPECT_EQ(call(http::Method::kDelete, prefix + "/fraud", kAdmin).status, 404);
+}
+
+TEST_F(ApiTest, MetricsRouteTakesAWindowUpToAnHour) {
+  const std::string prefix = "/api/2.0/serving-endpoints";
+  ASSERT_EQ(call(http::Method::kPost, prefix, kAdmin, R"({"name": "fraud"})").status, 200);
+  EXPECT_EQ(call(http::Method::kGet, prefix + "/fraud/metrics", kAdmin).status, 200);
+  EXPECT_EQ(service_.last_metrics_window_, kMetricsWindowDefaultSeconds);
+  for (const auto& [window, seconds] : std::vector<std::pair<std::string, int64_t>>{
+           {"90", 90}, {"90s", 90}, {"15m", 900}, {"1h", 3600}, {"60m", 3600}}) {
+    EXPECT_EQ(call(http::Method::kGet, prefix + "/fraud/metrics?window=" + window, kAdmin).status,
+              200)
+        << window;
+    EXPECT_EQ(service_.last_metrics_window_, seconds) << window;
+  }
+  for (const char* window :
+       {"0", "2h", "3601", "61m", "-5", "5x", "m", "1.5h", "99999999999999h"}) {
+    const http::Response bad =
+        call(http::Method::kGet, prefix + "/fraud/metrics?window=" + window, kAdmin);
+    EXPECT_EQ(bad.status, 400) << window;
+    EXPECT_THAT(json(bad)["message"].get<std::string>(), HasSubstr("window")) << window;
+  }
+  EXPECT_EQ(call(http::Method::kGet, prefix + "/nope/metrics", kAdmin).status, 404);
+  EXPECT_EQ(call(http::Method::kPost, prefix + "/fraud/metrics", kAdmin).status, 405);
+  EXPECT_EQ(call(http::Method::kGet, prefix + "/fraud/metrics", kUser).status, 403);
+}
+
+TEST_F(ApiTest, TheDashboardsFilesNeedNoTokenAndAreOnlyWhatIsEmbedded) {
+  const http::Response page = call(http::Method::kGet, "/dashboard/", "");
+  EXPECT_EQ(page.status, 200);
+  EXPECT_EQ(page.content_type, "text/html; charset=utf-8");
+  EXPECT_THAT(page.body, HasSubstr("<script src=\"chart.min.js\">"));
+  EXPECT_THAT(http::find_header(page.headers, "content-security-policy"),
+              HasSubstr("default-src 'self'"));
+  const http::Response chart = call(http::Method::kGet, "/dashboard/chart.min.js", "");
+  EXPECT_EQ(chart.status, 200);
+  EXPECT_THAT(chart.body, HasSubstr("Chart.js v3"));
+  EXPECT_EQ(call(http::Method::kGet, "/dashboard/dashboard.js", "").content_type,
+            "text/javascript; charset=utf-8");
+  const http::Response bare = call(http::Method::kGet, "/dashboard", "");
+  EXPECT_EQ(bare.status, 308);
+  EXPECT_EQ(http::find_header(bare.headers, "location"), "/dashboard/");
+  EXPECT_EQ(call(http::Method::kGet, "/dashboard/../admin.token", "").status, 404);
+  EXPECT_EQ(call(http::Method::kGet, "/dashboard/nothing.js", "").status, 404);
+  EXPECT_EQ(call(http::Method::kPost, "/dashboard/", "").status, 405);
 }
 
 TEST_F(ApiTest, TokenRoutesCheckTheBodyAndRefuseToRevokeTheCaller) {

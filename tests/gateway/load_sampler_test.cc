@@ -80,6 +80,31 @@ TEST(LoadSamplerTest, CountsSinceTheLastSample) {
   EXPECT_DOUBLE_EQ(samples[2].latency_ms, 0.0);  // no answers: 0
 }
 
+TEST(LoadSamplerTest, CountsResponsesByCodeAndLatencySinceTheLastSample) {
+  FakeClock clock;
+  LoadSampler sampler(clock, 600, 1);
+  LatencyTotals latency;
+  latency.observe(0.001);
+  latency.observe(0.001);
+  LoadReading reading;
+  reading.codes = {{200, 2}};
+  reading.latency = latency.read();
+  ASSERT_TRUE(sampler.tick(reading));
+  latency.observe(0.1);
+  reading.codes = {{200, 2}, {503, 1}};
+  reading.latency = latency.read();
+  ASSERT_TRUE(sampler.tick(reading));
+
+  const std::vector<LoadSample> samples = sampler.latest(2);
+  ASSERT_EQ(samples.size(), 2u);
+  EXPECT_EQ(samples[0].responses.codes, (std::map<int, uint64_t>{{200, 2}}));
+  EXPECT_EQ(samples[0].responses.latency,
+            (std::map<int, uint64_t>{{ResponseCounts::latency_bucket(0.001), 2}}));
+  EXPECT_EQ(samples[1].responses.codes, (std::map<int, uint64_t>{{503, 1}}));
+  EXPECT_EQ(samples[1].responses.latency,
+            (std::map<int, uint64_t>{{ResponseCounts::latency_bucket(0.1), 1}}));
+}
+
 TEST(LoadSamplerTest, KeepsTheLatestOldestFirst) {
   FakeClock clock;
   LoadSampler sampler(clock, 3, 1);

@@ -426,6 +426,23 @@ class EndToEndTest(FakeClusterCase):
 
         self.assertFalse(self.leading(standby), "two controllers lead")
 
+        # The leader keeps the endpoint's seconds from the gateway's reports; the standby
+        # keeps none and says so.
+        admin = base64.b64decode(self.api.get("secrets", NS, "flotilla-admin-token")["data"]
+                                 ["token"]).decode()
+
+        def metrics(port):
+            return req(port, "GET", "/api/2.0/serving-endpoints/fraud/metrics?window=60s",
+                       headers={"Authorization": f"Bearer {admin}"})
+        seconds = wait_until(
+            lambda: [s for s in metrics(controller.port).json()["samples"]
+                     if s["requests"] > 0 and s["replicas"].get("v1", {}).get("ready", 0) >= 4],
+            DEADLINE_S, what="the leader's seconds of fraud at 4 ready pods")
+        self.assertGreater(seconds[-1]["codes"]["200"], 0, seconds[-1])
+        self.assertGreater(seconds[-1]["latency_p50_ms"], 40, seconds[-1])  # 50 ms a request
+        self.assertEqual(seconds[-1]["target_concurrency"], 4)
+        self.assertEqual(metrics(standby.port).status, 503)
+
         # A replica process killed under load: restarted by the kubelet, nothing failed.
         victim = self.ready_pods("fraud-v1")[0]
         self.assertIsNotNone(self.kubelet.kill_pod_process(victim["name"], NS))
