@@ -40,6 +40,9 @@ std::function<int()> add_client_commands(CLI::App& app);
 // Adds `flotilla top`, a live terminal view of the endpoints; the returned callable runs it when
 // it was parsed, or returns -1.
 std::function<int()> add_top_command(CLI::App& app);
+// Adds `flotilla logs`, which reads an endpoint's inference table from the data directory;
+// the returned callable runs it when it was parsed, or returns -1.
+std::function<int()> add_logs_command(CLI::App& app);
 // Adds `flotilla pull` and `flotilla artifact pack`; the returned callable runs whichever was
 // parsed, or returns -1 when none was.
 std::function<int()> add_artifact_commands(CLI::App& app);

@@ -44,6 +44,8 @@ struct GatewayFlags {
   int64_t drain_timeout_ms = 30'000;
   int64_t config_poll_ms = 1'000;
   std::string access_log;
+  std::string inference_dir;
+  int64_t inference_period_s = 3'600;
   std::string log_level = "info";
   std::string log_format = "json";
 };
@@ -153,6 +155,8 @@ int run_gateway(const GatewayFlags& flags) {
   options.eject_after_failures = flags.eject_after;
   options.default_endpoint = default_endpoint;
   options.access_log = flags.access_log;
+  options.inference_dir = flags.inference_dir;
+  options.inference_period = std::chrono::seconds(flags.inference_period_s);
 
   MetricsRegistry& registry = default_registry();
   register_process_metrics(registry);
@@ -315,6 +319,13 @@ std::function<int()> add_gateway_command(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--access-log", flags->access_log,
                   "JSON access log: a file path, or - for stderr (default: none)");
+  cmd->add_option("--inference-dir", flags->inference_dir,
+                  "Where endpoints that enable an inference table have it written, one "
+                  "directory each (default: none, nothing recorded)");
+  cmd->add_option("--inference-period-s", flags->inference_period_s,
+                  "How long each inference table file is written before the next begins")
+      ->check(CLI::Range(int64_t{1}, int64_t{86'400}))
+      ->capture_default_str();
   cmd->add_option("--log-level", flags->log_level, "trace, debug, info, warn, error or off")
       ->capture_default_str();
   add_log_format_flag(*cmd, flags->log_format);

@@ -186,6 +186,7 @@ int main(int argc, char** argv) {
   auto run_client = flotilla::cli::add_client_commands(app);
   auto run_artifact = flotilla::cli::add_artifact_commands(app);
   auto run_top = flotilla::cli::add_top_command(app);
+  auto run_logs = flotilla::cli::add_logs_command(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -216,6 +217,9 @@ int main(int argc, char** argv) {
     return code;
   }
   if (const int code = run_top(); code >= 0) {
+    return code;
+  }
+  if (const int code = run_logs(); code >= 0) {
     return code;
   }
   const int code = run_client();

@@ -37,6 +37,7 @@ struct UpFlags {
   int64_t cold_start_timeout_ms = 60'000;
   int64_t max_replicas = 0;  // 0: control::default_max_replicas()
   int64_t liveness_timeout_ms = 5'000;
+  int64_t inference_period_s = 3'600;
 };
 
 int fail(const std::string& message, int code = kExitBadInput) {
@@ -121,6 +122,8 @@ int run_up(const UpFlags& flags) {
   gateway_options.server.fd_reserve = 128;
   gateway_options.server.fd_share = 7.0 / 16;
   gateway_options.cold_start_timeout = std::chrono::milliseconds(flags.cold_start_timeout_ms);
+  gateway_options.inference_dir = data_dir + "/inference";
+  gateway_options.inference_period = std::chrono::seconds(flags.inference_period_s);
   gateway::AuthConfig closed;
   closed.enabled = true;  // no request passes before the control plane publishes the tokens
   auto gateway =
@@ -226,6 +229,11 @@ std::function<int()> add_up_command(CLI::App& app) {
                   "A ready replica answering no liveness probe this long is killed and replaced "
                   "(0: no liveness probes)")
       ->check(CLI::Range(int64_t{0}, int64_t{3'600'000}))
+      ->capture_default_str();
+  cmd->add_option("--inference-period-s", flags->inference_period_s,
+                  "How long each inference table file (DATA_DIR/inference/ENDPOINT/) is written "
+                  "before it is closed and the next begun")
+      ->check(CLI::Range(int64_t{1}, int64_t{86'400}))
       ->capture_default_str();
   return [flags] {
     return run_up(*flags);

@@ -133,6 +133,12 @@ gateway::EndpointTable table_from_objects(const Objects& serving_endpoints,
     gateway::EndpointEntry entry;
     entry.name = name;
     entry.versions = versions_of(object);
+    // The spec's inference table applies at once, whatever version serves; a spec that does not
+    // parse (the controller marks it degraded) records nothing.
+    if (Result<control::EndpointSpec> spec = spec_of(object);
+        spec.is_ok() && spec->inference_table.enabled) {
+      entry.inference_table = spec->inference_table;
+    }
     for (gateway::VersionEntry& version : entry.versions) {
       const int64_t cap = target_of(object, version.name);
       for (const json* slice : slices_by_service[version_object_name(name, version.name)]) {

@@ -359,6 +359,16 @@ struct LoadSample {
   ResponseCounts responses;
 };
 
+// An endpoint's inference table (issue 23; docs/inference-tables.md): the spec's
+// `inference_table`, which the gateway applies as it is (a change restarts no replica).
+struct InferenceTableConfig {
+  bool enabled = false;
+  double sample_rate = 1;            // the share of requests recorded, (0, 1]
+  int64_t max_body_bytes = 65'536;   // each body cut there (marked truncated), >= 0
+  int64_t retention_s = 7 * 86'400;  // closed files older than this are deleted, > 0
+  bool operator==(const InferenceTableConfig&) const = default;
+};
+
 // ---------------------------------------------------------------------------------------------
 // Metrics
 

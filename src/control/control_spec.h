@@ -60,6 +60,7 @@ struct EndpointSpec {
   std::string name;
   std::vector<ServedModelSpec> served_models;
   AutoscalingSpec autoscaling;
+  InferenceTableConfig inference_table;  // common.h
   bool operator==(const EndpointSpec&) const = default;
 };
 
@@ -75,12 +76,14 @@ struct EndpointSpec {
 // concurrency 0 <= min <= max <= 1,000,000, max >= 1; per_replica_concurrency 1 <= min <= max <=
 // 4096, its optional initial within [min, max]; traffic an integer in [0, 100], may be left out
 // only when there is one served model; resources.cpus in [0, 1024], resources.memory_mb in [0,
-// 2^30]; autoscaling.forecast a boolean (default true); unknown fields refused at every level.
+// 2^30]; autoscaling.forecast a boolean (default true); inference_table.enabled a boolean,
+// .sample_rate in (0, 1], .max_body_bytes in [0, 16 MiB], .retention "<n>m", "<n>h" or "<n>d"
+// from 1 minute to 365 days; unknown fields refused at every level.
 Result<EndpointSpec> parse_endpoint_spec(std::string_view text,
                                          std::string_view name_from_path = {});
 
 // The canonical JSON form: every field present, defaults filled in except an absent
-// per_replica_concurrency and a default `autoscaling`.
+// per_replica_concurrency, a default `autoscaling` and a default `inference_table`.
 // parse_endpoint_spec(to_json(spec).dump()) == spec.
 nlohmann::json to_json(const EndpointSpec& spec);
 nlohmann::json to_json(const ServedModelSpec& served);

@@ -35,6 +35,7 @@ gateway::EndpointEntry table_entry(const EndpointSpec& spec, const std::optional
                                    const ContextLengthResolver& context_length) {
   gateway::EndpointEntry entry;
   entry.name = spec.name;
+  entry.inference_table = spec.inference_table;
   for (const ServedModelSpec& served : spec.served_models) {
     gateway::VersionEntry version;
     version.name = served.name;

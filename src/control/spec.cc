@@ -342,11 +342,70 @@ Result<ServedModelSpec> read_served_model(const YAML::Node& node, const std::str
   return served;
 }
 
+constexpr int64_t kMaxLoggedBodyBytes = 16 * 1024 * 1024;
+constexpr int64_t kMinRetentionS = 60;
+constexpr int64_t kMaxRetentionS = 365 * 86'400;
+
+// "<n>m", "<n>h" or "<n>d" as seconds.
+Result<int64_t> read_retention(const YAML::Node& node, const std::string& where) {
+  const std::string message = where +
+                              ": must be minutes, hours or days (\"30m\", \"24h\", "
+                              "\"7d\"), from 1 minute to 365 days";
+  FLOTILLA_ASSIGN_OR_RETURN(std::string text, read_string(node, where));
+  if (text.size() < 2) {
+    return invalid_argument(message);
+  }
+  const char unit = text.back();
+  const int64_t unit_s = unit == 'm' ? 60 : unit == 'h' ? 3'600 : unit == 'd' ? 86'400 : 0;
+  int64_t count = 0;
+  const auto [end, error] = std::from_chars(text.data(), text.data() + text.size() - 1, count);
+  if (unit_s == 0 || error != std::errc() || end != text.data() + text.size() - 1 || count < 1 ||
+      count > kMaxRetentionS / unit_s) {
+    return invalid_argument(message);
+  }
+  return count * unit_s;
+}
+
+std::string retention_text(int64_t seconds) {
+  if (seconds % 86'400 == 0) {
+    return std::to_string(seconds / 86'400) + "d";
+  }
+  return seconds % 3'600 == 0 ? std::to_string(seconds / 3'600) + "h"
+                              : std::to_string(seconds / 60) + "m";
+}
+
+Result<InferenceTableConfig> read_inference_table(const YAML::Node& node) {
+  FLOTILLA_RETURN_IF_ERROR(check_keys(
+      node, {"enabled", "sample_rate", "max_body_bytes", "retention"}, "inference_table"));
+  InferenceTableConfig table;
+  if (const YAML::Node enabled = node["enabled"]) {
+    FLOTILLA_ASSIGN_OR_RETURN(table.enabled, read_bool(enabled, "inference_table.enabled"));
+  }
+  if (const YAML::Node rate = node["sample_rate"]) {
+    FLOTILLA_ASSIGN_OR_RETURN(table.sample_rate,
+                              read_number(rate, "inference_table.sample_rate", 0, 1));
+    if (table.sample_rate <= 0) {
+      return invalid_argument("inference_table.sample_rate: must be above 0 and at most 1");
+    }
+  }
+  if (const YAML::Node bytes = node["max_body_bytes"]) {
+    FLOTILLA_ASSIGN_OR_RETURN(
+        table.max_body_bytes,
+        read_int(bytes, "inference_table.max_body_bytes", 0, kMaxLoggedBodyBytes));
+  }
+  if (const YAML::Node retention = node["retention"]) {
+    FLOTILLA_ASSIGN_OR_RETURN(table.retention_s,
+                              read_retention(retention, "inference_table.retention"));
+  }
+  return table;
+}
+
 Result<EndpointSpec> read_spec(const YAML::Node& root, std::string_view name_from_path) {
   if (!root || root.IsNull()) {
     return invalid_argument("spec: is empty");
   }
-  FLOTILLA_RETURN_IF_ERROR(check_keys(root, {"name", "served_models", "autoscaling"}, "spec"));
+  FLOTILLA_RETURN_IF_ERROR(
+      check_keys(root, {"name", "served_models", "autoscaling", "inference_table"}, "spec"));
   EndpointSpec spec;
 
   if (const YAML::Node name = root["name"]) {
@@ -397,6 +456,9 @@ Result<EndpointSpec> read_spec(const YAML::Node& root, std::string_view name_fro
       FLOTILLA_ASSIGN_OR_RETURN(spec.autoscaling.forecast,
                                 read_bool(forecast, "autoscaling.forecast"));
     }
+  }
+  if (const YAML::Node table = root["inference_table"]; table && !table.IsNull()) {
+    FLOTILLA_ASSIGN_OR_RETURN(spec.inference_table, read_inference_table(table));
   }
   return spec;
 }
@@ -460,6 +522,13 @@ nlohmann::json to_json(const EndpointSpec& spec) {
   // sent, as before the field existed.
   if (spec.autoscaling != AutoscalingSpec{}) {
     json["autoscaling"] = {{"forecast", spec.autoscaling.forecast}};
+  }
+  if (spec.inference_table != InferenceTableConfig{}) {
+    const InferenceTableConfig& table = spec.inference_table;
+    json["inference_table"] = {{"enabled", table.enabled},
+                               {"sample_rate", table.sample_rate},
+                               {"max_body_bytes", table.max_body_bytes},
+                               {"retention", retention_text(table.retention_s)}};
   }
   return json;
 }

@@ -51,9 +51,21 @@ Result<EndpointTable> read_table(const YAML::Node& root) {
   for (size_t e = 0; e < endpoints.size(); ++e) {
     const std::string where = "endpoints[" + std::to_string(e) + "]";
     const YAML::Node endpoint = endpoints[e];
-    FLOTILLA_RETURN_IF_ERROR(check_keys(endpoint, {"name", "versions"}, where));
+    FLOTILLA_RETURN_IF_ERROR(check_keys(endpoint, {"name", "versions", "inference_table"}, where));
     EndpointEntry entry;
     entry.name = endpoint["name"] ? endpoint["name"].as<std::string>() : "";
+    if (const YAML::Node table = endpoint["inference_table"]) {
+      FLOTILLA_RETURN_IF_ERROR(
+          check_keys(table, {"enabled", "sample_rate", "max_body_bytes", "retention_s"},
+                     where + ".inference_table"));
+      InferenceTableConfig& config = entry.inference_table;
+      config.enabled = table["enabled"] ? table["enabled"].as<bool>() : false;
+      config.sample_rate = table["sample_rate"] ? table["sample_rate"].as<double>() : 1;
+      config.max_body_bytes =
+          table["max_body_bytes"] ? table["max_body_bytes"].as<int64_t>() : config.max_body_bytes;
+      config.retention_s =
+          table["retention_s"] ? table["retention_s"].as<int64_t>() : config.retention_s;
+    }
     const YAML::Node versions = endpoint["versions"];
     if (!versions || !versions.IsSequence()) {
       return invalid_argument(where + ".versions: must be a list");
@@ -121,6 +133,13 @@ Status validate_endpoint_table(const EndpointTable& table) {
     }
     if (endpoint.versions.empty()) {
       return invalid_argument(where + ".versions: needs at least one version");
+    }
+    const InferenceTableConfig& table = endpoint.inference_table;
+    if (!(table.sample_rate > 0 && table.sample_rate <= 1) || table.max_body_bytes < 0 ||
+        table.retention_s <= 0) {
+      return invalid_argument(where +
+                              ".inference_table: sample_rate in (0, 1], max_body_bytes >= 0 and "
+                              "retention_s > 0 are required");
     }
     int64_t traffic = 0;
     std::set<std::string> version_names;

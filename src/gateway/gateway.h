@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <span>
@@ -51,6 +52,7 @@ struct VersionEntry {
 struct EndpointEntry {
   std::string name;
   std::vector<VersionEntry> versions;
+  InferenceTableConfig inference_table;
   bool operator==(const EndpointEntry&) const = default;
 };
 
@@ -191,6 +193,17 @@ class CapacityRequester {
   virtual void request_capacity(const std::string& endpoint) = 0;
 };
 
+// ---- Inference tables (docs/inference-tables.md) ----------------------------------------------
+
+// The file names of an endpoint's table under `dir`/<endpoint>/, oldest first: closed files
+// ("<start>-<pid>.jsonl.gz") and the one being written ("....jsonl.gz.partial").
+std::vector<std::string> inference_table_files(const std::string& dir, const std::string& endpoint);
+// Calls `each` with every whole JSON line of one such file, in order, until it returns false; a
+// file being written may end in a partial line or block, which is skipped. Errors: kNotFound,
+// kInvalidArgument (not gzip data).
+Status read_inference_file(const std::string& path,
+                           const std::function<bool(std::string_view line)>& each);
+
 // ---- The gateway as the control plane drives it (issue #19) ------------------------------------
 
 // The narrow seam between the control plane and the gateway: table and auth updates in, load
@@ -235,6 +248,13 @@ struct GatewayOptions {
   std::string default_endpoint;
   // JSON access log: a file path, "-" for stderr, "" for none.
   std::string access_log;
+  // Where the endpoints' inference tables are written (a directory per endpoint); "" for
+  // nowhere: an endpoint that enables one records nothing (said once in the log).
+  std::string inference_dir;
+  // How long each inference table file stays open before it is closed and a new one begun.
+  std::chrono::seconds inference_period{3'600};
+  // Records waiting to be written, at most: past it a record is dropped and counted.
+  size_t inference_buffer_bytes = 64 * 1024 * 1024;
   uint64_t seed = 0;  // 0: seeded from the clock
 };
 

@@ -81,8 +81,16 @@ class GatewayImpl final : public Gateway {
       : options_(options),
         registry_(registry),
         access_log_(std::move(access_log)),
+        inference_log_(
+            options_.inference_dir.empty()
+                ? nullptr
+                : std::make_unique<InferenceLog>(
+                      InferenceLog::Options{options_.inference_dir, options_.inference_period,
+                                            options_.inference_buffer_bytes},
+                      clock)),
         workers_(options_.client),
-        proxy_(options_, clock, workers_, admission_, snapshots_, access_log_.get()),
+        proxy_(options_, clock, workers_, admission_, snapshots_, access_log_.get(),
+               inference_log_.get()),
         admission_(options_, clock, proxy_),
         snapshots_(options_, clock, registry, admission_, std::move(auth)),
         unrouted_(registry, "flotilla_gateway_unrouted_requests_total",
@@ -153,6 +161,9 @@ class GatewayImpl final : public Gateway {
   // The request path: routing, auth, local routes; a proxied request becomes a ProxyCall.
   void handle(http::Request&& request, http::Responder&& responder);
 
+  // Samples `call` for its endpoint's inference table and keeps its request body if taken.
+  void start_capture(ProxyCall& call, const EndpointView& view, RouteKind kind, Random& random);
+
   void control_loop();
   void sample_all();
   void check_config();
@@ -162,6 +173,8 @@ class GatewayImpl final : public Gateway {
   const GatewayOptions options_;
   MetricsRegistry& registry_;
   const std::unique_ptr<AccessLog> access_log_;
+  const std::unique_ptr<InferenceLog> inference_log_;  // null without an inference_dir
+  std::atomic<bool> warned_no_inference_dir_{false};
   std::unique_ptr<http::Server> server_;
   Workers workers_;
   Proxy proxy_;
@@ -303,7 +316,7 @@ void GatewayImpl::handle(http::Request&& request, http::Responder&& responder) {
   call->view = view;
   call->endpoint = view->runtime;
   call->request_id = std::move(request_id);
-  if (access_log_) {
+  if (access_log_ || view->inference_table.enabled) {
     call->trace_id = traceparent_trace_id(http::find_header(request.headers, "traceparent"));
   }
   call->version = std::move(route.version);
@@ -326,10 +339,42 @@ void GatewayImpl::handle(http::Request&& request, http::Responder&& responder) {
     call->proxy->on_stream_head(*call, status, std::move(content_type), std::move(headers));
   };
   upstream.stream.on_body = [call = call.get()](std::string piece) {
+    if (call->capture) {
+      call->capture->add_response(piece);
+    }
     call->responder.write(std::move(piece));
   };
+  if (view->inference_table.enabled) {
+    start_capture(*call, *view, route.kind, *state.random);
+  }
   call->endpoint->arrivals.fetch_add(1, std::memory_order_relaxed);
   proxy_.admit(call);
+}
+
+void GatewayImpl::start_capture(ProxyCall& call, const EndpointView& view, RouteKind kind,
+                                Random& random) {
+  if (!inference_log_) {
+    if (!warned_no_inference_dir_.exchange(true)) {
+      spdlog::warn(
+          "endpoint '{}' enables its inference table, but this gateway has no "
+          "directory for tables (--inference-dir): nothing is recorded",
+          view.runtime->name);
+    }
+    return;
+  }
+  const InferenceTableConfig& table = view.inference_table;
+  // A uniform draw in [0, 1) from the top 53 bits.
+  if (table.sample_rate < 1 &&
+      static_cast<double>(random.next() >> 11) * 0x1.0p-53 >= table.sample_rate) {
+    return;
+  }
+  call.capture = std::make_unique<InferenceCapture>(
+      static_cast<size_t>(std::max<int64_t>(0, table.max_body_bytes)));
+  call.capture->protocol = kind == RouteKind::kInvocations ? "mlflow"
+                           : kind == RouteKind::kOip       ? "oip"
+                           : kind == RouteKind::kOpenAi    ? "openai"
+                                                           : "http";
+  call.capture->add_request(call.request.body);
 }
 
 // ---- Control thread: samples and config reloads ---------------------------------------------

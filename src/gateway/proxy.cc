@@ -30,12 +30,14 @@ void log_failed_attempt(const ProxyCall& call, const ReplicaRuntime& replica,
 }  // namespace
 
 Proxy::Proxy(const GatewayOptions& options, const Clock& clock, Workers& workers,
-             Admission& admission, const Snapshots& snapshots, AccessLog* access_log)
+             Admission& admission, const Snapshots& snapshots, AccessLog* access_log,
+             InferenceLog* inference_log)
     : options_(options),
       workers_(workers),
       admission_(admission),
       snapshots_(snapshots),
       access_log_(access_log),
+      inference_log_(inference_log),
       outlier_({options.eject_after_failures, options.ejection_time, options.max_ejection_time},
                clock) {}
 
@@ -96,6 +98,9 @@ void Proxy::forward(const std::shared_ptr<ProxyCall>& call,
   call->endpoint->in_flight.fetch_add(1);
   call->endpoint->in_flight_gauge.add(1);
   call->upstream_start = SteadyClock::now();
+  if (call->capture && call->attempts == 1) {
+    call->capture->first_dispatch = call->upstream_start;
+  }
   ReplicaRuntime& target = *call->replica;
   WorkerState& state = workers_.current();
   call->handle =
@@ -198,6 +203,9 @@ void Proxy::on_upstream(const std::shared_ptr<ProxyCall>& call, http::ClientResp
 void Proxy::on_stream_head(ProxyCall& call, int status, std::string content_type,
                            http::Headers headers) {
   call.streaming = true;
+  if (call.capture) {
+    call.capture->stream = true;
+  }
   if (!call.watching) {
     // A stream is long: its client is watched now, so leaving stops the generation at once.
     call.watching = true;
@@ -258,6 +266,9 @@ void Proxy::on_client_gone(const std::shared_ptr<ProxyCall>& call) {
 }
 
 void Proxy::respond(ProxyCall& call, http::Response&& response) {
+  if (call.capture && !call.answered) {
+    call.capture->add_response(response.body);
+  }
   if (!account(call, response.status)) {
     return;
   }
@@ -308,7 +319,38 @@ bool Proxy::account(ProxyCall& call, int code) {
                         {"attempts", call.attempts}};
     access_log_->append(line.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace));
   }
+  if (call.capture) {
+    record_inference(call, code, total);
+  }
   return true;
+}
+
+void Proxy::record_inference(ProxyCall& call, int code, double total_seconds) {
+  EndpointRuntime& endpoint = *call.endpoint;
+  InferenceRecord record;
+  record.unix_ms = unix_time_ms() - static_cast<int64_t>(total_seconds * 1e3);  // its arrival
+  record.endpoint = endpoint.name;
+  if (call.replica) {
+    record.version = call.replica->version;
+    record.replica = call.replica->id;
+  }
+  record.request_id = call.request_id;
+  record.trace_id = call.trace_id;
+  record.method = std::string(http::method_name(call.method));
+  record.path = call.path;
+  record.status = code;
+  record.latency_ms = total_seconds * 1e3;
+  const TimePoint dispatched = call.capture->first_dispatch;
+  record.queue_wait_ms =
+      dispatched == TimePoint{} ? record.latency_ms : seconds_between(call.start, dispatched) * 1e3;
+  record.attempts = call.attempts;
+  record.retention_s = call.view->inference_table.retention_s;
+  record.capture = std::move(call.capture);
+  if (inference_log_->offer(std::move(record))) {
+    endpoint.inference_records.inc();
+  } else {
+    endpoint.inference_dropped.inc();
+  }
 }
 
 // ---- Outlier detection -----------------------------------------------------------------------

@@ -17,6 +17,7 @@
 #include "gateway/access_log.h"
 #include "gateway/admission.h"
 #include "gateway/gateway.h"
+#include "gateway/inference_log.h"
 #include "gateway/outlier_detector.h"
 #include "gateway/runtime_state.h"
 #include "http/http.h"
@@ -28,9 +29,9 @@ class Snapshots;
 class Proxy final : public CallHandler {
  public:
   // Everything passed is kept alive by the caller (the gateway) for the proxy's life;
-  // `access_log` may be null. `clock` times ejections.
+  // `access_log` and `inference_log` may be null. `clock` times ejections.
   Proxy(const GatewayOptions& options, const Clock& clock, Workers& workers, Admission& admission,
-        const Snapshots& snapshots, AccessLog* access_log);
+        const Snapshots& snapshots, AccessLog* access_log, InferenceLog* inference_log);
   Proxy(const Proxy&) = delete;
   Proxy& operator=(const Proxy&) = delete;
 
@@ -60,6 +61,8 @@ class Proxy final : public CallHandler {
   void end_stream(ProxyCall& call, int code, bool complete);
   // The bookkeeping of an answer (metrics, access log), once per call; false when done before.
   bool account(ProxyCall& call, int code);
+  // Hands a sampled call's record to the inference log (account's, once per call).
+  void record_inference(ProxyCall& call, int code, double total_seconds);
 
   // Counts an upstream's answer with `status` against its replica.
   void record_answer(const std::shared_ptr<ProxyCall>& call, int status);
@@ -74,6 +77,7 @@ class Proxy final : public CallHandler {
   Admission& admission_;
   const Snapshots& snapshots_;
   AccessLog* const access_log_;
+  InferenceLog* const inference_log_;
   // Immutable after construction; each replica's state is its runtime's `outlier`.
   const OutlierDetector outlier_;
 };

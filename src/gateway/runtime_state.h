@@ -26,6 +26,7 @@
 
 #include "common/common.h"
 #include "gateway/gateway.h"
+#include "gateway/inference_log.h"
 #include "gateway/load_sampler.h"
 #include "gateway/outlier_detector.h"
 #include "http/http.h"
@@ -210,6 +211,14 @@ struct EndpointRuntime {
         retries(registry.counter("flotilla_gateway_retries_total",
                                  "Requests retried on another replica after a failure.",
                                  {{"endpoint", endpoint_name}})),
+        inference_records(registry.counter(
+            "flotilla_gateway_inference_records_total",
+            "Requests recorded for the endpoint's inference table (queued for its files).",
+            {{"endpoint", endpoint_name}})),
+        inference_dropped(registry.counter(
+            "flotilla_gateway_inference_records_dropped_total",
+            "Requests sampled for the inference table but dropped: its write buffer was full.",
+            {{"endpoint", endpoint_name}})),
         sampler(clock) {}
 
   const std::string name;
@@ -234,6 +243,8 @@ struct EndpointRuntime {
   Gauge& in_flight_gauge;
   Gauge& queue_gauge;
   Counter& retries;
+  Counter& inference_records;
+  Counter& inference_dropped;
   LatencyTotals response_latency;  // for the samples' quantiles (finer than `latency`)
 
   // Registry of replica state by "version/id@host:port"; touched only under the gateway's
@@ -258,6 +269,7 @@ struct EndpointView {
   // max_model_len is the smallest known one of those versions (a request may reach any).
   bool generative = false;
   int64_t max_model_len = 0;
+  InferenceTableConfig inference_table;
 };
 
 struct Snapshot {
@@ -327,6 +339,8 @@ struct ProxyCall : std::enable_shared_from_this<ProxyCall> {
   TimePoint start;
   TimePoint upstream_start;
   SteadyClock::duration upstream_time{0};
+  // Set when the call is sampled for its endpoint's inference table.
+  std::unique_ptr<InferenceCapture> capture;
 };
 
 struct WorkerState {

@@ -79,6 +79,7 @@ void Snapshots::publish_locked() {
                                         entry.name, options_.queue_capacity, registry_, clock_);
     auto view = std::make_shared<EndpointView>();
     view->runtime = runtime;
+    view->inference_table = entry.inference_table;
     std::map<std::string, std::shared_ptr<ReplicaRuntime>> replicas;
     for (const VersionEntry& version : entry.versions) {
       VersionView& version_view = view->versions.emplace_back();

@@ -32,7 +32,8 @@ TEST(AutoscalingParityTest, ControlPlaneAndSimulatorDecideTheSame) {
   served.runtime = "xgboost";  // initial target 16
   served.concurrency = {1, 4096};
   served.traffic = 100;
-  EndpointScaler control(EndpointSpec{"fraud", {served}, {}}, AutoscalingOptions{}, 2, Millis(0));
+  EndpointScaler control(EndpointSpec{"fraud", {served}, {}, {}}, AutoscalingOptions{}, 2,
+                         Millis(0));
 
   sim::Scenario scenario;
   scenario.min_replicas = 1;

@@ -19,7 +19,7 @@ ServedModelSpec served(int64_t min_concurrency, int64_t max_concurrency, int64_t
 }
 
 EndpointSpec endpoint(std::vector<ServedModelSpec> versions) {
-  return EndpointSpec{"fraud", std::move(versions), {}};
+  return EndpointSpec{"fraud", std::move(versions), {}, {}};
 }
 
 AutoscalingOptions fast_options() {

@@ -24,7 +24,7 @@ ServedModelSpec served(std::string name, std::string model, int64_t traffic = 10
 }
 
 EndpointSpec endpoint(std::vector<ServedModelSpec> versions) {
-  return EndpointSpec{"fraud", std::move(versions), {}};
+  return EndpointSpec{"fraud", std::move(versions), {}, {}};
 }
 
 Replica replica(const std::string& id, const ServedModelSpec& version,

@@ -79,7 +79,7 @@ served_models:
   v2.runtime = "synthetic";
   v2.concurrency = {0, 8};
   v2.traffic = 20;
-  EXPECT_EQ(*spec, (EndpointSpec{"fraud", {v1, v2}, {}}));
+  EXPECT_EQ(*spec, (EndpointSpec{"fraud", {v1, v2}, {}, {}}));
 }
 
 TEST(ParseEndpointSpecTest, JsonAndYamlGiveTheSameSpec) {
@@ -259,6 +259,39 @@ TEST(ParseEndpointSpecTest, RefusesInvalidSpecsNamingTheField) {
       {"forecast not a boolean",
        "{name: e, autoscaling: {forecast: sometimes}, served_models: [{name: v, model: /m}]}",
        "autoscaling.forecast: must be true or false"},
+      // inference_table.
+      {"inference_table unknown field",
+       "{name: e, inference_table: {enable: true}, served_models: [{name: v, model: /m}]}",
+       "inference_table: unknown field 'enable'"},
+      {"inference_table enabled not a boolean",
+       "{name: e, inference_table: {enabled: yes}, served_models: [{name: v, model: /m}]}",
+       "inference_table.enabled: must be true or false"},
+      {"sample_rate 0",
+       "{name: e, inference_table: {sample_rate: 0}, served_models: [{name: v, model: /m}]}",
+       "inference_table.sample_rate: must be above 0 and at most 1"},
+      {"sample_rate above 1",
+       "{name: e, inference_table: {sample_rate: 1.5}, served_models: [{name: v, model: /m}]}",
+       "inference_table.sample_rate: must be a number from 0 to 1"},
+      {"max_body_bytes too large",
+       "{name: e, inference_table: {max_body_bytes: 16777217}, served_models: [{name: v, "
+       "model: /m}]}",
+       "inference_table.max_body_bytes: must be an integer from 0 to 16777216"},
+      {"retention without a unit",
+       "{name: e, inference_table: {retention: '7'}, served_models: [{name: v, model: /m}]}",
+       "inference_table.retention: must be minutes, hours or days (\"30m\", \"24h\", \"7d\"), "
+       "from 1 minute to 365 days"},
+      {"retention in seconds",
+       "{name: e, inference_table: {retention: 90s}, served_models: [{name: v, model: /m}]}",
+       "inference_table.retention: must be minutes, hours or days (\"30m\", \"24h\", \"7d\"), "
+       "from 1 minute to 365 days"},
+      {"retention over a year",
+       "{name: e, inference_table: {retention: 366d}, served_models: [{name: v, model: /m}]}",
+       "inference_table.retention: must be minutes, hours or days (\"30m\", \"24h\", \"7d\"), "
+       "from 1 minute to 365 days"},
+      {"retention zero",
+       "{name: e, inference_table: {retention: 0h}, served_models: [{name: v, model: /m}]}",
+       "inference_table.retention: must be minutes, hours or days (\"30m\", \"24h\", \"7d\"), "
+       "from 1 minute to 365 days"},
       // name.
       {"missing name", "{served_models: [{name: v, model: /m}]}", "name: is required"},
       {"empty name", "{name: '', served_models: [{name: v, model: /m}]}",
@@ -471,7 +504,7 @@ TEST(ParseEndpointSpecTest, ValidatesTheNameTakenFromThePath) {
 // ---- Canonical JSON -----------------------------------------------------------------------------
 
 TEST(SpecToJsonTest, WritesEveryFieldWithDefaults) {
-  EndpointSpec spec{"fraud", {served_model("v1", "/models/fraud")}, {}};
+  EndpointSpec spec{"fraud", {served_model("v1", "/models/fraud")}, {}, {}};
   EXPECT_EQ(to_json(spec).dump(),
             R"({"name":"fraud","served_models":[{"concurrency":{"max":64,"min":1},)"
             R"("model":"/models/fraud","name":"v1","resources":{"cpus":0.0,"memory_mb":0},)"
@@ -479,10 +512,37 @@ TEST(SpecToJsonTest, WritesEveryFieldWithDefaults) {
 }
 
 TEST(SpecToJsonTest, WritesAutoscalingOnlyWhenNotTheDefault) {
-  EndpointSpec spec{"fraud", {served_model("v1", "/models/fraud")}, {}};
+  EndpointSpec spec{"fraud", {served_model("v1", "/models/fraud")}, {}, {}};
   EXPECT_FALSE(to_json(spec).contains("autoscaling"));
   spec.autoscaling.forecast = false;
   EXPECT_EQ(to_json(spec)["autoscaling"], nlohmann::json({{"forecast", false}}));
+}
+
+TEST(SpecToJsonTest, WritesTheInferenceTableOnlyWhenNotTheDefaultAndReadsItBack) {
+  EndpointSpec spec{"fraud", {served_model("v1", "/models/fraud")}, {}, {}};
+  EXPECT_FALSE(to_json(spec).contains("inference_table"));
+  for (const auto& [retention, seconds] : std::vector<std::pair<std::string, int64_t>>{
+           {"90m", 5'400}, {"36h", 129'600}, {"7d", 604'800}}) {
+    Result<EndpointSpec> parsed = parse_endpoint_spec(
+        "{name: fraud, served_models: [{name: v1, model: /models/fraud}], inference_table: "
+        "{enabled: true, sample_rate: 0.25, max_body_bytes: 0, retention: " +
+        retention + "}}");
+    ASSERT_TRUE(parsed.is_ok()) << parsed.status().message();
+    EXPECT_TRUE(parsed->inference_table.enabled);
+    EXPECT_DOUBLE_EQ(parsed->inference_table.sample_rate, 0.25);
+    EXPECT_EQ(parsed->inference_table.max_body_bytes, 0);
+    EXPECT_EQ(parsed->inference_table.retention_s, seconds);
+    EXPECT_EQ(to_json(*parsed)["inference_table"]["retention"], retention);
+    Result<EndpointSpec> again = parse_endpoint_spec(to_json(*parsed).dump());
+    ASSERT_TRUE(again.is_ok()) << again.status().message();
+    EXPECT_EQ(*again, *parsed);
+  }
+  Result<EndpointSpec> defaults = parse_endpoint_spec(
+      "{name: fraud, served_models: [{name: v1, model: /m}], inference_table: {enabled: true}}");
+  ASSERT_TRUE(defaults.is_ok()) << defaults.status().message();
+  EXPECT_EQ(defaults->inference_table.max_body_bytes, 65'536);
+  EXPECT_EQ(defaults->inference_table.retention_s, 7 * 86'400);
+  EXPECT_EQ(to_json(*defaults)["inference_table"]["retention"], "7d");
 }
 
 TEST(SpecToJsonTest, WritesPerReplicaConcurrencyOnlyWhenSet) {
@@ -513,9 +573,9 @@ TEST(SpecToJsonTest, ParsingTheJsonGivesTheSameSpec) {
   third.resources.cpus = 1.0 / 3.0;  // needs every digit to come back equal
 
   const std::vector<EndpointSpec> specs = {
-      {"fraud", {served_model("v1", "/models/fraud")}, {}},
-      {"multi", {full, other, third}, {.forecast = false}},
-      {"quoted", {served_model("v1", "/path/with \"quotes\", \\ and: {yaml} [chars] #")}, {}},
+      {"fraud", {served_model("v1", "/models/fraud")}, {}, {}},
+      {"multi", {full, other, third}, {.forecast = false}, {.enabled = true, .sample_rate = 0.5}},
+      {"quoted", {served_model("v1", "/path/with \"quotes\", \\ and: {yaml} [chars] #")}, {}, {}},
   };
   for (const EndpointSpec& spec : specs) {
     SCOPED_TRACE(spec.name);
@@ -557,13 +617,14 @@ class CheckModelPathsTest : public ::testing::Test {
 };
 
 TEST_F(CheckModelPathsTest, AcceptsExistingFilesAndDirectories) {
-  const EndpointSpec spec{"e", {served_model("a", model_), served_model("b", dir_.string())}, {}};
+  const EndpointSpec spec{
+      "e", {served_model("a", model_), served_model("b", dir_.string())}, {}, {}};
   EXPECT_TRUE(check_model_paths(spec).is_ok());
 }
 
 TEST_F(CheckModelPathsTest, NamesTheMissingModel) {
   const std::string missing = (dir_ / "missing.json").string();
-  const EndpointSpec spec{"e", {served_model("a", model_), served_model("b", missing)}, {}};
+  const EndpointSpec spec{"e", {served_model("a", model_), served_model("b", missing)}, {}, {}};
   const Status status = check_model_paths(spec);
   EXPECT_EQ(status.code(), StatusCode::kInvalidArgument);
   EXPECT_EQ(status.message(), "served_models[1].model: '" + missing + "' does not exist");

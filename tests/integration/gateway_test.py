@@ -18,6 +18,7 @@ bounded in requests and in time. Every process is stopped by the test that start
 """
 
 import collections
+import gzip
 import http.client
 import json
 import os
@@ -156,13 +157,17 @@ def ver(name, replicas, traffic=100, runtime=None, max_model_len=None):
     return v
 
 
-def config_yaml(endpoints, token_records=(), open_routes=None):
+def config_yaml(endpoints, token_records=(), open_routes=None, inference_tables=None):
     """The gateway's YAML config. `endpoints`: {name: [versions]}. `token_records`: the
     record lines printed by `flotilla gateway mint-token`, inserted verbatim under
-    auth.tokens. An `auth:` section is written when either auth argument is given."""
+    auth.tokens. An `auth:` section is written when either auth argument is given.
+    `inference_tables`: {name: its inference_table mapping}."""
     lines = ["endpoints:"]
     for name, versions in endpoints.items():
-        lines += [f"  - name: {json.dumps(name)}", "    versions:"]
+        lines += [f"  - name: {json.dumps(name)}"]
+        if name in (inference_tables or {}):
+            lines += [f"    inference_table: {json.dumps(inference_tables[name])}"]
+        lines += ["    versions:"]
         for v in versions:
             lines += [f"      - name: {json.dumps(v['name'])}",
                       f"        traffic: {v['traffic']}"]
@@ -1333,6 +1338,122 @@ class ScaleFromZero(GatewayTestCase):
         self.assertGreaterEqual(took, 0.28)
         self.assertLess(took, 2.0)
         self.assertEqual(replica_own_requests(replica), 0)
+
+
+class InferenceTables(GatewayTestCase):
+    """An endpoint's inference table (docs/inference-tables.md): every request recorded off the
+    request path, bodies cut at the cap, a stream assembled into one record and passed on
+    unchanged, read back with `flotilla logs`."""
+
+    def read_records(self, directory, endpoint, count):
+        """The records of `endpoint`'s table once there are `count` (files flushed each 1 s)."""
+        def read():
+            p = run_to_exit([FLOTILLA_BIN, "logs", endpoint, "--data-dir", directory,
+                             "-o", "json"])
+            if p.returncode != 0:
+                return None
+            records = [json.loads(line) for line in p.stdout.decode().splitlines()]
+            return records if len(records) >= count else None
+        return wait_until(read, 10, interval_s=0.1, what=f"{count} records of {endpoint}")
+
+    def test_records_requests_streams_and_errors_and_flotilla_logs_reads_them(self):
+        echo = start_echo(self)
+        data_dir = fresh_dir()
+        table_dir = os.path.join(data_dir, "inference")
+        config = config_yaml({"llm": [ver("v1", [rep("e1", echo)])],
+                              "quiet": [ver("v1", [rep("e2", echo)])]},
+                             inference_tables={"llm": {"enabled": True, "max_body_bytes": 48}})
+        gw = Gateway(self, config, flags={"--inference-dir": table_dir})
+        path = "/serving-endpoints/llm/invocations"
+        small = gw.req("POST", path, {"x": 1},
+                       headers={"traceparent":
+                                "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+                                "X-Request-Id": "small-1"})
+        self.assertEqual(small.status, 200, small)
+        big = gw.req("POST", path, {"x": "y" * 200}, headers={"X-Request-Id": "big-1"})
+        self.assertEqual(big.status, 200, big)
+        self.assertEqual(json.loads(big.json()["body"]), {"x": "y" * 200})  # passed on whole
+        bad = gw.req("POST", path, b"{not json", headers={"Content-Type": "application/json",
+                                                           "X-Request-Id": "bad-1"})
+        self.assertEqual(bad.status, 200, bad)  # the echo answers anything
+        conn = http.client.HTTPConnection("127.0.0.1", gw.port, timeout=10)
+        self.addCleanup(conn.close)
+        conn.request("POST", path, body=json.dumps({"sse": {"events": 3}}).encode(),
+                     headers={"Content-Type": "application/json", "X-Request-Id": "sse-1"})
+        stream = conn.getresponse()
+        self.assertEqual(stream.read().count(b"data: "), 4)  # 3 events and [DONE], unchanged
+        self.assertEqual(gw.req("POST", "/serving-endpoints/quiet/invocations", {}).status, 200)
+
+        records = {r["request_id"]: r for r in self.read_records(data_dir, "llm", 4)}
+        self.assertEqual(set(records), {"small-1", "big-1", "bad-1", "sse-1"})
+        first = records["small-1"]
+        self.assertEqual((first["endpoint"], first["version"], first["replica"]),
+                         ("llm", "v1", "e1"))
+        self.assertEqual((first["status"], first["method"], first["protocol"]),
+                         (200, "POST", "mlflow"))
+        self.assertEqual(first["path"], path)
+        self.assertEqual(first["trace_id"], "4bf92f3577b34da6a3ce929d0e0e4736")
+        self.assertEqual(json.loads(first["request"]["body"]), {"x": 1})
+        self.assertFalse(first["request"]["truncated"])
+        self.assertGreater(first["latency_ms"], 0)
+        self.assertLessEqual(first["queue_wait_ms"], first["latency_ms"])
+        self.assertEqual(first["attempts"], 1)
+        cut = records["big-1"]
+        self.assertTrue(cut["request"]["truncated"])
+        self.assertEqual(len(cut["request"]["body"]), 48)
+        self.assertGreater(cut["request"]["bytes"], 200)
+        self.assertTrue(cut["response"]["truncated"])
+        self.assertEqual(records["bad-1"]["request"]["body"], "{not json")
+        sse = records["sse-1"]
+        self.assertTrue(sse["response"]["stream"])
+        self.assertEqual(sse["response"]["stream_events"], 3)
+        self.assertTrue(sse["response"]["body"].startswith('data: {"n": 0}'), sse)
+        self.assertEqual(gw.metric_sum("flotilla_gateway_inference_records_total",
+                                       endpoint="llm"), 4)
+        self.assertEqual(gw.metric_sum("flotilla_gateway_inference_records_dropped_total",
+                                       endpoint="llm"), 0)
+        self.assertFalse(os.path.exists(os.path.join(table_dir, "quiet")))  # not enabled
+
+        # The table view and its filters.
+        table = run_to_exit([FLOTILLA_BIN, "logs", "llm", "--data-dir", data_dir,
+                             "--status", "2xx", "--since", "5m", "--tail", "2"])
+        self.assertEqual(table.returncode, 0, table.stderr)
+        lines = table.stdout.decode().splitlines()
+        self.assertTrue(lines[0].startswith("TIME"), lines)
+        self.assertEqual(len(lines), 3, lines)
+        none = run_to_exit([FLOTILLA_BIN, "logs", "llm", "--data-dir", data_dir, "--status",
+                            "5xx", "-o", "json"])
+        self.assertEqual((none.returncode, none.stdout), (0, b""))
+        for args, needle in ((["quiet"], b"has no inference table"),
+                             (["llm", "--since", "5 minutes"], b"--since"),
+                             (["llm", "--status", "2x"], b"--status")):
+            p = run_to_exit([FLOTILLA_BIN, "logs", *args, "--data-dir", data_dir])
+            self.assertNotEqual(p.returncode, 0, args)
+            self.assertIn(needle, p.stderr, args)
+            self.assertEqual(len(p.stderr.splitlines()), 1, p.stderr)
+
+        # SIGTERM closes the open file: then it is whole gzip, and never written again.
+        gw.srv.stop()
+        files = sorted(os.listdir(os.path.join(table_dir, "llm")))
+        self.assertEqual(len(files), 1, files)
+        self.assertTrue(files[0].endswith(".jsonl.gz"), files)
+        with gzip.open(os.path.join(table_dir, "llm", files[0]), "rt") as f:
+            self.assertEqual(len(f.read().splitlines()), 4)
+
+    def test_sample_rate_records_a_share_of_the_requests(self):
+        echo = start_echo(self)
+        data_dir = fresh_dir()
+        config = config_yaml({"e": [ver("v1", [rep("e1", echo)])]},
+                             inference_tables={"e": {"enabled": True, "sample_rate": 0.25}})
+        gw = Gateway(self, config, flags={"--inference-dir": os.path.join(data_dir, "inference")})
+        for _ in range(400):
+            self.assertEqual(gw.req("POST", "/serving-endpoints/e/invocations", {}).status, 200)
+        recorded = wait_until(
+            lambda: gw.metric_sum("flotilla_gateway_inference_records_total", endpoint="e"),
+            5, what="records counted")
+        # 400 draws at 1/4: 100 expected, below 50 or above 150 has odds under 1e-12.
+        self.assertTrue(50 <= recorded <= 150, recorded)
+        self.read_records(data_dir, "e", int(recorded))
 
 
 class Streaming(GatewayTestCase):

@@ -150,6 +150,33 @@ class Observe(ControlTestCase):
             self.assertNotEqual(p.returncode, 0, p.stdout)
             self.assertIn(needle, p.stderr)
 
+    def test_an_inference_table_turned_on_by_an_update_restarts_no_replica(self):
+        before = control_test.ready_replicas(self.up.view(NAME))
+        model = control_test.synthetic_model(2)
+        s = spec(NAME, served("v1", model, runtime="synthetic", concurrency={"min": 1, "max": 8}))
+        s["inference_table"] = {"enabled": True, "sample_rate": 1, "max_body_bytes": 4096,
+                                "retention": "1d"}
+        self.up.put(NAME, s)
+        self.up.wait_serving(NAME)
+        self.assertEqual(control_test.ready_replicas(self.up.view(NAME)), before)
+
+        def records():
+            p = subprocess.run([BIN, "logs", NAME, "--data-dir", self.up.data_dir, "-o", "json",
+                                "--since", "1m"], capture_output=True, text=True, timeout=30)
+            lines = p.stdout.splitlines() if p.returncode == 0 else []
+            return [json.loads(line) for line in lines] if len(lines) >= 20 else None
+        taken = wait_until(records, 15, interval_s=0.2, what="records of the load")
+        for record in taken[:20]:
+            self.assertEqual(record["status"], 200, record)
+            self.assertEqual(record["protocol"], "mlflow", record)
+            self.assertEqual(json.loads(record["request"]["body"]), control_test.mlflow_body())
+            self.assertIn("predictions", json.loads(record["response"]["body"]))
+            self.assertIn(record["replica"], before)
+        s.pop("inference_table")
+        self.up.put(NAME, s)
+        self.up.wait_serving(NAME)
+        self.assertEqual(control_test.ready_replicas(self.up.view(NAME)), before)
+
     def test_dashboard_plots_the_last_seconds_and_marks_an_update(self):
         self.wait_for_seconds(3)
         # An update: its event must show on the plots' time axis.

@@ -1,0 +1,189 @@
+// `flotilla logs ENDPOINT`: an endpoint's inference table (docs/inference-tables.md), read from
+// the data directory's files, oldest first: a table, or the records as stored with -o json.
+#include <charconv>
+#include <filesystem>
+#include <iostream>
+
+#include <nlohmann/json.hpp>
+
+#include "cli/api_client.h"
+#include "cli/commands.h"
+#include "gateway/gateway.h"
+
+namespace flotilla::cli {
+namespace {
+
+using nlohmann::json;
+
+struct LogsFlags {
+  std::string endpoint;
+  std::string data_dir = ".flotilla";
+  std::string since;
+  std::vector<std::string> statuses;
+  int64_t tail = 0;
+  std::string output = "table";
+};
+
+// "90s", "15m", "2h", "7d" as milliseconds.
+Result<int64_t> parse_since(const std::string& text) {
+  const auto bad = [&] {
+    return invalid_argument("--since: a duration such as 90s, 15m, 2h or 7d; got '" + text + "'");
+  };
+  if (text.size() < 2) {
+    return bad();
+  }
+  const char unit = text.back();
+  const int64_t unit_ms = unit == 's'   ? 1'000
+                          : unit == 'm' ? 60'000
+                          : unit == 'h' ? 3'600'000
+                          : unit == 'd' ? 86'400'000
+                                        : 0;
+  int64_t count = 0;
+  const auto [end, error] = std::from_chars(text.data(), text.data() + text.size() - 1, count);
+  if (unit_ms == 0 || error != std::errc() || end != text.data() + text.size() - 1 || count < 1 ||
+      count > int64_t{1} << 40) {
+    return bad();
+  }
+  return count * unit_ms;
+}
+
+// --status: codes ("200", "429") or classes ("5xx"); a record matches any of them.
+Result<std::function<bool(int)>> parse_statuses(const std::vector<std::string>& statuses) {
+  std::vector<std::pair<int, int>> ranges;
+  for (const std::string& status : statuses) {
+    int value = 0;
+    if (status.size() == 3 && status.ends_with("xx") && status[0] >= '1' && status[0] <= '5') {
+      value = (status[0] - '0') * 100;
+      ranges.emplace_back(value, value + 99);
+      continue;
+    }
+    const auto [end, error] = std::from_chars(status.data(), status.data() + status.size(), value);
+    if (error != std::errc() || end != status.data() + status.size() || value < 100 ||
+        value > 599) {
+      return invalid_argument("--status: a code (200, 429) or a class (4xx, 5xx); got '" + status +
+                              "'");
+    }
+    ranges.emplace_back(value, value);
+  }
+  return std::function<bool(int)>([ranges](int code) {
+    return ranges.empty() || std::any_of(ranges.begin(), ranges.end(), [code](const auto& r) {
+             return code >= r.first && code <= r.second;
+           });
+  });
+}
+
+// A body for one table cell: its start, on one line.
+std::string cell_text(const json& part) {
+  if (!part.is_object() || !part.contains("body") || !part["body"].is_string()) {
+    return "";
+  }
+  std::string text = part["body"].get<std::string>().substr(0, 60);
+  std::replace_if(
+      text.begin(), text.end(), [](char c) { return c == '\n' || c == '\r'; }, ' ');
+  if (part.value("truncated", false) || part["body"].get<std::string>().size() > 60) {
+    text += "…";
+  }
+  return text;
+}
+
+std::string time_text(int64_t unix_ms) {
+  const auto seconds = static_cast<std::time_t>(unix_ms / 1000);
+  std::tm parts{};
+  gmtime_r(&seconds, &parts);
+  char text[32];
+  std::strftime(text, sizeof(text), "%Y-%m-%dT%H:%M:%S", &parts);
+  char millis[8];
+  std::snprintf(millis, sizeof(millis), ".%03dZ", static_cast<int>(unix_ms % 1000));
+  return std::string(text) + millis;
+}
+
+int run_logs(const LogsFlags& flags) {
+  int64_t since_ms = 0;
+  if (!flags.since.empty()) {
+    Result<int64_t> since = parse_since(flags.since);
+    if (!since.is_ok()) {
+      return fail("logs", since.status());
+    }
+    since_ms = unix_time_ms() - *since;
+  }
+  Result<std::function<bool(int)>> status_matches = parse_statuses(flags.statuses);
+  if (!status_matches.is_ok()) {
+    return fail("logs", status_matches.status());
+  }
+  const std::string dir = flags.data_dir + "/inference";
+  const std::vector<std::string> files = gateway::inference_table_files(dir, flags.endpoint);
+  if (files.empty()) {
+    return fail("logs",
+                not_found("endpoint '" + flags.endpoint + "' has no inference table in " + dir +
+                          " (its spec enables one with inference_table.enabled; "
+                          "--data-dir says where flotilla up keeps its data)"));
+  }
+  std::vector<json> records;
+  std::vector<std::string> lines;  // as stored, for -o json
+  for (const std::string& file : files) {
+    Status read = gateway::read_inference_file(file, [&](std::string_view line) {
+      json record = json::parse(line, nullptr, /*allow_exceptions=*/false);
+      if (!record.is_object() || record.value("timestamp_ms", int64_t{0}) < since_ms ||
+          !(*status_matches)(record.value("status", 0))) {
+        return true;
+      }
+      lines.emplace_back(line);
+      records.push_back(std::move(record));
+      return true;
+    });
+    if (!read.is_ok()) {
+      return fail("logs", read);
+    }
+  }
+  // Files are in period order; records within a period by when they were answered.
+  const size_t first = flags.tail > 0 && records.size() > static_cast<size_t>(flags.tail)
+                           ? records.size() - static_cast<size_t>(flags.tail)
+                           : 0;
+  if (flags.output == "json") {
+    for (size_t i = first; i < lines.size(); ++i) {
+      std::cout << lines[i] << "\n";
+    }
+    return 0;
+  }
+  std::vector<std::vector<std::string>> rows = {
+      {"TIME", "STATUS", "LATENCY MS", "VERSION", "REQUEST ID", "REQUEST", "RESPONSE"}};
+  for (size_t i = first; i < records.size(); ++i) {
+    const json& record = records[i];
+    char latency[32];
+    std::snprintf(latency, sizeof(latency), "%.1f", record.value("latency_ms", 0.0));
+    rows.push_back(
+        {time_text(record.value("timestamp_ms", int64_t{0})),
+         std::to_string(record.value("status", 0)), latency, record.value("version", std::string()),
+         record.value("request_id", std::string()), cell_text(record.value("request", json())),
+         cell_text(record.value("response", json()))});
+  }
+  print_table(rows);
+  return 0;
+}
+
+}  // namespace
+
+std::function<int()> add_logs_command(CLI::App& app) {
+  auto flags = std::make_shared<LogsFlags>();
+  CLI::App* cmd = app.add_subcommand(
+      "logs",
+      "Read an endpoint's inference table: one record per sampled request, with its bodies "
+      "(docs/inference-tables.md).");
+  cmd->add_option("endpoint", flags->endpoint, "Endpoint name")->required();
+  cmd->add_option("--data-dir", flags->data_dir, "The data directory of flotilla up")
+      ->capture_default_str();
+  cmd->add_option("--since", flags->since, "Only records from the last 90s, 15m, 2h, 7d, ...");
+  cmd->add_option("--status", flags->statuses,
+                  "Only these codes or classes (repeat, or comma-separated: 5xx,429)")
+      ->delimiter(',');
+  cmd->add_option("--tail", flags->tail, "Only the newest N records")
+      ->check(CLI::Range(int64_t{1}, int64_t{1'000'000'000}));
+  cmd->add_option("-o,--output", flags->output, "table or json (the records as stored)")
+      ->check(CLI::IsMember({"table", "json"}))
+      ->capture_default_str();
+  return [cmd, flags]() -> int {
+    return cmd->parsed() ? run_logs(*flags) : -1;
+  };
+}
+
+}  // namespace flotilla::cli
