@@ -46,5 +46,18 @@ TEST(ErrorWriters, ValidUtf8ReplacesEachBadByteWithTheCharacter) {
   EXPECT_EQ(encode_oip_error("\xff"), R"({"error":"\ufffd"})");
 }
 
+TEST(AppendJsonStringTest, EscapesWhatJsonNeedsKeepsValidUtf8AndReplacesTheRest) {
+  std::string out;
+  append_json_string("plain {\"a\": [1, 2]} \\ end\n\t\r\x01", out);
+  EXPECT_EQ(out, R"("plain {\"a\": [1, 2]} \\ end\n\t\r\u0001")");
+  out.clear();
+  append_json_string("caf\xc3\xa9 \xe2\x82\xac \xf0\x9f\x98\x80 \xff x \xc3", out);
+  EXPECT_EQ(out, "\"caf\xc3\xa9 \xe2\x82\xac \xf0\x9f\x98\x80 \\ufffd x \\ufffd\"");
+  out.clear();
+  append_json_string("", out);
+  EXPECT_EQ(out, "\"\"");
+  EXPECT_EQ(nlohmann::json::parse("[" + out + "]")[0], "");
+}
+
 }  // namespace
 }  // namespace flotilla::protocol
