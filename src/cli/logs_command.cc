@@ -3,6 +3,7 @@
 #include <charconv>
 #include <filesystem>
 #include <iostream>
+#include <limits>
 
 #include <nlohmann/json.hpp>
 
@@ -26,25 +27,13 @@ struct LogsFlags {
 
 // "90s", "15m", "2h", "7d" as milliseconds.
 Result<int64_t> parse_since(const std::string& text) {
-  const auto bad = [&] {
+  // Bounded so that the milliseconds fit.
+  const std::optional<int64_t> seconds = parse_duration_seconds(
+      text, "smhd", /*bare_seconds=*/false, std::numeric_limits<int64_t>::max() / 1'000);
+  if (!seconds) {
     return invalid_argument("--since: a duration such as 90s, 15m, 2h or 7d; got '" + text + "'");
-  };
-  if (text.size() < 2) {
-    return bad();
   }
-  const char unit = text.back();
-  const int64_t unit_ms = unit == 's'   ? 1'000
-                          : unit == 'm' ? 60'000
-                          : unit == 'h' ? 3'600'000
-                          : unit == 'd' ? 86'400'000
-                                        : 0;
-  int64_t count = 0;
-  const auto [end, error] = std::from_chars(text.data(), text.data() + text.size() - 1, count);
-  if (unit_ms == 0 || error != std::errc() || end != text.data() + text.size() - 1 || count < 1 ||
-      count > int64_t{1} << 40) {
-    return bad();
-  }
-  return count * unit_ms;
+  return *seconds * 1'000;
 }
 
 // --status: codes ("200", "429") or classes ("5xx"); a record matches any of them.

@@ -317,6 +317,13 @@ int64_t unix_time_ms();
 // counts from concurrencies. A `by` at or below 0 counts as 1e-9.
 int64_t ceil_div(double value, double by);
 
+// A duration written as a count and a unit ("90s", "15m", "2h", "7d"), in seconds: the unit one
+// of `units` (letters of "smhd"); with `bare_seconds`, a count alone is seconds too. nullopt
+// when the text is not one, or the duration is under 1 s or over `max_seconds`. The window of
+// the metrics route, an inference table's retention and `flotilla logs --since` read this way.
+std::optional<int64_t> parse_duration_seconds(std::string_view text, std::string_view units,
+                                              bool bare_seconds, int64_t max_seconds);
+
 // ---------------------------------------------------------------------------------------------
 // Load
 

@@ -1,4 +1,5 @@
 #include <algorithm>
+#include <charconv>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -161,6 +162,28 @@ int64_t unix_time_ms() {
 
 int64_t ceil_div(double value, double by) {
   return static_cast<int64_t>(std::ceil(value / std::max(by, 1e-9) - 1e-9));
+}
+
+std::optional<int64_t> parse_duration_seconds(std::string_view text, std::string_view units,
+                                              bool bare_seconds, int64_t max_seconds) {
+  int64_t unit_s = 1;
+  if (!text.empty() && std::string_view("smhd").find(text.back()) != std::string_view::npos) {
+    if (units.find(text.back()) == std::string_view::npos) {
+      return std::nullopt;
+    }
+    const char unit = text.back();
+    unit_s = unit == 's' ? 1 : unit == 'm' ? 60 : unit == 'h' ? 3'600 : 86'400;
+    text.remove_suffix(1);
+  } else if (!bare_seconds) {
+    return std::nullopt;
+  }
+  int64_t count = 0;
+  const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), count);
+  if (text.empty() || error != std::errc() || end != text.data() + text.size() || count < 1 ||
+      count > max_seconds / unit_s) {
+    return std::nullopt;
+  }
+  return count * unit_s;
 }
 
 }  // namespace flotilla

@@ -459,7 +459,8 @@ ReplicaUsage ControlPlaneImpl::replica_usage(const std::vector<orchestrator::Rep
   return usage_from_changes(changes);
 }
 
-void ControlPlaneImpl::autoscale(const std::vector<orchestrator::Replica>& replicas) {
+void ControlPlaneImpl::autoscale(const std::vector<orchestrator::Replica>& replicas,
+                                 const std::map<std::string, std::vector<LoadSample>>& samples) {
   if (!options_.autoscaling.enabled) {
     return;
   }
@@ -512,7 +513,9 @@ void ControlPlaneImpl::autoscale(const std::vector<orchestrator::Replica>& repli
       restore_demand(name, *scaler);
     }
     scaler->update_spec(spec);
-    scaler->add_samples(gateway_.samples(name, 30), static_cast<int64_t>(ready.size()));
+    const auto found = samples.find(name);
+    scaler->add_samples(found != samples.end() ? found->second : std::vector<LoadSample>{},
+                        static_cast<int64_t>(ready.size()));
     std::vector<std::string> changes =
         scaler->tick(now, static_cast<int64_t>(ready.size()), pending, failures[name],
                      [&] { return replica_usage(ready); });
@@ -549,7 +552,9 @@ void ControlPlaneImpl::autoscale(const std::vector<orchestrator::Replica>& repli
   }
 }
 
-void ControlPlaneImpl::record_metrics(const std::vector<orchestrator::Replica>& replicas) {
+void ControlPlaneImpl::record_metrics(
+    const std::vector<orchestrator::Replica>& replicas,
+    const std::map<std::string, std::vector<LoadSample>>& samples) {
   std::map<std::string, std::optional<Scale>> scales;
   {
     MutexLock lock(mu_);
@@ -566,8 +571,10 @@ void ControlPlaneImpl::record_metrics(const std::vector<orchestrator::Replica>& 
             1;
       }
     }
-    metrics_history_.record(name, gateway_.samples(name, 30), counts,
-                            scale ? std::optional(scale->replicas) : std::nullopt,
+    const auto found = samples.find(name);
+    metrics_history_.record(name,
+                            found != samples.end() ? found->second : std::vector<LoadSample>{},
+                            counts, scale ? std::optional(scale->replicas) : std::nullopt,
                             scale ? std::optional(scale->target) : std::nullopt);
     names.push_back(name);
   }
@@ -628,8 +635,14 @@ void ControlPlaneImpl::reconcile_once() {
   // One pass: read the replicas, let the autoscaler decide, decide under mu_ (promotions are
   // written there), then act without it.
   const std::vector<orchestrator::Replica> replicas = orchestrator_.list();
-  autoscale(replicas);
-  record_metrics(replicas);
+  // Each endpoint's last seconds from the gateway, read once for the autoscaler and the history.
+  std::map<std::string, std::vector<LoadSample>> samples;
+  const Result<std::vector<std::string>> names = endpoint_names();
+  for (const std::string& name : names.value()) {
+    samples[name] = gateway_.samples(name, 30);
+  }
+  autoscale(replicas, samples);
+  record_metrics(replicas, samples);
   for (auto& [key, gauge] : replicas_by_state_) {
     const auto state = key;  // a copy: clang 14 cannot capture a structured binding
     gauge->set(static_cast<double>(

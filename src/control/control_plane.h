@@ -96,10 +96,13 @@ class ControlPlaneImpl final : public ControlPlane,
   void wait_until_applied();
   void reconcile_loop();
   void reconcile_once();
-  // The autoscaler's pass (reconciler thread): samples in, decisions out into endpoints_.
-  void autoscale(const std::vector<orchestrator::Replica>& replicas);
+  // The autoscaler's pass (reconciler thread): the gateway's samples in, decisions out into
+  // endpoints_.
+  void autoscale(const std::vector<orchestrator::Replica>& replicas,
+                 const std::map<std::string, std::vector<LoadSample>>& samples);
   // Adds each endpoint's new gateway samples to metrics_history_, with its replicas and scale.
-  void record_metrics(const std::vector<orchestrator::Replica>& replicas);
+  void record_metrics(const std::vector<orchestrator::Replica>& replicas,
+                      const std::map<std::string, std::vector<LoadSample>>& samples);
   // Stores what an endpoint's autoscaler learned when it changed since the last save.
   void save_learned(const std::string& endpoint, const LearnedTarget& learned);
   // The forecast's demand history: read from the store when an endpoint's scaler starts, and

@@ -1,5 +1,4 @@
 #include <algorithm>
-#include <charconv>
 
 #include "control/control_metrics.h"
 
@@ -41,25 +40,15 @@ void add_scale(const EndpointSecond& second, json& into) {
 }  // namespace
 
 Result<int64_t> parse_metrics_window(std::string_view text) {
-  const auto bad = [&] {
+  const std::optional<int64_t> seconds =
+      parse_duration_seconds(text, "smh", /*bare_seconds=*/true, kMetricsWindowMaxSeconds);
+  if (!seconds) {
     return invalid_argument(
         "window: seconds, or a count with s, m or h (\"90\", \"15m\", \"1h\"), "
         "from 1 s to 1 h; got '" +
         std::string(text) + "'");
-  };
-  int64_t unit = 1;
-  std::string_view digits = text;
-  if (!digits.empty() && (digits.back() == 's' || digits.back() == 'm' || digits.back() == 'h')) {
-    unit = digits.back() == 's' ? 1 : digits.back() == 'm' ? 60 : 3600;
-    digits.remove_suffix(1);
   }
-  int64_t count = 0;
-  const auto [end, error] = std::from_chars(digits.data(), digits.data() + digits.size(), count);
-  if (digits.empty() || error != std::errc() || end != digits.data() + digits.size() || count < 1 ||
-      count > kMetricsWindowMaxSeconds / unit) {
-    return bad();
-  }
-  return count * unit;
+  return *seconds;
 }
 
 void MetricsHistory::record(const std::string& endpoint, const std::vector<LoadSample>& samples,

@@ -343,27 +343,19 @@ Result<ServedModelSpec> read_served_model(const YAML::Node& node, const std::str
 }
 
 constexpr int64_t kMaxLoggedBodyBytes = 16 * 1024 * 1024;
-constexpr int64_t kMinRetentionS = 60;
 constexpr int64_t kMaxRetentionS = 365 * 86'400;
 
 // "<n>m", "<n>h" or "<n>d" as seconds.
 Result<int64_t> read_retention(const YAML::Node& node, const std::string& where) {
-  const std::string message = where +
-                              ": must be minutes, hours or days (\"30m\", \"24h\", "
-                              "\"7d\"), from 1 minute to 365 days";
   FLOTILLA_ASSIGN_OR_RETURN(std::string text, read_string(node, where));
-  if (text.size() < 2) {
-    return invalid_argument(message);
+  const std::optional<int64_t> seconds =
+      parse_duration_seconds(text, "mhd", /*bare_seconds=*/false, kMaxRetentionS);
+  if (!seconds) {
+    return invalid_argument(where +
+                            ": must be minutes, hours or days (\"30m\", \"24h\", "
+                            "\"7d\"), from 1 minute to 365 days");
   }
-  const char unit = text.back();
-  const int64_t unit_s = unit == 'm' ? 60 : unit == 'h' ? 3'600 : unit == 'd' ? 86'400 : 0;
-  int64_t count = 0;
-  const auto [end, error] = std::from_chars(text.data(), text.data() + text.size() - 1, count);
-  if (unit_s == 0 || error != std::errc() || end != text.data() + text.size() - 1 || count < 1 ||
-      count > kMaxRetentionS / unit_s) {
-    return invalid_argument(message);
-  }
-  return count * unit_s;
+  return *seconds;
 }
 
 std::string retention_text(int64_t seconds) {

@@ -391,10 +391,19 @@ std::vector<LoadSample> GatewayImpl::samples(const std::string& endpoint, size_t
 void GatewayImpl::sample_all() {
   for (auto& runtime : snapshots_.endpoints()) {
     const EndpointRuntime& endpoint = *runtime;
-    runtime->sampler.tick(LoadReading{
-        endpoint.in_flight.load(), endpoint.queued.load(), endpoint.arrivals.load(),
-        endpoint.completions.load(), endpoint.rejected.load(), endpoint.upstream_answers.load(),
-        endpoint.upstream_us.load(), endpoint.codes.totals(), endpoint.response_latency.read()});
+    LoadReading reading;
+    reading.in_flight = endpoint.in_flight.load();
+    reading.queued = endpoint.queued.load();
+    reading.arrivals = endpoint.arrivals.load();
+    reading.completions = endpoint.completions.load();
+    reading.rejected = endpoint.rejected.load();
+    reading.upstream_answers = endpoint.upstream_answers.load();
+    reading.upstream_us = endpoint.upstream_us.load();
+    if (runtime->sampler.closes_on_next_tick()) {
+      reading.codes = endpoint.codes.totals();
+      reading.latency = endpoint.response_latency.read();
+    }
+    runtime->sampler.tick(reading);
   }
 }
 

@@ -275,6 +275,7 @@ void InferenceLog::run() {
   std::vector<InferenceRecord> batch;
   while (true) {
     uint64_t flush_target = 0;
+    bool flush_asked = false;
     bool stopping = false;
     {
       MutexLock lock(mutex_);
@@ -284,13 +285,14 @@ void InferenceLog::run() {
       batch.swap(queue_);
       queued_bytes_ = 0;
       flush_target = flush_asked_;
+      flush_asked = flush_asked_ != flush_done_;
       stopping = stopping_;
     }
     close_due_files(/*all=*/false);  // a record of a new period starts a new file
     write(batch);
     batch.clear();
     close_due_files(stopping);
-    flush_files();
+    flush_files(/*all=*/flush_asked);
     if (clock_.now() - last_prune_ >= kPruneInterval) {
       prune();
       last_prune_ = clock_.now();
@@ -369,24 +371,14 @@ void InferenceLog::close_due_files(bool all) {
   });
 }
 
-void InferenceLog::flush_files() {
+void InferenceLog::flush_files(bool all) {
   const Clock::TimePoint now = clock_.now();
   for (auto& [endpoint, file] : files_) {
-    if (file->dirty && now - file->last_flush >= kFlushInterval) {
+    // Every second, and at once when a flush() was asked.
+    if (file->dirty && (all || now - file->last_flush >= kFlushInterval)) {
       gzflush(file->gz, Z_SYNC_FLUSH);
       file->dirty = false;
       file->last_flush = now;
-    }
-  }
-  // An asked flush writes everything now.
-  MutexLock lock(mutex_);
-  if (flush_asked_ != flush_done_) {
-    for (auto& [endpoint, file] : files_) {
-      if (file->dirty) {
-        gzflush(file->gz, Z_SYNC_FLUSH);
-        file->dirty = false;
-        file->last_flush = now;
-      }
     }
   }
 }

@@ -94,7 +94,8 @@ class InferenceLog {
   void write(std::vector<InferenceRecord>& batch);
   void close_due_files(bool all);
   void prune();
-  void flush_files();
+  // Flushes the files written to: those not flushed for a second, or all of them.
+  void flush_files(bool all);
 
   const Options options_;
   const Clock& clock_;

@@ -48,9 +48,11 @@ struct LoadReading {
   uint64_t completions = 0;
   uint64_t rejected = 0;
   uint64_t upstream_answers = 0;
-  uint64_t upstream_us = 0;       // summed time of those answers at the replicas
-  std::map<int, uint64_t> codes;  // responses by status code
-  LatencyCounts latency{};        // responses by latency bucket
+  uint64_t upstream_us = 0;  // summed time of those answers at the replicas
+  // Read only for the tick that closes a sample (the others ignore them): responses by status
+  // code and by latency bucket.
+  std::map<int, uint64_t> codes;
+  LatencyCounts latency{};
 };
 
 class LoadSampler {
@@ -67,6 +69,8 @@ class LoadSampler {
 
   // One tick, on the control thread only; true when it closed a sample.
   bool tick(const LoadReading& reading);
+  // Whether the next tick closes a sample (and reads the reading's responses). Control thread.
+  bool closes_on_next_tick() const { return ticks_ + 1 >= ticks_per_sample_; }
 
   // The latest `seconds` samples, oldest first. Any thread.
   std::vector<LoadSample> latest(size_t seconds) const;

@@ -90,6 +90,23 @@ TEST(CeilDivTest, IgnoresFloatingPointDust) {
   EXPECT_EQ(ceil_div(32, 16), 2);
 }
 
+TEST(ParseDurationSecondsTest, ReadsACountAndOneOfTheUnitsAllowedWithinTheBound) {
+  EXPECT_EQ(parse_duration_seconds("90s", "smhd", false, 1'000'000), 90);
+  EXPECT_EQ(parse_duration_seconds("15m", "smhd", false, 1'000'000), 900);
+  EXPECT_EQ(parse_duration_seconds("2h", "smhd", false, 1'000'000), 7'200);
+  EXPECT_EQ(parse_duration_seconds("7d", "smhd", false, 1'000'000), 604'800);
+  EXPECT_EQ(parse_duration_seconds("45", "smh", true, 3'600), 45);
+  EXPECT_EQ(parse_duration_seconds("60m", "smh", true, 3'600), 3'600);
+  for (const char* bad : {"", "s", "0s", "-1s", "+1s", "1.5h", " 5s", "5s ", "5x", "5"}) {
+    EXPECT_EQ(parse_duration_seconds(bad, "smhd", false, 1'000'000), std::nullopt) << bad;
+  }
+  EXPECT_EQ(parse_duration_seconds("1d", "smh", true, 1'000'000), std::nullopt);  // not allowed
+  EXPECT_EQ(parse_duration_seconds("61m", "smh", true, 3'600), std::nullopt);     // over
+  EXPECT_EQ(parse_duration_seconds("3601", "smh", true, 3'600), std::nullopt);
+  // No overflow on the way to the bound.
+  EXPECT_EQ(parse_duration_seconds("9223372036854775807d", "d", false, 1'000'000), std::nullopt);
+}
+
 TEST(CondVarTest, WaitReturnsWhenAnotherThreadSignals) {
   Mutex mutex;
   CondVar cv;

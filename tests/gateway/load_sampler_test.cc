@@ -25,7 +25,9 @@ int run(LoadSampler& sampler, FakeClock& clock, const LoadReading& reading, int 
 TEST(LoadSamplerTest, ClosesASampleEveryTenTicks) {
   FakeClock clock;
   LoadSampler sampler(clock);
+  EXPECT_FALSE(sampler.closes_on_next_tick());
   EXPECT_EQ(run(sampler, clock, {}, 9), 0);
+  EXPECT_TRUE(sampler.closes_on_next_tick());
   EXPECT_TRUE(sampler.latest(10).empty());
   EXPECT_EQ(run(sampler, clock, {}, 1), 1);
   ASSERT_EQ(sampler.latest(10).size(), 1u);
