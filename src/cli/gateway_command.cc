@@ -45,6 +45,8 @@ struct GatewayFlags {
   int64_t config_poll_ms = 1'000;
   std::string access_log;
   std::string inference_dir;
+  std::string otlp_endpoint;
+  double trace_sample_ratio = -1;
   int64_t inference_period_s = 3'600;
   std::string log_level = "info";
   std::string log_format = "json";
@@ -157,6 +159,12 @@ int run_gateway(const GatewayFlags& flags) {
   options.access_log = flags.access_log;
   options.inference_dir = flags.inference_dir;
   options.inference_period = std::chrono::seconds(flags.inference_period_s);
+  auto tracing = tracing_options("flotilla-gateway", flags.otlp_endpoint, flags.trace_sample_ratio);
+  if (!tracing.is_ok()) {
+    std::cerr << "flotilla gateway: " << tracing.status().message() << "\n";
+    return kExitBadInput;
+  }
+  options.tracing = std::move(tracing).value();
 
   MetricsRegistry& registry = default_registry();
   register_process_metrics(registry);
@@ -326,6 +334,7 @@ std::function<int()> add_gateway_command(CLI::App& app) {
                   "How long each inference table file is written before the next begins")
       ->check(CLI::Range(int64_t{1}, int64_t{86'400}))
       ->capture_default_str();
+  add_tracing_flags(*cmd, flags->otlp_endpoint, flags->trace_sample_ratio);
   cmd->add_option("--log-level", flags->log_level, "trace, debug, info, warn, error or off")
       ->capture_default_str();
   add_log_format_flag(*cmd, flags->log_format);

@@ -140,6 +140,7 @@ void add_replica_command(CLI::App& app, ReplicaFlags& flags) {
   cmd->add_option("--log-level", flags.log_level, "trace, debug, info, warn, error or off")
       ->capture_default_str();
   cli::add_log_format_flag(*cmd, flags.log_format);
+  cli::add_tracing_flags(*cmd, flags.otlp_endpoint, flags.trace_sample_ratio);
   cmd->add_option("--replica-id", flags.replica_id,
                   "This replica's id in its log lines (given by the orchestrator; default: "
                   "$POD_NAME)");

@@ -51,6 +51,26 @@ void add_autoscaling_flags(CLI::App& cmd, AutoscalingFlags& flags) {
       ->capture_default_str();
 }
 
+void add_tracing_flags(CLI::App& cmd, std::string& endpoint, double& sample_ratio) {
+  cmd.add_option(
+      "--otlp-endpoint", endpoint,
+      "Export spans as OTLP/HTTP JSON to this URL (the collector's full traces path, "
+      "e.g. http://127.0.0.1:4318/v1/traces; default: "
+      "$OTEL_EXPORTER_OTLP_TRACES_ENDPOINT, else $OTEL_EXPORTER_OTLP_ENDPOINT/v1/traces, "
+      "else no spans)");
+  cmd.add_option("--trace-sample-ratio", sample_ratio,
+                 "Share of the traces this process starts that are recorded; a request's "
+                 "traceparent decides for it (default: $OTEL_TRACES_SAMPLER_ARG, else 1)")
+      ->check(CLI::Range(0.0, 1.0));
+}
+
+Result<std::optional<trace::TracerOptions>> tracing_options(const std::string& service,
+                                                            const std::string& endpoint,
+                                                            double sample_ratio) {
+  return trace::tracer_options_from_env(
+      service, endpoint, sample_ratio < 0 ? std::nullopt : std::optional<double>(sample_ratio));
+}
+
 void add_log_format_flag(CLI::App& cmd, std::string& format) {
   cmd.add_option("--log-format", format,
                  "Log lines on stderr: json (an object a line: time, level, component, endpoint, "

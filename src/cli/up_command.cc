@@ -38,6 +38,8 @@ struct UpFlags {
   int64_t max_replicas = 0;  // 0: control::default_max_replicas()
   int64_t liveness_timeout_ms = 5'000;
   int64_t inference_period_s = 3'600;
+  std::string otlp_endpoint;
+  double trace_sample_ratio = -1;
 };
 
 int fail(const std::string& message, int code = kExitBadInput) {
@@ -65,6 +67,10 @@ int run_up(const UpFlags& flags) {
   if (Status status = init_logging(flags.log_level, flags.log_format, {.component = "up"});
       !status.is_ok()) {
     return fail(status.message());
+  }
+  auto tracing = tracing_options("flotilla-gateway", flags.otlp_endpoint, flags.trace_sample_ratio);
+  if (!tracing.is_ok()) {
+    return fail(tracing.status().message());
   }
   auto gateway_address = split_address(flags.gateway_addr);
   auto api_address = split_address(flags.api_addr);
@@ -95,6 +101,15 @@ int run_up(const UpFlags& flags) {
   // Replicas pull URL models into the data directory's shared cache (docs/store.md).
   local.replica_args = {"--log-level",    flags.replica_log_level, "--log-format",
                         flags.log_format, "--cache-dir",           data_dir + "/cache"};
+  // The replicas trace as the gateway does: the flags given here, else the same variables
+  // (they inherit the environment).
+  if (!flags.otlp_endpoint.empty()) {
+    local.replica_args.insert(local.replica_args.end(), {"--otlp-endpoint", flags.otlp_endpoint});
+  }
+  if (flags.trace_sample_ratio >= 0) {
+    local.replica_args.insert(local.replica_args.end(),
+                              {"--trace-sample-ratio", std::to_string(flags.trace_sample_ratio)});
+  }
   local.stop_timeout = std::chrono::milliseconds(flags.drain_timeout_ms);
   // Replicas carry the data directory as their marker: a restart finds those no row describes.
   local.instance = data_dir;
@@ -124,6 +139,7 @@ int run_up(const UpFlags& flags) {
   gateway_options.cold_start_timeout = std::chrono::milliseconds(flags.cold_start_timeout_ms);
   gateway_options.inference_dir = data_dir + "/inference";
   gateway_options.inference_period = std::chrono::seconds(flags.inference_period_s);
+  gateway_options.tracing = std::move(tracing).value();
   gateway::AuthConfig closed;
   closed.enabled = true;  // no request passes before the control plane publishes the tokens
   auto gateway =
@@ -215,6 +231,7 @@ std::function<int()> add_up_command(CLI::App& app) {
                   "Log level of the replicas (their logs: <data-dir>/logs)")
       ->capture_default_str();
   add_autoscaling_flags(*cmd, flags->autoscaling);
+  add_tracing_flags(*cmd, flags->otlp_endpoint, flags->trace_sample_ratio);
   cmd->add_option("--cold-start-timeout-ms", flags->cold_start_timeout_ms,
                   "How long the gateway holds requests for an endpoint with no ready replica "
                   "(then 503)")

@@ -7,6 +7,7 @@
 // way between the client and the engine.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <optional>
@@ -97,6 +98,11 @@ struct GenerationEvent {
   int prompt_tokens = 0;
   int completion_tokens = 0;  // so far
   double time_to_first_token_s = 0;
+  // The request's path through the engine, for its spans: when the engine took it, when a step
+  // first computed it, when its first token came (unset: not yet, or never).
+  std::chrono::steady_clock::time_point submitted{};
+  std::chrono::steady_clock::time_point scheduled{};
+  std::chrono::steady_clock::time_point first_token{};
 };
 
 using EventCallback = std::function<void(GenerationEvent&& event)>;

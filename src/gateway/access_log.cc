@@ -10,25 +10,6 @@ constexpr size_t kMaxBufferedBytes = 8 << 20;
 constexpr size_t kFlushBytes = 64 << 10;
 }  // namespace
 
-std::string_view traceparent_trace_id(std::string_view header) {
-  // 00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01
-  constexpr size_t kLength = 55;
-  if (header.size() != kLength || header[2] != '-' || header[35] != '-' || header[52] != '-') {
-    return {};
-  }
-  auto lower_hex = [](std::string_view digits) {
-    return std::all_of(digits.begin(), digits.end(),
-                       [](char c) { return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'); });
-  };
-  const std::string_view trace_id = header.substr(3, 32);
-  if (header.substr(0, 2) != "00" || !lower_hex(trace_id) || !lower_hex(header.substr(36, 16)) ||
-      !lower_hex(header.substr(53, 2)) ||
-      trace_id.find_first_not_of('0') == std::string_view::npos) {
-    return {};
-  }
-  return trace_id;
-}
-
 Result<std::unique_ptr<AccessLog>> AccessLog::open(const std::string& path) {
   if (path == "-") {
     return std::unique_ptr<AccessLog>(new AccessLog(stderr, false));

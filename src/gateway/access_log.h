@@ -11,11 +11,6 @@
 
 namespace flotilla::gateway {
 
-// The trace id of a W3C Trace Context `traceparent` header (version "00": 2 hex digits, 32 of
-// trace id, 16 of parent id, 2 of flags, dash-separated), as sent, in lower case; empty when
-// the header is absent or malformed, or the trace id is all zeros (invalid by the spec).
-std::string_view traceparent_trace_id(std::string_view header);
-
 // Thread-safe: append() from any thread takes a short lock to move a line into a buffer; the
 // writer thread swaps the buffer out and writes it every 100 ms or sooner when it grows. Lines
 // are dropped (and counted) when the writer falls more than 8 MiB behind.

@@ -20,6 +20,7 @@
 #include "common/common.h"
 #include "gateway/gateway_policy.h"
 #include "http/http.h"
+#include "trace/trace.h"
 
 namespace flotilla::gateway {
 
@@ -255,6 +256,9 @@ struct GatewayOptions {
   std::chrono::seconds inference_period{3'600};
   // Records waiting to be written, at most: past it a record is dropped and counted.
   size_t inference_buffer_bytes = 64 * 1024 * 1024;
+  // Where and how the gateway's spans are exported (unset: no spans; a client's traceparent
+  // is then passed through unchanged). See docs/tracing.md.
+  std::optional<trace::TracerOptions> tracing;
   uint64_t seed = 0;  // 0: seeded from the clock
 };
 

@@ -77,10 +77,12 @@ bool forwardable(std::string_view name) {
 class GatewayImpl final : public Gateway {
  public:
   GatewayImpl(const GatewayOptions& options, const Clock& clock,
-              std::unique_ptr<AccessLog> access_log, MetricsRegistry& registry, AuthConfig auth)
+              std::unique_ptr<AccessLog> access_log, std::unique_ptr<trace::Tracer> tracer,
+              MetricsRegistry& registry, AuthConfig auth)
       : options_(options),
         registry_(registry),
         access_log_(std::move(access_log)),
+        tracer_(std::move(tracer)),
         inference_log_(
             options_.inference_dir.empty()
                 ? nullptr
@@ -90,7 +92,7 @@ class GatewayImpl final : public Gateway {
                       clock)),
         workers_(options_.client),
         proxy_(options_, clock, workers_, admission_, snapshots_, access_log_.get(),
-               inference_log_.get()),
+               inference_log_.get(), tracer_.get()),
         admission_(options_, clock, proxy_),
         snapshots_(options_, clock, registry, admission_, std::move(auth)),
         unrouted_(registry, "flotilla_gateway_unrouted_requests_total",
@@ -161,6 +163,10 @@ class GatewayImpl final : public Gateway {
   // The request path: routing, auth, local routes; a proxied request becomes a ProxyCall.
   void handle(http::Request&& request, http::Responder&& responder);
 
+  // Starts `call`'s trace: the server span (kept when sampled), the auth span under it, and
+  // the trace id and traceparent the replica gets.
+  void start_trace(ProxyCall& call, const http::Headers& headers, TimePoint received,
+                   TimePoint auth_start, TimePoint auth_end);
   // Samples `call` for its endpoint's inference table and keeps its request body if taken.
   void start_capture(ProxyCall& call, const EndpointView& view, RouteKind kind, Random& random);
 
@@ -173,6 +179,7 @@ class GatewayImpl final : public Gateway {
   const GatewayOptions options_;
   MetricsRegistry& registry_;
   const std::unique_ptr<AccessLog> access_log_;
+  const std::unique_ptr<trace::Tracer> tracer_;        // null when spans are not exported
   const std::unique_ptr<InferenceLog> inference_log_;  // null without an inference_dir
   std::atomic<bool> warned_no_inference_dir_{false};
   std::unique_ptr<http::Server> server_;
@@ -217,6 +224,7 @@ void assign_request_id(const http::Request& request, Random& random, std::string
 }
 
 void GatewayImpl::handle(http::Request&& request, http::Responder&& responder) {
+  const TimePoint received = tracer_ ? SteadyClock::now() : TimePoint{};
   WorkerState& state = workers_.current();
   const std::shared_ptr<const Snapshot>& snapshot = snapshots_.current(state);
   Route route =
@@ -279,6 +287,7 @@ void GatewayImpl::handle(http::Request&& request, http::Responder&& responder) {
       break;
   }
 
+  const TimePoint auth_start = tracer_ ? SteadyClock::now() : TimePoint{};
   if (snapshot->auth_enabled) {
     const auth::AuthResult result = snapshot->auth->check(authorization, route.endpoint);
     if (result != auth::AuthResult::kAllowed) {
@@ -290,6 +299,7 @@ void GatewayImpl::handle(http::Request&& request, http::Responder&& responder) {
       return;
     }
   }
+  const TimePoint auth_end = tracer_ && snapshot->auth_enabled ? SteadyClock::now() : TimePoint{};
   const EndpointView* view = snapshot->find(route.endpoint);
   if (view == nullptr) {
     refuse(404, "endpoint '" + route.endpoint + "' not found", "model");
@@ -316,9 +326,6 @@ void GatewayImpl::handle(http::Request&& request, http::Responder&& responder) {
   call->view = view;
   call->endpoint = view->runtime;
   call->request_id = std::move(request_id);
-  if (access_log_ || view->inference_table.enabled) {
-    call->trace_id = traceparent_trace_id(http::find_header(request.headers, "traceparent"));
-  }
   call->version = std::move(route.version);
   call->shape = shape;
   http::ClientRequest& upstream = call->request;
@@ -332,6 +339,14 @@ void GatewayImpl::handle(http::Request&& request, http::Responder&& responder) {
     }
   }
   upstream.headers.emplace_back("X-Request-Id", call->request_id);
+  if (tracer_) {
+    start_trace(*call, upstream.headers, received, auth_start, auth_end);
+  } else if (access_log_ || view->inference_table.enabled) {
+    if (auto parent =
+            trace::parse_traceparent(http::find_header(upstream.headers, "traceparent"))) {
+      call->trace_id = parent->trace_id_hex();
+    }
+  }
   // Raw pointer: the request (handed back by the pool for a retry) lives in the call, and the
   // pool calls these only while the call is pending, its callback holding the call.
   upstream.stream.on_head = [call = call.get()](int status, std::string content_type,
@@ -349,6 +364,32 @@ void GatewayImpl::handle(http::Request&& request, http::Responder&& responder) {
   }
   call->endpoint->arrivals.fetch_add(1, std::memory_order_relaxed);
   proxy_.admit(call);
+}
+
+void GatewayImpl::start_trace(ProxyCall& call, const http::Headers& headers, TimePoint received,
+                              TimePoint auth_start, TimePoint auth_end) {
+  const std::string_view traceparent = http::find_header(headers, "traceparent");
+  trace::Span server = tracer_->server_span(traceparent, {}, received);
+  call.trace_id = server.context.trace_id_hex();
+  if (!server.context.sampled()) {
+    // Not recorded here, but the replica must make the same decision: a trace the gateway
+    // started (or a malformed header it replaced) goes on as this unsampled one.
+    if (!trace::parse_traceparent(traceparent)) {
+      http::set_header(call.request.headers, "traceparent",
+                       trace::format_traceparent(server.context));
+    }
+    return;
+  }
+  if (auth_end != TimePoint{}) {
+    trace::Span auth =
+        trace::child_span(server.context, "auth", trace::SpanKind::kInternal, auth_start);
+    auth.end = auth_end;
+    tracer_->record(std::move(auth));
+  }
+  server.name = std::string(http::method_name(call.method)) + " " + call.endpoint->name;
+  call.trace = std::make_unique<CallTrace>();
+  call.trace->server = std::move(server);
+  // Each attempt's traceparent is set as it is sent (Proxy::forward).
 }
 
 void GatewayImpl::start_capture(ProxyCall& call, const EndpointView& view, RouteKind kind,
@@ -473,8 +514,12 @@ Result<std::unique_ptr<Gateway>> Gateway::create(const GatewayOptions& options, 
   if (!options.access_log.empty()) {
     FLOTILLA_ASSIGN_OR_RETURN(access_log, AccessLog::open(options.access_log));
   }
+  std::unique_ptr<trace::Tracer> tracer;
+  if (options.tracing) {
+    FLOTILLA_ASSIGN_OR_RETURN(tracer, trace::Tracer::start(*options.tracing, registry));
+  }
   auto gateway = std::make_unique<GatewayImpl>(options, real_clock(), std::move(access_log),
-                                               registry, std::move(auth));
+                                               std::move(tracer), registry, std::move(auth));
   FLOTILLA_RETURN_IF_ERROR(gateway->init(std::move(table)));
   return std::unique_ptr<Gateway>(std::move(gateway));
 }

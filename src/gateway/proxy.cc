@@ -31,13 +31,14 @@ void log_failed_attempt(const ProxyCall& call, const ReplicaRuntime& replica,
 
 Proxy::Proxy(const GatewayOptions& options, const Clock& clock, Workers& workers,
              Admission& admission, const Snapshots& snapshots, AccessLog* access_log,
-             InferenceLog* inference_log)
+             InferenceLog* inference_log, trace::Tracer* tracer)
     : options_(options),
       workers_(workers),
       admission_(admission),
       snapshots_(snapshots),
       access_log_(access_log),
       inference_log_(inference_log),
+      tracer_(tracer),
       outlier_({options.eject_after_failures, options.ejection_time, options.max_ejection_time},
                clock) {}
 
@@ -48,6 +49,9 @@ void Proxy::admit(const std::shared_ptr<ProxyCall>& call) {
   if (replica) {
     forward(call, std::move(replica));
     return;
+  }
+  if (call->trace) {
+    call->trace->queued_at = SteadyClock::now();
   }
   admission_.enqueue(call, state);
 }
@@ -100,6 +104,10 @@ void Proxy::forward(const std::shared_ptr<ProxyCall>& call,
   call->upstream_start = SteadyClock::now();
   if (call->capture && call->attempts == 1) {
     call->capture->first_dispatch = call->upstream_start;
+  }
+  if (call->trace) {
+    end_queue_span(*call->trace, call->upstream_start);
+    start_attempt_span(*call, call->upstream_start);
   }
   ReplicaRuntime& target = *call->replica;
   WorkerState& state = workers_.current();
@@ -154,6 +162,9 @@ void Proxy::release(ProxyCall& call) {
 void Proxy::on_upstream(const std::shared_ptr<ProxyCall>& call, http::ClientResponse&& response) {
   const TimePoint now = SteadyClock::now();
   call->upstream_time += now - call->upstream_start;
+  if (call->trace) {
+    end_attempt_span(*call, response, now);
+  }
   ReplicaRuntime& replica = *call->replica;
   replica.latency.observe(seconds_between(call->upstream_start, now));
   release(*call);
@@ -322,6 +333,9 @@ bool Proxy::account(ProxyCall& call, int code) {
   if (call.capture) {
     record_inference(call, code, total);
   }
+  if (call.trace) {
+    end_server_span(call, code, now);
+  }
   return true;
 }
 
@@ -351,6 +365,65 @@ void Proxy::record_inference(ProxyCall& call, int code, double total_seconds) {
   } else {
     endpoint.inference_dropped.inc();
   }
+}
+
+// ---- Spans ----------------------------------------------------------------------------------
+
+void Proxy::end_queue_span(CallTrace& trace, TimePoint now) {
+  if (trace.queued_at == TimePoint{}) {
+    return;
+  }
+  trace::Span wait = trace::child_span(trace.server.context, "admission wait",
+                                       trace::SpanKind::kInternal, trace.queued_at);
+  wait.end = now;
+  trace.queued_at = TimePoint{};
+  tracer_->record(std::move(wait));
+}
+
+void Proxy::start_attempt_span(ProxyCall& call, TimePoint now) {
+  call.trace->attempt =
+      trace::child_span(call.trace->server.context, "upstream", trace::SpanKind::kClient, now);
+  http::set_header(call.request.headers, "traceparent",
+                   trace::format_traceparent(call.trace->attempt.context));
+}
+
+void Proxy::end_attempt_span(ProxyCall& call, const http::ClientResponse& response, TimePoint now) {
+  trace::Span& span = call.trace->attempt;
+  const ReplicaRuntime& replica = *call.replica;
+  span.end = now;
+  span.set("flotilla.replica", replica.id);
+  span.set("flotilla.version", replica.version);
+  span.set("server.address", replica.host);
+  span.set("server.port", static_cast<int64_t>(replica.port));
+  span.set("flotilla.attempt", call.attempts);
+  if (response.failure == http::UpstreamFailure::kNone) {
+    span.set("http.response.status_code", response.status);
+    span.error = response.status >= 500;
+  } else {
+    span.error = true;
+    span.set("error.type", std::string(http::failure_name(response.failure)));
+    span.status_message = response.error;
+  }
+  tracer_->record(std::move(span));
+}
+
+void Proxy::end_server_span(ProxyCall& call, int code, TimePoint now) {
+  end_queue_span(*call.trace, now);  // answered from the queue (expired, cancelled)
+  trace::Span& span = call.trace->server;
+  span.end = now;
+  span.set("http.request.method", std::string(http::method_name(call.method)));
+  span.set("url.path", call.path.substr(0, call.path.find('?')));
+  span.set("http.response.status_code", code);
+  span.set("flotilla.endpoint", call.endpoint->name);
+  if (call.replica) {
+    span.set("flotilla.version", call.replica->version);
+    span.set("flotilla.replica", call.replica->id);
+  }
+  span.set("flotilla.request_id", call.request_id);
+  span.set("flotilla.attempts", call.attempts);
+  span.error = code >= 500;
+  tracer_->record(std::move(span));
+  call.trace.reset();
 }
 
 // ---- Outlier detection -----------------------------------------------------------------------

@@ -29,9 +29,10 @@ class Snapshots;
 class Proxy final : public CallHandler {
  public:
   // Everything passed is kept alive by the caller (the gateway) for the proxy's life;
-  // `access_log` and `inference_log` may be null. `clock` times ejections.
+  // `access_log`, `inference_log` and `tracer` may be null. `clock` times ejections.
   Proxy(const GatewayOptions& options, const Clock& clock, Workers& workers, Admission& admission,
-        const Snapshots& snapshots, AccessLog* access_log, InferenceLog* inference_log);
+        const Snapshots& snapshots, AccessLog* access_log, InferenceLog* inference_log,
+        trace::Tracer* tracer);
   Proxy(const Proxy&) = delete;
   Proxy& operator=(const Proxy&) = delete;
 
@@ -63,6 +64,12 @@ class Proxy final : public CallHandler {
   bool account(ProxyCall& call, int code);
   // Hands a sampled call's record to the inference log (account's, once per call).
   void record_inference(ProxyCall& call, int code, double total_seconds);
+  // A traced call's spans: the wait in the admission queue that ends `now` (if it waited), the
+  // attempt that starts (its traceparent goes to the replica) and ends, and the call's own.
+  void end_queue_span(CallTrace& trace, TimePoint now);
+  void start_attempt_span(ProxyCall& call, TimePoint now);
+  void end_attempt_span(ProxyCall& call, const http::ClientResponse& response, TimePoint now);
+  void end_server_span(ProxyCall& call, int code, TimePoint now);
 
   // Counts an upstream's answer with `status` against its replica.
   void record_answer(const std::shared_ptr<ProxyCall>& call, int status);
@@ -78,6 +85,7 @@ class Proxy final : public CallHandler {
   const Snapshots& snapshots_;
   AccessLog* const access_log_;
   InferenceLog* const inference_log_;
+  trace::Tracer* const tracer_;
   // Immutable after construction; each replica's state is its runtime's `outlier`.
   const OutlierDetector outlier_;
 };

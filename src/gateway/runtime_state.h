@@ -296,6 +296,14 @@ enum class CallState { kNew, kQueued, kDispatched, kExpired, kCancelled };
 struct WorkerState;
 class Proxy;
 
+// A sampled call's spans while it runs (docs/tracing.md): the gateway's server span, ended
+// when the call is answered, and the pieces under it.
+struct CallTrace {
+  trace::Span server;
+  TimePoint queued_at{};  // when the call last entered the admission queue; unset: not there
+  trace::Span attempt;    // the upstream attempt in flight
+};
+
 struct ProxyCall : std::enable_shared_from_this<ProxyCall> {
   ProxyCall(http::Responder&& responder_in, http::Loop loop_in)
       : responder(std::move(responder_in)), loop(loop_in) {}
@@ -309,7 +317,9 @@ struct ProxyCall : std::enable_shared_from_this<ProxyCall> {
   std::string path;  // as the client sent it, for the log
   http::ClientRequest request;
   std::string request_id;
-  std::string trace_id;  // of the client's traceparent, for the access log (empty: none)
+  // For the access log and inference table: the trace the call belongs to (the client's, or
+  // the one the gateway started when it traces); empty: none.
+  std::string trace_id;
   std::shared_ptr<const Snapshot> snapshot;  // keeps `view` alive
   const EndpointView* view = nullptr;
   std::shared_ptr<EndpointRuntime> endpoint;
@@ -341,6 +351,8 @@ struct ProxyCall : std::enable_shared_from_this<ProxyCall> {
   SteadyClock::duration upstream_time{0};
   // Set when the call is sampled for its endpoint's inference table.
   std::unique_ptr<InferenceCapture> capture;
+  // Set when the call's trace is sampled.
+  std::unique_ptr<CallTrace> trace;
 };
 
 struct WorkerState {

@@ -74,6 +74,9 @@ using Headers = boost::container::small_vector<std::pair<std::string, std::strin
 
 // The value of header `name` (case-insensitive) in `headers`, or "" when absent.
 std::string_view find_header(const Headers& headers, std::string_view name);
+// Sets header `name` to `value`: the first of that name (case-insensitive) is replaced, any
+// others removed; appended when absent.
+void set_header(Headers& headers, std::string_view name, std::string value);
 
 struct Request {
   Method method = Method::kOther;
@@ -326,6 +329,20 @@ struct Origin {
   TlsOptions tls_options;
   std::string text() const;  // "http://host:port", for messages
 };
+
+// An http:// or https:// URL, split for an Origin and a request target.
+struct Url {
+  bool tls = false;  // https
+  std::string host;
+  uint16_t port = 0;
+  std::string target;        // path and query, starting with '/'
+  std::string text() const;  // scheme://host:port/target
+  Origin origin() const { return Origin(host, port, tls); }
+};
+
+// http:// or https:// URLs without credentials or a fragment; kInvalidArgument naming what is
+// wrong. The port defaults to the scheme's.
+Result<Url> parse_url(std::string_view text);
 
 // Byte range [first, last], both included (as in the Range header).
 struct ByteRange {

@@ -1099,6 +1099,24 @@ std::string_view find_header(const Headers& headers, std::string_view name) {
   return {};
 }
 
+void set_header(Headers& headers, std::string_view name, std::string value) {
+  bool set = false;
+  for (auto it = headers.begin(); it != headers.end();) {
+    if (!equals_ignore_case(it->first, name)) {
+      ++it;
+    } else if (!set) {
+      it->second = std::move(value);
+      set = true;
+      ++it;
+    } else {
+      it = headers.erase(it);
+    }
+  }
+  if (!set) {
+    headers.emplace_back(std::string(name), std::move(value));
+  }
+}
+
 Loop Loop::current() {
   return Loop(current_loop);
 }

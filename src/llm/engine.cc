@@ -259,8 +259,10 @@ class EngineImpl final : public Engine {
     std::vector<StepSequence> batch;
     batch.reserve(planned.size());
     int64_t prompt_tokens = 0;
+    const SteadyClock::time_point step_start = SteadyClock::now();
     for (const PlannedWork& p : planned) {
       Sequence& s = *p.sequence;
+      s.output->mark_scheduled(step_start);
       bool reaches_end = s.computed + p.tokens == static_cast<int>(s.tokens.size());
       batch.push_back({&s.blocks, s.computed,
                        std::span<const int32_t>(s.tokens).subspan(s.computed, p.tokens),

@@ -54,8 +54,8 @@ bool RequestOutput::on_token(int32_t token, const TokenLogprob* logprob, FinishR
   }
   ++completion_tokens_;
   if (completion_tokens_ == 1) {
-    time_to_first_token_s_ =
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - submitted_).count();
+    first_token_ = std::chrono::steady_clock::now();
+    time_to_first_token_s_ = std::chrono::duration<double>(first_token_ - submitted_).count();
   }
   GenerationEvent event;
   event.tokens.push_back(token);
@@ -104,6 +104,12 @@ void RequestOutput::deliver(GenerationEvent&& event) {
   event.prompt_tokens = prompt_tokens_;
   event.completion_tokens = completion_tokens_;
   event.time_to_first_token_s = time_to_first_token_s_;
+  if (done_) {
+    event.submitted = submitted_;
+    event.scheduled = std::chrono::steady_clock::time_point(
+        std::chrono::steady_clock::duration(scheduled_ns_.load(std::memory_order_relaxed)));
+    event.first_token = first_token_;
+  }
   on_event_(std::move(event));
 }
 

@@ -3,6 +3,7 @@
 // thread that runs the forward pass.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <memory>
 #include <string>
@@ -29,6 +30,12 @@ class RequestOutput {
   void on_end(FinishReason finish, const std::string& error = "");
 
   uint64_t id() const { return id_; }
+  // The engine's thread, at each step that computes the request: the first call is kept.
+  void mark_scheduled(std::chrono::steady_clock::time_point now) {
+    if (scheduled_ns_.load(std::memory_order_relaxed) == 0) {  // only this thread writes it
+      scheduled_ns_.store(now.time_since_epoch().count(), std::memory_order_relaxed);
+    }
+  }
 
  private:
   // Text that may still turn out to start a stop string is held back; returns what is safe.
@@ -44,6 +51,9 @@ class RequestOutput {
   int completion_tokens_ = 0;
   std::chrono::steady_clock::time_point submitted_;
   double time_to_first_token_s_ = 0;
+  std::chrono::steady_clock::time_point first_token_{};
+  // Written by the engine's thread, read by the output thread: atomic.
+  std::atomic<int64_t> scheduled_ns_{0};
   std::string pending_;  // decoded text not yet delivered
   bool done_ = false;
 };

@@ -11,9 +11,10 @@ Batcher::Batcher(runtime::Runtime& runtime, int64_t max_batch_rows,
       batch_rows_(batch_rows),
       schedule_(std::move(schedule)) {}
 
-void Batcher::submit(runtime::ModelInput&& input, runtime::RunCallback done) {
+void Batcher::submit(runtime::ModelInput&& input, runtime::RunCallback done,
+                     std::chrono::steady_clock::time_point* run_start) {
   queued_rows_ += input.rows;
-  queue_.push_back(Item{std::move(input), std::move(done)});
+  queue_.push_back(Item{std::move(input), std::move(done), run_start});
   if (flushing_) {
     return;  // the running flush takes it
   }
@@ -55,6 +56,11 @@ std::vector<Batcher::Item> Batcher::take_batch() {
 }
 
 void Batcher::run_batch(std::vector<Item>&& batch) {
+  for (const Item& item : batch) {
+    if (item.run_start != nullptr) {
+      *item.run_start = std::chrono::steady_clock::now();
+    }
+  }
   if (batch.size() == 1) {
     batch_rows_.observe(static_cast<double>(batch[0].input.rows));
     runtime_.run(std::move(batch[0].input), std::move(batch[0].done));

@@ -32,12 +32,16 @@ class Batcher {
   Batcher& operator=(const Batcher&) = delete;
 
   // Runs `input` in some batch and calls `done` with this request's rows of every output.
-  void submit(runtime::ModelInput&& input, runtime::RunCallback done);
+  // `run_start`, when given, gets the time its batch began to run (a traced request's batch
+  // wait ends there); it must stay valid until `done` runs.
+  void submit(runtime::ModelInput&& input, runtime::RunCallback done,
+              std::chrono::steady_clock::time_point* run_start = nullptr);
 
  private:
   struct Item {
     runtime::ModelInput input;
     runtime::RunCallback done;
+    std::chrono::steady_clock::time_point* run_start;
   };
 
   // Runs batches until the queue is empty.

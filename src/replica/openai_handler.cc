@@ -79,7 +79,36 @@ struct Generation {
   bool started = false;               // the stream's head has been sent
   bool had_token = false;
   Clock::time_point last_token;
+  std::shared_ptr<RequestTrace> traced;  // null unless sampled
 };
+
+// A traced generation's spans from its final event: the wait for room in the engine, the
+// prompt's computation up to the first token, and the decoding after it.
+void record_engine_spans(RequestTrace& traced, const GenerationEvent& event) {
+  const Clock::time_point end = Clock::now();
+  const Clock::time_point unset{};
+  traced.server.set("gen_ai.usage.input_tokens", event.prompt_tokens);
+  traced.server.set("gen_ai.usage.output_tokens", event.completion_tokens);
+  if (event.submitted == unset) {
+    return;
+  }
+  const Clock::time_point scheduled = event.scheduled == unset ? end : event.scheduled;
+  traced.record("llm queue", event.submitted, scheduled);
+  if (event.scheduled == unset) {
+    return;
+  }
+  const Clock::time_point first = event.first_token == unset ? end : event.first_token;
+  trace::Span prefill = traced.child("llm prefill", scheduled, first);
+  prefill.set("gen_ai.usage.input_tokens", event.prompt_tokens);
+  traced.tracer.record(std::move(prefill));
+  if (event.first_token != unset) {
+    traced.server.set("flotilla.llm.time_to_first_token_ms",
+                      std::chrono::duration<double, std::milli>(first - event.submitted).count());
+    trace::Span decode = traced.child("llm decode", first, end);
+    decode.set("gen_ai.usage.output_tokens", event.completion_tokens);
+    traced.tracer.record(std::move(decode));
+  }
+}
 
 }  // namespace
 
@@ -140,7 +169,8 @@ std::string OpenAiHandler::model_json() const {
 }
 
 void OpenAiHandler::completions(http::Request&& request, std::shared_ptr<http::Responder> responder,
-                                bool chat, std::function<void(int)> done) {
+                                bool chat, std::shared_ptr<RequestTrace> traced,
+                                std::function<void(int)> done) {
   auto fail = [&](const Status& status) {
     int code = http_status_for(status.code());
     responder->send(error_response(code, status.message()));
@@ -157,7 +187,12 @@ void OpenAiHandler::completions(http::Request&& request, std::shared_ptr<http::R
                    model_name_ + "'"));
     return;
   }
+  if (traced) {
+    traced->record("decode", traced->server.start, Clock::now());
+    traced->server.set("gen_ai.request.model", model_name_);
+  }
   auto generation = std::make_shared<Generation>();
+  generation->traced = std::move(traced);
   generation->responder = responder;
   generation->done = std::move(done);
   generation->stream = decoded->stream;
@@ -188,6 +223,9 @@ void OpenAiHandler::completions(http::Request&& request, std::shared_ptr<http::R
     }
     out.prompt_tokens = event.prompt_tokens;
     out.completion_tokens = event.completion_tokens;
+    if (g.traced && event.finish != FinishReason::kNone) {
+      record_engine_spans(*g.traced, event);
+    }
     if (event.finish == FinishReason::kCancelled) {
       // The client went away (or the server stops): there is no one to answer.
       if (g.started) {

@@ -10,6 +10,7 @@
 
 #include "common/common.h"
 #include "http/http.h"
+#include "replica/request_trace.h"
 #include "runtime/runtime.h"
 
 namespace flotilla::replica {
@@ -29,9 +30,10 @@ class OpenAiHandler {
   OpenAiHandler(runtime::Generator& generator, std::string model_name, MetricsRegistry& registry);
 
   // Answers one completion request; `done(status)` runs once when the answer has been handed to
-  // the socket (for a stream, after its last event), on any thread.
+  // the socket (for a stream, after its last event), on any thread. A sampled request's
+  // `traced` gets the engine's spans (queue, prefill, decode) and the token counts.
   void completions(http::Request&& request, std::shared_ptr<http::Responder> responder, bool chat,
-                   std::function<void(int status)> done);
+                   std::shared_ptr<RequestTrace> traced, std::function<void(int status)> done);
   std::string models_json() const;
   // GET /v1/models/{id} of the served model.
   std::string model_json() const;

@@ -137,11 +137,8 @@ Result<ServedModel> load_model(const ProcessFlags& flags, runtime::RuntimeKind k
 
 int run_replica_process(const ProcessFlags& flags) {
   const char* pod = std::getenv("POD_NAME");
-  LogFields fields{.component = "replica",
-                   .endpoint = flags.name,
-                   .replica = !flags.replica_id.empty() ? flags.replica_id
-                              : pod                     ? pod
-                                                        : ""};
+  const std::string replica_id = !flags.replica_id.empty() ? flags.replica_id : pod ? pod : "";
+  LogFields fields{.component = "replica", .endpoint = flags.name, .replica = replica_id};
   if (Status status = init_logging(flags.log_level, flags.log_format, std::move(fields));
       !status.is_ok()) {
     std::cerr << "flotilla replica: " << status.message() << "\n";
@@ -169,6 +166,26 @@ int run_replica_process(const ProcessFlags& flags) {
   options.batching.max_queue_delay = std::chrono::microseconds(flags.max_queue_delay_us);
   options.drain_timeout = std::chrono::milliseconds(flags.drain_timeout_ms);
   options.model_version = flags.model_version;
+  auto tracing = trace::tracer_options_from_env(
+      "flotilla-replica", flags.otlp_endpoint,
+      flags.trace_sample_ratio < 0 ? std::nullopt
+                                   : std::optional<double>(flags.trace_sample_ratio));
+  if (!tracing.is_ok()) {
+    std::cerr << "flotilla replica: " << tracing.status().message() << "\n";
+    return kExitBadInput;
+  }
+  options.tracing = std::move(tracing).value();
+  if (options.tracing) {
+    // Which model and replica a span comes from, on every span of this process.
+    auto& resource = options.tracing->resource_attributes;
+    if (!flags.name.empty()) {
+      resource.emplace_back("flotilla.endpoint", flags.name);
+    }
+    resource.emplace_back("flotilla.version", flags.model_version);
+    if (!replica_id.empty()) {
+      resource.emplace_back("service.instance.id", replica_id);
+    }
+  }
   // SIGTERM or SIGINT while the model is fetched or loaded: nothing to drain, and a download
   // can take minutes, so exit now instead of when loading ends. Nothing was printed on stdout
   // yet; the model cache survives a process that dies mid-pull (flocks, resumable partials).

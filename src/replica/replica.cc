@@ -10,6 +10,7 @@
 #include "protocol/protocol.h"
 #include "replica/batcher.h"
 #include "replica/openai_handler.h"
+#include "replica/request_trace.h"
 
 namespace flotilla::replica {
 namespace {
@@ -188,17 +189,28 @@ class ReplicaImpl final : public Replica {
 
   void handle(http::Request&& request, http::Responder&& responder);
   void answer_loading(Route route, Clock::time_point start, http::Responder& responder);
+  // `traced` is null unless the request's trace is sampled.
   void handle_infer(const LoadedModel& model, http::Request&& request,
-                    std::shared_ptr<http::Responder> responder, Clock::time_point start);
+                    std::shared_ptr<http::Responder> responder, Clock::time_point start,
+                    std::shared_ptr<RequestTrace> traced);
   void handle_invocations(const LoadedModel& model, http::Request&& request,
-                          std::shared_ptr<http::Responder> responder, Clock::time_point start);
-  void execute(const LoadedModel& model, runtime::ModelInput&& input, runtime::RunCallback done);
+                          std::shared_ptr<http::Responder> responder, Clock::time_point start,
+                          std::shared_ptr<RequestTrace> traced);
+  void execute(const LoadedModel& model, runtime::ModelInput&& input, runtime::RunCallback done,
+               RequestTrace* traced);
+  // The spans of a model call that returned at `ran`: the wait for its batch and the run.
+  static void record_run(RequestTrace& traced, int64_t rows, Clock::time_point ran);
   void finish(Route route, Clock::time_point start, http::Responder& responder,
-              http::Response&& response);
+              http::Response&& response, RequestTrace* traced = nullptr);
+  // The server span of a model request, when this replica traces and the trace is sampled.
+  std::shared_ptr<RequestTrace> start_trace(Route route, const http::Request& request,
+                                            std::string_view path, Clock::time_point start);
+  static void end_trace(RequestTrace& traced, int status);
   void count(Route route, int status, Clock::time_point start);
 
   ReplicaOptions options_;
   MetricsRegistry& registry_;
+  std::unique_ptr<trace::Tracer> tracer_;  // null when spans are not exported
   std::unique_ptr<http::Server> server_;
   std::array<RouteMetrics, static_cast<size_t>(Route::kCount)> route_metrics_;
   Gauge& in_flight_;
@@ -257,6 +269,10 @@ ReplicaImpl::~ReplicaImpl() {
 }
 
 Status ReplicaImpl::start() {
+  if (options_.tracing) {
+    FLOTILLA_ASSIGN_OR_RETURN(tracer_, trace::Tracer::start(*options_.tracing, registry_));
+    options_.server.capture_headers = true;  // for traceparent
+  }
   FLOTILLA_ASSIGN_OR_RETURN(
       server_, http::Server::create(options_.server,
                                     [this](http::Request&& request, http::Responder&& responder) {
@@ -359,10 +375,51 @@ void ReplicaImpl::count(Route route, int status, Clock::time_point start) {
 }
 
 void ReplicaImpl::finish(Route route, Clock::time_point start, http::Responder& responder,
-                         http::Response&& response) {
+                         http::Response&& response, RequestTrace* traced) {
   count(route, response.status, start);
   in_flight_.add(-1);
+  if (traced != nullptr) {
+    end_trace(*traced, response.status);
+  }
   responder.send(std::move(response));
+}
+
+std::shared_ptr<RequestTrace> ReplicaImpl::start_trace(Route route, const http::Request& request,
+                                                       std::string_view path,
+                                                       Clock::time_point start) {
+  if (!tracer_) {
+    return nullptr;
+  }
+  trace::Span server =
+      tracer_->server_span(http::find_header(request.headers, "traceparent"),
+                           std::string("POST ") + kRouteNames[static_cast<size_t>(route)], start);
+  if (!server.context.sampled()) {
+    return nullptr;
+  }
+  server.set("http.request.method", "POST");
+  server.set("url.path", std::string(path));
+  if (std::string_view id = http::find_header(request.headers, "x-request-id"); !id.empty()) {
+    server.set("flotilla.request_id", std::string(id));
+  }
+  return std::make_shared<RequestTrace>(*tracer_, std::move(server));
+}
+
+void ReplicaImpl::end_trace(RequestTrace& traced, int status) {
+  traced.server.end = Clock::now();
+  traced.server.set("http.response.status_code", status);
+  traced.server.error = status >= 500;
+  traced.tracer.record(std::move(traced.server));
+}
+
+void ReplicaImpl::record_run(RequestTrace& traced, int64_t rows, Clock::time_point ran) {
+  Clock::time_point run_start = traced.submitted;
+  if (traced.run_start != Clock::time_point{}) {
+    run_start = traced.run_start;
+    traced.record("batch wait", traced.submitted, run_start);
+  }
+  trace::Span inference = traced.child("inference", run_start, ran);
+  inference.set("flotilla.rows", rows);
+  traced.tracer.record(std::move(inference));
 }
 
 void ReplicaImpl::answer_loading(Route route, Clock::time_point start, http::Responder& responder) {
@@ -447,21 +504,28 @@ void ReplicaImpl::handle(http::Request&& request, http::Responder&& responder) {
   switch (route) {
     case Route::kInfer:
       handle_infer(*model, std::move(request),
-                   std::make_shared<http::Responder>(std::move(responder)), start);
+                   std::make_shared<http::Responder>(std::move(responder)), start,
+                   start_trace(route, request, path, start));
       return;
     case Route::kInvocations:
       handle_invocations(*model, std::move(request),
-                         std::make_shared<http::Responder>(std::move(responder)), start);
+                         std::make_shared<http::Responder>(std::move(responder)), start,
+                         start_trace(route, request, path, start));
       return;
     case Route::kCompletions:
-    case Route::kChatCompletions:
+    case Route::kChatCompletions: {
+      std::shared_ptr<RequestTrace> traced = start_trace(route, request, path, start);
       model->openai->completions(
           std::move(request), std::make_shared<http::Responder>(std::move(responder)),
-          route == Route::kChatCompletions, [this, route, start](int status) {
+          route == Route::kChatCompletions, traced, [this, route, start, traced](int status) {
             count(route, status, start);
             in_flight_.add(-1);
+            if (traced) {
+              end_trace(*traced, status);
+            }
           });
       return;
+    }
     case Route::kModels:
       finish(route, start, responder, json_response(200, model->openai->models_json()));
       return;
@@ -517,10 +581,14 @@ void ReplicaImpl::handle(http::Request&& request, http::Responder&& responder) {
 }
 
 void ReplicaImpl::execute(const LoadedModel& model, runtime::ModelInput&& input,
-                          runtime::RunCallback done) {
+                          runtime::RunCallback done, RequestTrace* traced) {
+  if (traced != nullptr) {
+    traced->submitted = Clock::now();
+  }
   const int worker = http::current_worker_index();
   if (worker >= 0 && worker < static_cast<int>(model.batchers.size())) {
-    model.batchers[worker]->submit(std::move(input), std::move(done));
+    model.batchers[worker]->submit(std::move(input), std::move(done),
+                                   traced != nullptr ? &traced->run_start : nullptr);
     return;
   }
   batch_rows_.observe(static_cast<double>(input.rows));
@@ -528,12 +596,13 @@ void ReplicaImpl::execute(const LoadedModel& model, runtime::ModelInput&& input,
 }
 
 void ReplicaImpl::handle_infer(const LoadedModel& model, http::Request&& request,
-                               std::shared_ptr<http::Responder> responder,
-                               Clock::time_point start) {
+                               std::shared_ptr<http::Responder> responder, Clock::time_point start,
+                               std::shared_ptr<RequestTrace> traced) {
   auto fail = [&](const Status& status) {
-    finish(Route::kInfer, start, *responder,
-           json_response(http_status_for(status.code()),
-                         protocol::encode_oip_error(status.message())));
+    finish(
+        Route::kInfer, start, *responder,
+        json_response(http_status_for(status.code()), protocol::encode_oip_error(status.message())),
+        traced.get());
   };
   if (model.openai != nullptr) {
     // A language model runs no tensors, whatever the body: 501.
@@ -568,39 +637,57 @@ void ReplicaImpl::handle_infer(const LoadedModel& model, http::Request&& request
     fail(input.status());
     return;
   }
-  execute(model, std::move(input).value(),
-          [this, &metadata, responder, start, selected = std::move(selected),
-           id = std::move(decoded->id)](Result<std::vector<Tensor>> outputs) mutable {
-            if (!outputs.is_ok()) {
-              finish(Route::kInfer, start, *responder,
-                     json_response(http_status_for(outputs.status().code()),
-                                   protocol::encode_oip_error(outputs.status().message())));
-              return;
-            }
-            InferResponse response;
-            response.model_name = metadata.name;
-            response.model_version = options_.model_version;
-            response.id = std::move(id);
-            if (selected.empty()) {
-              response.outputs = std::move(outputs).value();
-            } else {
-              for (size_t index : selected) {
-                response.outputs.push_back(outputs.value()[index]);
-              }
-            }
-            http::Response reply;
-            protocol::encode_oip_infer_response(response, reply.body);
-            finish(Route::kInfer, start, *responder, std::move(reply));
-          });
+  const int64_t rows = input->rows;
+  if (traced) {
+    traced->record("decode", start, Clock::now());
+  }
+  RequestTrace* const trace_pointer = traced.get();
+  execute(
+      model, std::move(input).value(),
+      [this, &metadata, responder, start, rows, traced = std::move(traced),
+       selected = std::move(selected),
+       id = std::move(decoded->id)](Result<std::vector<Tensor>> outputs) mutable {
+        const Clock::time_point ran = traced ? Clock::now() : Clock::time_point{};
+        if (traced) {
+          record_run(*traced, rows, ran);
+        }
+        if (!outputs.is_ok()) {
+          finish(Route::kInfer, start, *responder,
+                 json_response(http_status_for(outputs.status().code()),
+                               protocol::encode_oip_error(outputs.status().message())),
+                 traced.get());
+          return;
+        }
+        InferResponse response;
+        response.model_name = metadata.name;
+        response.model_version = options_.model_version;
+        response.id = std::move(id);
+        if (selected.empty()) {
+          response.outputs = std::move(outputs).value();
+        } else {
+          for (size_t index : selected) {
+            response.outputs.push_back(outputs.value()[index]);
+          }
+        }
+        http::Response reply;
+        protocol::encode_oip_infer_response(response, reply.body);
+        if (traced) {
+          traced->record("encode", ran, Clock::now());
+        }
+        finish(Route::kInfer, start, *responder, std::move(reply), traced.get());
+      },
+      trace_pointer);
 }
 
 void ReplicaImpl::handle_invocations(const LoadedModel& model, http::Request&& request,
                                      std::shared_ptr<http::Responder> responder,
-                                     Clock::time_point start) {
+                                     Clock::time_point start,
+                                     std::shared_ptr<RequestTrace> traced) {
   auto fail = [&](const Status& status, int http_status) {
     finish(
         Route::kInvocations, start, *responder,
-        json_response(http_status, protocol::encode_mlflow_error(status.code(), status.message())));
+        json_response(http_status, protocol::encode_mlflow_error(status.code(), status.message())),
+        traced.get());
   };
   if (model.openai != nullptr) {
     // No pyfunc behind a language model, whatever the body: 501 in MLflow's shape.
@@ -629,18 +716,34 @@ void ReplicaImpl::handle_invocations(const LoadedModel& model, http::Request&& r
     fail(input.status(), http_status_for(input.status().code()));
     return;
   }
-  execute(model, std::move(input).value(),
-          [this, responder, start](Result<std::vector<Tensor>> outputs) {
-            if (!outputs.is_ok()) {
-              finish(Route::kInvocations, start, *responder,
-                     json_response(500, protocol::encode_mlflow_error(outputs.status().code(),
-                                                                      outputs.status().message())));
-              return;
-            }
-            http::Response reply;
-            protocol::encode_mlflow_predictions(outputs.value().front(), reply.body);
-            finish(Route::kInvocations, start, *responder, std::move(reply));
-          });
+  const int64_t rows = input->rows;
+  if (traced) {
+    traced->record("decode", start, Clock::now());
+  }
+  RequestTrace* const trace_pointer = traced.get();
+  execute(
+      model, std::move(input).value(),
+      [this, responder, start, rows,
+       traced = std::move(traced)](Result<std::vector<Tensor>> outputs) {
+        const Clock::time_point ran = traced ? Clock::now() : Clock::time_point{};
+        if (traced) {
+          record_run(*traced, rows, ran);
+        }
+        if (!outputs.is_ok()) {
+          finish(Route::kInvocations, start, *responder,
+                 json_response(500, protocol::encode_mlflow_error(outputs.status().code(),
+                                                                  outputs.status().message())),
+                 traced.get());
+          return;
+        }
+        http::Response reply;
+        protocol::encode_mlflow_predictions(outputs.value().front(), reply.body);
+        if (traced) {
+          traced->record("encode", ran, Clock::now());
+        }
+        finish(Route::kInvocations, start, *responder, std::move(reply), traced.get());
+      },
+      trace_pointer);
 }
 
 }  // namespace

@@ -11,6 +11,7 @@
 #include "common/common.h"
 #include "http/http.h"
 #include "runtime/runtime.h"
+#include "trace/trace.h"
 
 namespace flotilla::replica {
 
@@ -37,6 +38,8 @@ struct ReplicaOptions {
   // long model download ends the process at once. Must not call into the replica. Unset: the
   // replica only stops answering, and serve() then fails with kUnavailable.
   std::function<void()> on_drained_while_loading;
+  // Where and how spans are exported (unset: none); docs/tracing.md.
+  std::optional<trace::TracerOptions> tracing;
 };
 
 // A replica has two phases (Kubernetes' liveness vs readiness, see docs/replica.md):

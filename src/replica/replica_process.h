@@ -36,6 +36,8 @@ struct ProcessFlags {
   bool no_batching = false;
   size_t max_body_bytes = 8 * 1024 * 1024;
   int64_t header_timeout_ms = 10'000;
+  std::string otlp_endpoint;       // "": from the environment (docs/tracing.md)
+  double trace_sample_ratio = -1;  // below 0: from the environment
   int64_t body_timeout_ms = 30'000;
   int64_t idle_timeout_ms = 60'000;
   int64_t drain_timeout_ms = 30'000;

@@ -46,56 +46,19 @@ bool is_url(std::string_view text) {
   return text.starts_with("http://") || text.starts_with("https://");
 }
 
-std::string Url::text() const {
-  return std::string(tls ? "https://" : "http://") + host + ":" + std::to_string(port) + target;
-}
-
 Result<Url> parse_url(std::string_view text) {
   Url url;
-  std::string_view rest;
-  if (text.starts_with("http://")) {
-    rest = text.substr(7);
-  } else if (text.starts_with("https://")) {
-    url.tls = true;
-    rest = text.substr(8);
-  } else {
-    return invalid_argument("'" + std::string(text) + "' is not an http:// or https:// URL");
-  }
-  if (const size_t hash = rest.find('#'); hash != std::string_view::npos) {
-    const std::string_view fragment = rest.substr(hash + 1);
-    rest = rest.substr(0, hash);
+  if (const size_t hash = text.find('#'); hash != std::string_view::npos) {
+    const std::string_view fragment = text.substr(hash + 1);
+    text = text.substr(0, hash);
     if (!fragment.starts_with("sha256=") || !is_hex_digest(fragment.substr(7))) {
       return invalid_argument("URL fragment '#" + std::string(fragment) +
                               "' must be sha256=<64 lowercase hex digits>");
     }
     url.sha256 = std::string(fragment.substr(7));
   }
-  const size_t slash = rest.find('/');
-  const std::string_view authority = rest.substr(0, slash);
-  url.target = slash == std::string_view::npos ? "/" : std::string(rest.substr(slash));
-  if (authority.find('@') != std::string_view::npos) {
-    return invalid_argument("URL '" + std::string(text) +
-                            "': credentials in URLs are not supported");
-  }
-  std::string_view host = authority;
-  url.port = url.tls ? 443 : 80;
-  if (const size_t colon = authority.rfind(':');
-      colon != std::string_view::npos && authority.find(']') == std::string_view::npos) {
-    host = authority.substr(0, colon);
-    const std::string_view port = authority.substr(colon + 1);
-    unsigned value = 0;
-    if (port.empty() || port.size() > 5 ||
-        !std::all_of(port.begin(), port.end(), [](char c) { return c >= '0' && c <= '9'; }) ||
-        (value = static_cast<unsigned>(std::stoul(std::string(port)))) == 0 || value > 65535) {
-      return invalid_argument("URL '" + std::string(text) + "': bad port '" + std::string(port) +
-                              "'");
-    }
-    url.port = static_cast<uint16_t>(value);
-  }
-  if (host.empty()) {
-    return invalid_argument("URL '" + std::string(text) + "' has no host");
-  }
-  url.host = std::string(host);
+  FLOTILLA_ASSIGN_OR_RETURN(http::Url base, http::parse_url(text));
+  static_cast<http::Url&>(url) = std::move(base);
   return url;
 }
 

@@ -20,21 +20,18 @@
 
 #include "common/common.h"
 #include "common/common_sha256.h"
+#include "http/http.h"
 
 namespace flotilla::store {
 
 // ---- URLs ------------------------------------------------------------------------------------
 
-struct Url {
-  bool tls = false;  // https
-  std::string host;
-  uint16_t port = 0;
-  std::string target;                 // path and query, starting with '/'
+struct Url : http::Url {
   std::optional<std::string> sha256;  // from a "#sha256=<64 hex>" fragment: the expected digest
-  std::string text() const;           // scheme://host:port/target (no fragment)
 };
 
-// http:// or https:// URLs only; kInvalidArgument naming what is wrong.
+// http:// or https:// URLs only, with an optional "#sha256=" fragment; kInvalidArgument naming
+// what is wrong.
 Result<Url> parse_url(std::string_view text);
 bool is_url(std::string_view text);
 

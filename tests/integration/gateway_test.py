@@ -1852,18 +1852,11 @@ print(json.dumps(out))
 
 class OpenAiSdkIssue18(GatewayTestCase):
     """Issue 18 item 14 with the official openai client (pinned; a venv made by
-    tests/integration/openai_venv.sh, skipped when PyPI cannot be reached): it reads the
+    tests/integration/clients_venv.sh, skipped when PyPI cannot be reached): it reads the
     gateway's errors as typed exceptions with `type` and `code`, and its model list."""
 
     def test_sdk_reads_error_type_and_code_and_the_model_list(self):
-        venv = os.path.join(os.path.dirname(os.path.abspath(FLOTILLA_BIN)), "openai-venv")
-        made = subprocess.run(["bash", os.path.join(HERE, "openai_venv.sh"), venv],
-                              capture_output=True, timeout=300)
-        if made.returncode != 0:
-            reason = made.stderr.decode(errors="replace").strip().splitlines()[-1:] or ["?"]
-            print(f"skipping: no venv with the openai client: {reason[0]}", file=sys.stderr)
-            self.skipTest(f"no venv with the openai client: {reason[0]}")
-        python = made.stdout.decode().strip()
+        python = harness.clients_python(self)
         echo = start_echo(self)
         token, record = mint_token("sdk")
         gw = Gateway(self, config_yaml({

@@ -18,6 +18,7 @@ import select
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -39,6 +40,20 @@ def require_binary(test_file):
             f"tests/integration/{test_file}")
     if not (os.path.isfile(FLOTILLA_BIN) and os.access(FLOTILLA_BIN, os.X_OK)):
         raise RuntimeError(f"FLOTILLA_BIN={FLOTILLA_BIN!r} is not an executable file")
+
+
+def clients_python(test):
+    """The python of the pinned clients' venv (clients_venv.sh: openai, opentelemetry-proto),
+    made once next to the binary; skips `test` (a TestCase) when it cannot be made, as when
+    PyPI cannot be reached."""
+    venv = os.path.join(os.path.dirname(os.path.abspath(FLOTILLA_BIN)), "clients-venv")
+    script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "clients_venv.sh")
+    made = subprocess.run(["bash", script, venv], capture_output=True, timeout=300)
+    if made.returncode != 0:
+        reason = made.stderr.decode(errors="replace").strip().splitlines()[-1:] or ["?"]
+        print(f"skipping: no venv with the pinned clients: {reason[0]}", file=sys.stderr)
+        test.skipTest(f"no venv with the pinned clients: {reason[0]}")
+    return made.stdout.decode().strip()
 
 
 # --------------------------------------------------------------------------- processes

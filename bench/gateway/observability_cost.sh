@@ -1,16 +1,20 @@
 #!/usr/bin/env bash
-# What an inference table costs the request path (issue 23): flotilla's gateway with 1 worker,
-# pinned to cpu1 (its table writer thread too), in front of the 4 static nginx backends of
-# ../shared/bench/peers (load and backends on cpu0), the same wrk load (-c CONNS, the peers'
-# small JSON POST) with the endpoint's inference table off and on (every request recorded,
-# bodies kept), interleaved REPS times with the order alternating. Prints each run's req/s
-# and the gateway's CPU-µs per request, the per-rep ratio on/off, their medians, and what the
-# table wrote (records, drops, compressed bytes per record).
-# Usage: bash bench/gateway/inference_table.sh     Environment: REPS (5), DURATION (10),
-# CONNS (64), FLOTILLA_BIN. About 2 minutes.
+# What recording every request costs the request path (issue 23): flotilla's gateway with 1
+# worker, pinned to cpu1 (its writer or exporter thread too), in front of the 4 static nginx
+# backends of ../shared/bench/peers (load and backends on cpu0), the same wrk load (-c CONNS,
+# the peers' small JSON POST) with FEATURE off and on, interleaved REPS times with the order
+# alternating. FEATURE is `table` (the endpoint's inference table, every request recorded with
+# its bodies) or `trace` (spans of every request, sampled at 1.0, exported as OTLP/HTTP JSON to
+# the first nginx backend, which answers 200). Prints each run's req/s and the gateway's
+# CPU-µs per request, the per-rep ratio on/off, their medians, and what was recorded (records
+# or spans, drops, and for tables compressed bytes per record).
+# Usage: bash bench/gateway/observability_cost.sh [table|trace]     Environment: REPS (5),
+# DURATION (10), CONNS (64), FLOTILLA_BIN. About 2 minutes.
 set -euo pipefail
 
 source "$(dirname "${BASH_SOURCE[0]}")/backends.sh"
+FEATURE=${1:-table}
+[[ $FEATURE == table || $FEATURE == trace ]] || { echo "FEATURE: table or trace" >&2; exit 2; }
 REPS=${REPS:-5}
 DURATION=${DURATION:-10}
 CONNS=${CONNS:-64}
@@ -21,7 +25,7 @@ done
 
 config() {  # on|off
   local table=""
-  [[ $1 == on ]] && table="    inference_table: {enabled: true, sample_rate: 1, max_body_bytes: 65536}"
+  [[ $1 == on && $FEATURE == table ]] && table="    inference_table: {enabled: true, sample_rate: 1, max_body_bytes: 65536}"
   cat <<EOF
 endpoints:
   - name: default
@@ -42,8 +46,10 @@ run() {
   local mode=$1 dir="$WORK/$1-$rep"
   mkdir -p "$dir"
   config "$mode" >"$dir/gateway.yaml"
+  local tracing=()
+  [[ $mode == on && $FEATURE == trace ]] && tracing=(--otlp-endpoint http://127.0.0.1:18081/v1/traces)
   setsid taskset -c 1 "$BIN" gateway --listen "127.0.0.1:$PORT" --config "$dir/gateway.yaml" \
-    --workers 1 --log-level warn --inference-dir "$dir/tables" >"$dir/gateway.log" 2>&1 &
+    --workers 1 --log-level warn --inference-dir "$dir/tables" "${tracing[@]}" >"$dir/gateway.log" 2>&1 &
   local gw=$!
   pids+=("$gw")
   for _ in $(seq 100); do
@@ -65,8 +71,14 @@ run() {
   local rps reqs records dropped bytes
   rps=$(sed -E 's/.*rps=([0-9.]+).*/\1/' <<<"$result")
   reqs=$(sed -E 's/.*reqs=([0-9]+).*/\1/' <<<"$result")
-  records=$(awk '/^flotilla_gateway_inference_records_total/ {s += $2} END {print s + 0}' <<<"$metrics")
-  dropped=$(awk '/^flotilla_gateway_inference_records_dropped_total/ {s += $2} END {print s + 0}' <<<"$metrics")
+  local recorded=flotilla_gateway_inference_records_total
+  local lost=flotilla_gateway_inference_records_dropped_total
+  if [[ $FEATURE == trace ]]; then
+    recorded=flotilla_trace_spans_exported_total
+    lost=flotilla_trace_spans_dropped_total
+  fi
+  records=$(awk -v m="$recorded" '$1 ~ "^" m {s += $2} END {print s + 0}' <<<"$metrics")
+  dropped=$(awk -v m="$lost" '$1 ~ "^" m {s += $2} END {print s + 0}' <<<"$metrics")
   bytes=$(du -sb "$dir/tables" 2>/dev/null | cut -f1)
   local hz
   hz=$(getconf CLK_TCK)
@@ -74,6 +86,7 @@ run() {
 }
 
 start_backends
+echo "feature: $FEATURE"
 echo "| rep | off req/s | on req/s | on/off | off CPU-µs/req | on CPU-µs/req | records | dropped | bytes/record |"
 echo "|---|---|---|---|---|---|---|---|---|"
 ratios=()
@@ -93,4 +106,4 @@ for rep in $(seq "$REPS"); do
 done
 median=$(printf '%s\n' "${ratios[@]}" | sort -n | awk '{a[NR] = $1} END {print (NR % 2) ? a[(NR + 1) / 2] : (a[NR / 2] + a[NR / 2 + 1]) / 2}')
 echo
-echo "median req/s with the table on / off: $median (c=$CONNS, ${DURATION}s runs, $REPS reps; $(nproc) CPUs)"
+echo "median req/s with $FEATURE on / off: $median (c=$CONNS, ${DURATION}s runs, $REPS reps; $(nproc) CPUs)"
