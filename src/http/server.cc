@@ -1100,21 +1100,16 @@ std::string_view find_header(const Headers& headers, std::string_view name) {
 }
 
 void set_header(Headers& headers, std::string_view name, std::string value) {
-  bool set = false;
-  for (auto it = headers.begin(); it != headers.end();) {
-    if (!equals_ignore_case(it->first, name)) {
-      ++it;
-    } else if (!set) {
-      it->second = std::move(value);
-      set = true;
-      ++it;
-    } else {
-      it = headers.erase(it);
-    }
-  }
-  if (!set) {
+  const auto named = [name](const auto& header) {
+    return equals_ignore_case(header.first, name);
+  };
+  const auto first = std::find_if(headers.begin(), headers.end(), named);
+  if (first == headers.end()) {
     headers.emplace_back(std::string(name), std::move(value));
+    return;
   }
+  first->second = std::move(value);
+  headers.erase(std::remove_if(first + 1, headers.end(), named), headers.end());
 }
 
 Loop Loop::current() {

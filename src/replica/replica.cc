@@ -391,11 +391,11 @@ std::shared_ptr<RequestTrace> ReplicaImpl::start_trace(Route route, const http::
     return nullptr;
   }
   trace::Span server =
-      tracer_->server_span(http::find_header(request.headers, "traceparent"),
-                           std::string("POST ") + kRouteNames[static_cast<size_t>(route)], start);
+      tracer_->server_span(http::find_header(request.headers, "traceparent"), {}, start);
   if (!server.context.sampled()) {
     return nullptr;
   }
+  server.name = std::string("POST ") + kRouteNames[static_cast<size_t>(route)];
   server.set("http.request.method", "POST");
   server.set("url.path", std::string(path));
   if (std::string_view id = http::find_header(request.headers, "x-request-id"); !id.empty()) {

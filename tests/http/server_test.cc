@@ -63,6 +63,17 @@ bool stays_quiet(const RawClient& client, std::chrono::milliseconds how_long) {
 
 constexpr std::string_view kGet = "GET /a HTTP/1.1\r\nHost: t\r\n\r\n";
 
+// ---- Header helpers -------------------------------------------------------------------------
+
+TEST(HeadersTest, SetHeaderReplacesTheFirstRemovesTheRestOrAppends) {
+  Headers headers{{"A", "1"}, {"traceparent", "x"}, {"B", "2"}, {"TraceParent", "y"}};
+  set_header(headers, "Traceparent", "z");
+  EXPECT_EQ(headers, (Headers{{"A", "1"}, {"traceparent", "z"}, {"B", "2"}}));
+  set_header(headers, "C", "3");
+  EXPECT_EQ(find_header(headers, "c"), "3");
+  EXPECT_EQ(headers.size(), 4u);
+}
+
 // ---- Transfer-Encoding (RFC 9112 §6.1, §6.3) --------------------------------------------------
 
 TEST_F(ServerTest, TransferEncodingOtherThanASingleChunkedIs400AndCloses) {
