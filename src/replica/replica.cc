@@ -198,8 +198,9 @@ class ReplicaImpl final : public Replica {
                           std::shared_ptr<RequestTrace> traced);
   void execute(const LoadedModel& model, runtime::ModelInput&& input, runtime::RunCallback done,
                RequestTrace* traced);
-  // The spans of a model call that returned at `ran`: the wait for its batch and the run.
-  static void record_run(RequestTrace& traced, int64_t rows, Clock::time_point ran);
+  // A traced model call's spans once it returned (the wait for its batch, the run), and the
+  // time it returned; nothing, and no time, when `traced` is null.
+  static Clock::time_point record_run(RequestTrace* traced);
   void finish(Route route, Clock::time_point start, http::Responder& responder,
               http::Response&& response, RequestTrace* traced = nullptr);
   // The server span of a model request, when this replica traces and the trace is sampled.
@@ -411,15 +412,20 @@ void ReplicaImpl::end_trace(RequestTrace& traced, int status) {
   traced.tracer.record(std::move(traced.server));
 }
 
-void ReplicaImpl::record_run(RequestTrace& traced, int64_t rows, Clock::time_point ran) {
-  Clock::time_point run_start = traced.submitted;
-  if (traced.run_start != Clock::time_point{}) {
-    run_start = traced.run_start;
-    traced.record("batch wait", traced.submitted, run_start);
+Clock::time_point ReplicaImpl::record_run(RequestTrace* traced) {
+  if (traced == nullptr) {
+    return {};
   }
-  trace::Span inference = traced.child("inference", run_start, ran);
-  inference.set("flotilla.rows", rows);
-  traced.tracer.record(std::move(inference));
+  const Clock::time_point ran = Clock::now();
+  Clock::time_point run_start = traced->submitted;
+  if (traced->run_start != Clock::time_point{}) {
+    run_start = traced->run_start;
+    traced->record("batch wait", traced->submitted, run_start);
+  }
+  trace::Span inference = traced->child("inference", run_start, ran);
+  inference.set("flotilla.rows", traced->rows);
+  traced->tracer.record(std::move(inference));
+  return ran;
 }
 
 void ReplicaImpl::answer_loading(Route route, Clock::time_point start, http::Responder& responder) {
@@ -582,8 +588,10 @@ void ReplicaImpl::handle(http::Request&& request, http::Responder&& responder) {
 
 void ReplicaImpl::execute(const LoadedModel& model, runtime::ModelInput&& input,
                           runtime::RunCallback done, RequestTrace* traced) {
-  if (traced != nullptr) {
+  if (traced != nullptr) {  // the request was decoded and checked: it runs now
     traced->submitted = Clock::now();
+    traced->record("decode", traced->server.start, traced->submitted);
+    traced->rows = input.rows;
   }
   const int worker = http::current_worker_index();
   if (worker >= 0 && worker < static_cast<int>(model.batchers.size())) {
@@ -637,20 +645,13 @@ void ReplicaImpl::handle_infer(const LoadedModel& model, http::Request&& request
     fail(input.status());
     return;
   }
-  const int64_t rows = input->rows;
-  if (traced) {
-    traced->record("decode", start, Clock::now());
-  }
   RequestTrace* const trace_pointer = traced.get();
   execute(
       model, std::move(input).value(),
-      [this, &metadata, responder, start, rows, traced = std::move(traced),
+      [this, &metadata, responder, start, traced = std::move(traced),
        selected = std::move(selected),
        id = std::move(decoded->id)](Result<std::vector<Tensor>> outputs) mutable {
-        const Clock::time_point ran = traced ? Clock::now() : Clock::time_point{};
-        if (traced) {
-          record_run(*traced, rows, ran);
-        }
+        const Clock::time_point ran = record_run(traced.get());
         if (!outputs.is_ok()) {
           finish(Route::kInfer, start, *responder,
                  json_response(http_status_for(outputs.status().code()),
@@ -716,19 +717,11 @@ void ReplicaImpl::handle_invocations(const LoadedModel& model, http::Request&& r
     fail(input.status(), http_status_for(input.status().code()));
     return;
   }
-  const int64_t rows = input->rows;
-  if (traced) {
-    traced->record("decode", start, Clock::now());
-  }
   RequestTrace* const trace_pointer = traced.get();
   execute(
       model, std::move(input).value(),
-      [this, responder, start, rows,
-       traced = std::move(traced)](Result<std::vector<Tensor>> outputs) {
-        const Clock::time_point ran = traced ? Clock::now() : Clock::time_point{};
-        if (traced) {
-          record_run(*traced, rows, ran);
-        }
+      [this, responder, start, traced = std::move(traced)](Result<std::vector<Tensor>> outputs) {
+        const Clock::time_point ran = record_run(traced.get());
         if (!outputs.is_ok()) {
           finish(Route::kInvocations, start, *responder,
                  json_response(500, protocol::encode_mlflow_error(outputs.status().code(),

@@ -33,6 +33,7 @@ struct RequestTrace {
   trace::Tracer& tracer;
   trace::Span server;
   TimePoint submitted{};  // handed to the batcher or the runtime
+  int64_t rows = 0;       // of the model call
   TimePoint run_start{};  // its batch began to run (the batcher writes it)
 };
 
