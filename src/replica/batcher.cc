@@ -56,9 +56,13 @@ std::vector<Batcher::Item> Batcher::take_batch() {
 }
 
 void Batcher::run_batch(std::vector<Item>&& batch) {
+  std::chrono::steady_clock::time_point now{};
   for (const Item& item : batch) {
     if (item.run_start != nullptr) {
-      *item.run_start = std::chrono::steady_clock::now();
+      if (now == std::chrono::steady_clock::time_point{}) {
+        now = std::chrono::steady_clock::now();  // once a batch, and only when traced
+      }
+      *item.run_start = now;
     }
   }
   if (batch.size() == 1) {

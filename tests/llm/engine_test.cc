@@ -3,6 +3,7 @@
 // chunked prefill and the overlap switch change nothing; finish reasons; cancellation; and the
 // scheduler's invariants under thousands of random requests and cancellations on a cache small
 // enough to force preemption.
+#include <chrono>
 #include <condition_variable>
 #include <map>
 #include <mutex>
@@ -38,6 +39,9 @@ class Collector {
     int finals = 0;
     int completion_tokens = 0;
     int prompt_tokens = 0;
+    // The final event's path through the engine (for spans): taken, first computed, first
+    // token, each set and in that order.
+    bool times_in_order = false;
   };
 
   EventCallback callback(int key) {
@@ -49,6 +53,9 @@ class Collector {
       outcome.completion_tokens = event.completion_tokens;
       outcome.prompt_tokens = event.prompt_tokens;
       if (event.finish != FinishReason::kNone) {
+        const std::chrono::steady_clock::time_point unset{};
+        outcome.times_in_order = event.submitted != unset && event.submitted <= event.scheduled &&
+                                 event.scheduled <= event.first_token;
         outcome.finish = event.finish;
         ++outcome.finals;
         ++finished_;
@@ -104,6 +111,7 @@ std::vector<std::vector<int32_t>> generate(const std::string& model_name,
     EXPECT_EQ(outcome.finish, FinishReason::kLength);
     EXPECT_EQ(outcome.completion_tokens, params.max_tokens);
     EXPECT_EQ(outcome.prompt_tokens, static_cast<int>(prompts[key].size()));
+    EXPECT_TRUE(outcome.times_in_order) << "request " << key;
     out.push_back(outcome.tokens);
   }
   EXPECT_EQ((*engine)->stats().kv_blocks_used, 0);

@@ -1,5 +1,6 @@
 #include "replica/batcher.h"
 
+#include <chrono>
 #include <map>
 
 #include <gtest/gtest.h>
@@ -109,6 +110,26 @@ TEST(BatcherTest, DeferredFlushTakesEverythingQueuedBeforeIt) {
   for (int id = 0; id < 3; ++id) {
     EXPECT_EQ(answers.values[id], std::vector<float>{2.0f * id}) << id;
   }
+}
+
+TEST(BatcherTest, WritesWhenATracedRequestsBatchBeganToRun) {
+  DoublingRuntime runtime;
+  Histogram rows({1, 2, 4, 8});
+  DeferredScheduler loop;
+  Batcher batcher(runtime, 64, std::chrono::microseconds(0), rows, loop.scheduler());
+  Answers answers;
+  const std::chrono::steady_clock::time_point unset{};
+  std::chrono::steady_clock::time_point first = unset;
+  std::chrono::steady_clock::time_point second = unset;
+  batcher.submit(rows_of({1}), answers.for_request(0), &first);
+  batcher.submit(rows_of({2}), answers.for_request(1));  // not traced
+  batcher.submit(rows_of({3}), answers.for_request(2), &second);
+  EXPECT_EQ(first, unset) << "written when the batch runs, not when queued";
+  const auto before = std::chrono::steady_clock::now();
+  loop.run_all();
+  EXPECT_GE(first, before);
+  EXPECT_EQ(first, second) << "one batch, one start";
+  EXPECT_EQ(answers.values.size(), 3u);
 }
 
 TEST(BatcherTest, SplitsTheQueueIntoWholeRequestsOfAtMostMaxRows) {
