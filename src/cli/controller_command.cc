@@ -141,6 +141,16 @@ int run_controller(const ControllerFlags& flags) {
 
   cluster::Controller::Options options;
   options.replica.image = flags.image;
+  // Tracing settings pass to the replica pods as they do to `flotilla up`'s replicas; headers
+  // stay out of pod specs (they may hold credentials).
+  for (const char* variable :
+       {"OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
+        "OTEL_TRACES_SAMPLER_ARG", "OTEL_RESOURCE_ATTRIBUTES", "OTEL_BSP_SCHEDULE_DELAY",
+        "OTEL_BSP_MAX_QUEUE_SIZE", "OTEL_BSP_MAX_EXPORT_BATCH_SIZE", "OTEL_BSP_EXPORT_TIMEOUT"}) {
+    if (const char* value = std::getenv(variable); value != nullptr && *value != '\0') {
+      options.replica.env.emplace_back(variable, value);
+    }
+  }
   options.election.lease_name = std::string(cluster::kControllerLease);
   options.election.identity = instance_name(flags.identity);
   options.election.lease_duration = std::chrono::milliseconds(flags.lease_duration_ms);

@@ -297,6 +297,9 @@ struct ReplicaTemplate {
   int64_t drain_seconds = 5;
   // From SIGTERM to SIGKILL: the drain, plus the longest request a replica should finish.
   int64_t termination_grace_seconds = 65;
+  // Set in every replica container: the controller's own tracing settings, so that replica pods
+  // export spans where the controller was told to (docs/tracing.md). Changing them rolls the pods.
+  std::vector<std::pair<std::string, std::string>> env;
 };
 
 // The spec of a ServingEndpoint (the §7 endpoint spec under `spec`, its name from metadata),

@@ -152,6 +152,9 @@ json version_deployment(const json& serving_endpoint, const control::ServedModel
   if (!resources.empty()) {
     container["resources"] = resources;
   }
+  for (const auto& [variable, value] : replica.env) {
+    container["env"].push_back({{"name", variable}, {"value", value}});
+  }
   const json labels = labels_of(endpoint, served.name);
   json deployment = {
       {"apiVersion", "apps/v1"},

@@ -85,6 +85,15 @@ TEST(ControllerPlanTest, MakesEachVersionsDeploymentAndServiceOwnedAndLabelled) 
   EXPECT_EQ(plan.status["desiredReplicas"], 3);
   EXPECT_EQ(condition(plan.status, "Ready"), "False ReplicasNotReady");
   EXPECT_EQ(condition(plan.status, "Progressing"), "True ScalingUp");
+  EXPECT_FALSE(container.contains("env"));
+
+  // The controller's tracing settings reach the replica containers.
+  ReplicaTemplate traced;
+  traced.env = {{"OTEL_EXPORTER_OTLP_ENDPOINT", "http://collector:4318"}};
+  const EndpointPlan with_env = plan_endpoint(se, {}, std::nullopt, traced, clock);
+  EXPECT_EQ(with_env.deployments[0]["spec"]["template"]["spec"]["containers"][0]["env"],
+            json::parse(R"([{"name": "OTEL_EXPORTER_OTLP_ENDPOINT",
+                             "value": "http://collector:4318"}])"));
 
   // The autoscaler's count and target win over the provisioned ones.
   // (6 replicas at 10 each: above the version's own minimum of 40 / 10.)
