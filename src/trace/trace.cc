@@ -23,7 +23,7 @@ int hex_value(char c) {
   return -1;  // upper case is invalid in a traceparent
 }
 
-// `text` is exactly 2 * sizeof(*out) lower-case hex digits.
+// `text`: at most 16 lower-case hex digits (false for anything else).
 bool parse_hex(std::string_view text, uint64_t* out) {
   uint64_t value = 0;
   for (char c : text) {
