@@ -167,6 +167,9 @@ class GatewayImpl final : public Gateway {
   // the trace id and traceparent the replica gets.
   void start_trace(ProxyCall& call, const http::Headers& headers, TimePoint received,
                    TimePoint auth_start, TimePoint auth_end);
+  // The one span of a request the gateway refused itself (auth, unknown endpoint or route).
+  void trace_refusal(const http::Request& request, const Route& route,
+                     const std::string& request_id, int status, TimePoint received);
   // Samples `call` for its endpoint's inference table and keeps its request body if taken.
   void start_capture(ProxyCall& call, const EndpointView& view, RouteKind kind, Random& random);
 
@@ -241,6 +244,9 @@ void GatewayImpl::handle(http::Request&& request, http::Responder&& responder) {
     response.headers.emplace_back("X-Request-Id", request_id);
     if (!allow.empty()) {
       response.headers.emplace_back("Allow", std::string(allow));
+    }
+    if (tracer_) {
+      trace_refusal(request, route, request_id, status, received);
     }
     responder.send(std::move(response));
   };
@@ -390,6 +396,27 @@ void GatewayImpl::start_trace(ProxyCall& call, const http::Headers& headers, Tim
   call.trace = std::make_unique<CallTrace>();
   call.trace->server = std::move(server);
   // Each attempt's traceparent is set as it is sent (Proxy::forward).
+}
+
+void GatewayImpl::trace_refusal(const http::Request& request, const Route& route,
+                                const std::string& request_id, int status, TimePoint received) {
+  trace::Span span =
+      tracer_->server_span(http::find_header(request.headers, "traceparent"), {}, received);
+  if (!span.context.sampled()) {
+    return;
+  }
+  span.name = std::string(http::method_name(request.method)) + " " +
+              (route.endpoint.empty() ? std::string("(unrouted)") : route.endpoint);
+  span.end = SteadyClock::now();
+  span.set("http.request.method", std::string(http::method_name(request.method)));
+  span.set("url.path", request.target.substr(0, request.target.find('?')));
+  span.set("http.response.status_code", status);
+  if (!route.endpoint.empty()) {
+    span.set("flotilla.endpoint", route.endpoint);
+  }
+  span.set("flotilla.request_id", request_id);
+  span.error = status >= 500;
+  tracer_->record(std::move(span));
 }
 
 void GatewayImpl::start_capture(ProxyCall& call, const EndpointView& view, RouteKind kind,

@@ -220,6 +220,19 @@ class TracesThroughUp(ControlTestCase):
         upstream = by_name(spans, "flotilla-gateway", "upstream")
         self.assertEqual(replica["parent_span_id"], upstream["span_id"])
 
+    def test_d2_a_refused_request_has_the_gateways_span_alone(self):
+        trace_id = "8bf92f3577b34da6a3ce929d0e0e4736"
+        r = self.up.gw("POST", "/serving-endpoints/tree/invocations",
+                       control_test.mlflow_body(), token=None,
+                       headers={"traceparent": f"00-{trace_id}-{PARENT}-01"})
+        self.assertEqual(r.status, 401, r)
+        spans = self.receiver.wait_for(trace_id, lambda s: len(s) >= 1, "the refusal's span")
+        self.assertEqual([(s["service"], s["name"]) for s in spans],
+                         [("flotilla-gateway", "POST tree")])
+        self.assertEqual(spans[0]["attributes"]["http.response.status_code"], 401)
+        self.assertEqual(spans[0]["parent_span_id"], PARENT)
+        self.assertEqual(spans[0]["attributes"]["flotilla.request_id"], r.headers["x-request-id"])
+
     def test_e_the_exporters_count_what_they_sent(self):
         r = self.up.gw("GET", "/metrics")
         self.assertEqual(r.status, 200, r)
