@@ -11,7 +11,6 @@
 #include "common/common.h"
 #include "common/common_logging.h"
 #include "control/control_scaling.h"
-#include "trace/trace.h"
 
 namespace flotilla::cli {
 
@@ -66,13 +65,9 @@ struct AutoscalingFlags {
 void add_autoscaling_flags(CLI::App& cmd, AutoscalingFlags& flags);
 
 // --otlp-endpoint and --trace-sample-ratio (docs/tracing.md): they win over OpenTelemetry's
-// variables. `sample_ratio` stays below 0 when the flag is not given.
+// variables (trace::tracer_options_from_env). `sample_ratio` stays below 0 when the flag is not
+// given.
 void add_tracing_flags(CLI::App& cmd, std::string& endpoint, double& sample_ratio);
-// The tracer's options for a process named `service` (nullopt: tracing off), from those flags
-// and the environment; the error names the flag or variable to fix.
-Result<std::optional<trace::TracerOptions>> tracing_options(const std::string& service,
-                                                            const std::string& endpoint,
-                                                            double sample_ratio);
 
 // --log-format: json (the default) or text (common/common_logging.h).
 void add_log_format_flag(CLI::App& cmd, std::string& format);

@@ -14,6 +14,7 @@
 #include "cluster/cluster.h"
 #include "common/common.h"
 #include "gateway/gateway.h"
+#include "trace/trace.h"
 
 namespace flotilla::cli {
 namespace {
@@ -159,7 +160,8 @@ int run_gateway(const GatewayFlags& flags) {
   options.access_log = flags.access_log;
   options.inference_dir = flags.inference_dir;
   options.inference_period = std::chrono::seconds(flags.inference_period_s);
-  auto tracing = tracing_options("flotilla-gateway", flags.otlp_endpoint, flags.trace_sample_ratio);
+  auto tracing = trace::tracer_options_from_env("flotilla-gateway", flags.otlp_endpoint,
+                                                flags.trace_sample_ratio);
   if (!tracing.is_ok()) {
     std::cerr << "flotilla gateway: " << tracing.status().message() << "\n";
     return kExitBadInput;

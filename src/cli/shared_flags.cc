@@ -64,13 +64,6 @@ void add_tracing_flags(CLI::App& cmd, std::string& endpoint, double& sample_rati
       ->check(CLI::Range(0.0, 1.0));
 }
 
-Result<std::optional<trace::TracerOptions>> tracing_options(const std::string& service,
-                                                            const std::string& endpoint,
-                                                            double sample_ratio) {
-  return trace::tracer_options_from_env(
-      service, endpoint, sample_ratio < 0 ? std::nullopt : std::optional<double>(sample_ratio));
-}
-
 void add_log_format_flag(CLI::App& cmd, std::string& format) {
   cmd.add_option("--log-format", format,
                  "Log lines on stderr: json (an object a line: time, level, component, endpoint, "

@@ -18,6 +18,7 @@
 #include "control/control.h"
 #include "gateway/gateway.h"
 #include "orchestrator/orchestrator.h"
+#include "trace/trace.h"
 
 namespace flotilla::cli {
 namespace {
@@ -68,7 +69,8 @@ int run_up(const UpFlags& flags) {
       !status.is_ok()) {
     return fail(status.message());
   }
-  auto tracing = tracing_options("flotilla-gateway", flags.otlp_endpoint, flags.trace_sample_ratio);
+  auto tracing = trace::tracer_options_from_env("flotilla-gateway", flags.otlp_endpoint,
+                                                flags.trace_sample_ratio);
   if (!tracing.is_ok()) {
     return fail(tracing.status().message());
   }

@@ -13,6 +13,7 @@
 #include "replica/replica_process.h"
 #include "replica/replica_standby.h"
 #include "store/store.h"
+#include "trace/trace.h"
 
 namespace flotilla::replica {
 namespace {
@@ -166,10 +167,8 @@ int run_replica_process(const ProcessFlags& flags) {
   options.batching.max_queue_delay = std::chrono::microseconds(flags.max_queue_delay_us);
   options.drain_timeout = std::chrono::milliseconds(flags.drain_timeout_ms);
   options.model_version = flags.model_version;
-  auto tracing = trace::tracer_options_from_env(
-      "flotilla-replica", flags.otlp_endpoint,
-      flags.trace_sample_ratio < 0 ? std::nullopt
-                                   : std::optional<double>(flags.trace_sample_ratio));
+  auto tracing = trace::tracer_options_from_env("flotilla-replica", flags.otlp_endpoint,
+                                                flags.trace_sample_ratio);
   if (!tracing.is_ok()) {
     std::cerr << "flotilla replica: " << tracing.status().message() << "\n";
     return kExitBadInput;

@@ -45,16 +45,14 @@ void append_hex(uint64_t value, int digits, std::string& out) {
 }
 
 std::string percent_decode(std::string_view text) {
+  const auto digit = [](char c) {
+    return hex_value(static_cast<char>(std::tolower(static_cast<unsigned char>(c))));
+  };
   std::string out;
   for (size_t i = 0; i < text.size(); ++i) {
-    uint64_t value = 0;
-    std::string digits;
-    if (text[i] == '%' && i + 2 < text.size()) {
-      digits = {static_cast<char>(std::tolower(static_cast<unsigned char>(text[i + 1]))),
-                static_cast<char>(std::tolower(static_cast<unsigned char>(text[i + 2])))};
-    }
-    if (!digits.empty() && parse_hex(digits, &value)) {
-      out.push_back(static_cast<char>(value));
+    if (text[i] == '%' && i + 2 < text.size() && digit(text[i + 1]) >= 0 &&
+        digit(text[i + 2]) >= 0) {
+      out.push_back(static_cast<char>(digit(text[i + 1]) * 16 + digit(text[i + 2])));
       i += 2;
     } else {
       out.push_back(text[i]);
@@ -230,7 +228,7 @@ Span child_span(const SpanContext& parent, std::string name, SpanKind kind,
 
 Result<std::optional<TracerOptions>> tracer_options_from_env(const std::string& default_service,
                                                              const std::string& endpoint_flag,
-                                                             std::optional<double> ratio_flag) {
+                                                             double ratio_flag) {
   TracerOptions options;
   const char* endpoint_source = "--otlp-endpoint";
   if (!endpoint_flag.empty()) {
@@ -261,8 +259,9 @@ Result<std::optional<TracerOptions>> tracer_options_from_env(const std::string& 
       }
     }
   }
-  if (ratio_flag) {
-    options.sample_ratio = *ratio_flag;
+  const bool ratio_given = ratio_flag >= 0;
+  if (ratio_given) {
+    options.sample_ratio = ratio_flag;
   } else if (std::optional<std::string> text = env("OTEL_TRACES_SAMPLER_ARG")) {
     char* end = nullptr;
     options.sample_ratio = std::strtod(text->c_str(), &end);
@@ -272,7 +271,7 @@ Result<std::optional<TracerOptions>> tracer_options_from_env(const std::string& 
   }
   if (!(options.sample_ratio >= 0 && options.sample_ratio <= 1)) {
     return invalid_argument(
-        std::string(ratio_flag ? "--trace-sample-ratio" : "OTEL_TRACES_SAMPLER_ARG") +
+        std::string(ratio_given ? "--trace-sample-ratio" : "OTEL_TRACES_SAMPLER_ARG") +
         ": the sampling ratio must be in [0, 1]");
   }
   options.service_name = env("OTEL_SERVICE_NAME").value_or(default_service);

@@ -133,11 +133,12 @@ struct TracerOptions {
 // ("k=v,k2=v2", values percent-decoded); OTEL_TRACES_SAMPLER_ARG (the ratio);
 // OTEL_SERVICE_NAME (else `default_service`); OTEL_RESOURCE_ATTRIBUTES; OTEL_BSP_SCHEDULE_DELAY,
 // OTEL_BSP_MAX_QUEUE_SIZE, OTEL_BSP_MAX_EXPORT_BATCH_SIZE, OTEL_BSP_EXPORT_TIMEOUT (ms). A flag
-// given (non-empty `endpoint_flag`, set `ratio_flag`) wins over its variable. kInvalidArgument
-// naming the variable for a value that cannot be used.
+// given (`endpoint_flag` non-empty, `ratio_flag` at or above 0: --otlp-endpoint and
+// --trace-sample-ratio, whose unset values these are) wins over its variable. kInvalidArgument
+// naming the variable or flag for a value that cannot be used.
 Result<std::optional<TracerOptions>> tracer_options_from_env(const std::string& default_service,
                                                              const std::string& endpoint_flag,
-                                                             std::optional<double> ratio_flag);
+                                                             double ratio_flag);
 
 // The OTLP protobuf-JSON body (an ExportTraceServiceRequest) for `spans`, with Unix times at
 // `unix_offset` from the steady clock. Ids are hex, 64-bit integers strings, enums numbers, as
@@ -164,11 +165,10 @@ class Tracer {
   // Exports everything queued by now and returns when that is done (tests, shutdown).
   void flush();
 
-  const TracerOptions& options() const { return options_; }
-
  private:
   Tracer(TracerOptions options, MetricsRegistry& registry);
-  void run();
+  // The exporter thread; `url` is options_.endpoint, parsed.
+  void run(const http::Url& url);
   void export_batch(http::BlockingConnection& connection, const http::Url& url,
                     std::vector<Span>&& batch);
 

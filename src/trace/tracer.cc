@@ -36,12 +36,11 @@ bool retryable(int status) {
 
 Result<std::unique_ptr<Tracer>> Tracer::start(TracerOptions options, MetricsRegistry& registry) {
   FLOTILLA_ASSIGN_OR_RETURN(http::Url url, http::parse_url(options.endpoint));
-  (void)url;
   if (options.max_queue_spans == 0 || options.max_batch_spans == 0) {
     return invalid_argument("the span queue and batch must hold at least one span");
   }
   std::unique_ptr<Tracer> tracer(new Tracer(std::move(options), registry));
-  tracer->thread_ = std::thread([raw = tracer.get()] { raw->run(); });
+  tracer->thread_ = std::thread([raw = tracer.get(), url = std::move(url)] { raw->run(url); });
   spdlog::info("exporting traces to {} (service {}, sampling {} of new traces)",
                tracer->options_.endpoint, tracer->options_.service_name,
                tracer->options_.sample_ratio);
@@ -110,8 +109,7 @@ void Tracer::flush() {
   }
 }
 
-void Tracer::run() {
-  const http::Url url = http::parse_url(options_.endpoint).value();  // checked by start()
+void Tracer::run(const http::Url& url) {
   // One connection, kept alive between batches.
   http::BlockingConnection connection(url.origin(), options_.export_timeout);
   auto next_export = SteadyClock::now() + options_.schedule_delay;

@@ -15,36 +15,13 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include "fakes/http/running_server.h"
 #include "http/http.h"
 
 namespace flotilla::http {
 namespace {
 
 using namespace std::chrono_literals;
-
-// A flotilla http::Server on its own thread, stopped at the end of the test.
-class RunningServer {
- public:
-  explicit RunningServer(Handler handler) {
-    ServerOptions options;
-    options.workers = 1;
-    options.capture_headers = true;
-    auto server = Server::create(options, std::move(handler));
-    EXPECT_TRUE(server.is_ok()) << server.status().message();
-    server_ = std::move(server).value();
-    runner_ = std::thread([this] { server_->run(); });
-  }
-  ~RunningServer() {
-    server_->drain(5s);
-    runner_.join();
-  }
-  uint16_t port() const { return server_->port(); }
-  size_t open_connections() const { return server_->open_connections(); }
-
- private:
-  std::unique_ptr<Server> server_;
-  std::thread runner_;
-};
 
 // A listener whose one connection reads the request head, then writes `pieces` one after the
 // other with `gap` between them, then holds the connection until the test ends: a server that

@@ -6,12 +6,12 @@
 #include <chrono>
 #include <cstdlib>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include "fakes/http/running_server.h"
 #include "http/http.h"
 
 namespace flotilla::trace {
@@ -101,7 +101,7 @@ TEST(TracerOptionsTest, ReadsOpenTelemetryVariables) {
                            "OTEL_RESOURCE_ATTRIBUTES", "OTEL_BSP_SCHEDULE_DELAY"}) {
     ::unsetenv(name);
   }
-  auto off = tracer_options_from_env("flotilla-x", "", std::nullopt);
+  auto off = tracer_options_from_env("flotilla-x", "", -1);
   ASSERT_TRUE(off.is_ok());
   EXPECT_FALSE(off->has_value()) << "no endpoint: tracing is off";
 
@@ -111,7 +111,7 @@ TEST(TracerOptionsTest, ReadsOpenTelemetryVariables) {
   ::setenv("OTEL_TRACES_SAMPLER_ARG", "0.25", 1);
   ::setenv("OTEL_RESOURCE_ATTRIBUTES", "deployment.environment=prod,service.name=ignored", 1);
   ::setenv("OTEL_BSP_SCHEDULE_DELAY", "250", 1);
-  auto on = tracer_options_from_env("flotilla-x", "", std::nullopt);
+  auto on = tracer_options_from_env("flotilla-x", "", -1);
   ASSERT_TRUE(on.is_ok()) << on.status().message();
   ASSERT_TRUE(on->has_value());
   const TracerOptions& options = **on;
@@ -129,7 +129,7 @@ TEST(TracerOptionsTest, ReadsOpenTelemetryVariables) {
   ASSERT_TRUE(traces.is_ok());
   EXPECT_EQ((*traces)->endpoint, "http://other:4318/custom") << "used as is";
   EXPECT_DOUBLE_EQ((*traces)->sample_ratio, 1.0) << "the flag wins";
-  auto flag = tracer_options_from_env("flotilla-x", "http://flag:1/v1/traces", std::nullopt);
+  auto flag = tracer_options_from_env("flotilla-x", "http://flag:1/v1/traces", -1);
   ASSERT_TRUE(flag.is_ok());
   EXPECT_EQ((*flag)->endpoint, "http://flag:1/v1/traces");
 
@@ -142,7 +142,7 @@ TEST(TracerOptionsTest, ReadsOpenTelemetryVariables) {
     const char* before = std::getenv(name);
     const std::string saved = before ? before : "";
     ::setenv(name, value, 1);
-    auto bad = tracer_options_from_env("flotilla-x", "", std::nullopt);
+    auto bad = tracer_options_from_env("flotilla-x", "", -1);
     EXPECT_FALSE(bad.is_ok()) << name << "=" << value;
     if (!bad.is_ok()) {
       EXPECT_NE(bad.status().message().find(name), std::string::npos) << bad.status().message();
@@ -190,16 +190,11 @@ TEST(OtlpJsonTest, EncodesIdsTimesKindsAttributesAndStatus) {
   EXPECT_EQ(encoded["status"]["message"], "HTTP 502");
 }
 
-// A collector: a flotilla http::Server on its own thread that keeps every body posted to
-// /v1/traces and answers `status`.
+// A collector: a server that keeps every body posted to /v1/traces and answers `status`.
 class Collector {
  public:
-  explicit Collector(int status = 200) : status_(status) {
-    http::ServerOptions options;
-    options.workers = 1;
-    options.capture_headers = true;
-    auto server =
-        http::Server::create(options, [this](http::Request&& request, http::Responder&& responder) {
+  explicit Collector(int status = 200)
+      : status_(status), server_([this](http::Request&& request, http::Responder&& responder) {
           {
             MutexLock lock(mutex_);
             bodies_.push_back(request.body);
@@ -207,17 +202,9 @@ class Collector {
           }
           responder.send(http::Response{
               request.target == "/v1/traces" ? status_ : 404, "application/json", "{}", {}});
-        });
-    EXPECT_TRUE(server.is_ok()) << server.status().message();
-    server_ = std::move(server).value();
-    runner_ = std::thread([this] { server_->run(); });
-  }
-  ~Collector() {
-    server_->drain(5s);
-    runner_.join();
-  }
+        }) {}
   std::string url() const {
-    return "http://127.0.0.1:" + std::to_string(server_->port()) + "/v1/traces";
+    return "http://127.0.0.1:" + std::to_string(server_.port()) + "/v1/traces";
   }
   std::vector<nlohmann::json> spans() {
     MutexLock lock(mutex_);
@@ -244,8 +231,7 @@ class Collector {
   Mutex mutex_;
   std::vector<std::string> bodies_ FLOTILLA_GUARDED_BY(mutex_);
   http::Headers headers_ FLOTILLA_GUARDED_BY(mutex_);
-  std::unique_ptr<http::Server> server_;
-  std::thread runner_;
+  http::RunningServer server_;  // last: it stops before the members its handler uses go
 };
 
 Span finished(const Tracer& tracer, const std::string& name) {
