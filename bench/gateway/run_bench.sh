@@ -4,8 +4,9 @@
 #      (leastconn), each proxying to the same 4 static nginx backends, 1 worker pinned to cpu1,
 #      wrk -c64 and -c256 (../shared/bench/peers/run-peers.sh, REPS interleaved runs).
 #   2. heterogeneous replicas (3 fast + 1 slow, 1 slot each) at a fixed Poisson rate: p99 with
-#      flotilla's P2C, flotilla's round robin, nginx round robin / P2C and HAProxy leastconn,
-#      and flotilla's P2C with a per-replica cap of 1 (requests wait at the gateway instead).
+#      flotilla's P2C (weighed by response time), its P2C on in-flight counts alone, its round
+#      robin, nginx round robin / P2C and HAProxy leastconn, flotilla's P2C with a per-replica
+#      cap of 1 (requests wait at the gateway instead), and the fleet without the slow replica.
 #   3. gateway-added latency at half of the gateway's max load, HAProxy alongside
 #      (bench/gateway/added_latency.py).
 # Usage: bash bench/gateway/run_bench.sh [throughput|hetero|latency|all]   (default all)
@@ -35,19 +36,21 @@ if [[ $WHAT == throughput || $WHAT == all ]]; then
 fi
 
 if [[ $WHAT == hetero || $WHAT == all ]]; then
-  echo "### heterogeneous replicas, flotilla P2C and peers (run-peers.sh MODE=hetero)"
-  (cd "$PEERS_DIR" && MODE=hetero RATES="$RATES" GATEWAY_CMD=$(gateway_cmd p2c) \
-     GATEWAY_NAME=flotilla-p2c REPS=$REPS DURATION=$DURATION \
-     MAX_TOTAL=$((REPS * 4 * (DURATION + 4) + 30)) \
-     PEERS="nginx-rr nginx-p2c haproxy-lc" ./run-peers.sh 2>/dev/null)
+  hetero() {  # NAME GATEWAY_CMD PEERS TARGETS [HETERO_SPEC]
+    (cd "$PEERS_DIR" && MODE=hetero RATES="$RATES" GATEWAY_CMD="$2" GATEWAY_NAME=$1 REPS=$REPS \
+       DURATION=$DURATION MAX_TOTAL=$((REPS * $4 * (DURATION + 4) + 30)) PEERS="$3" \
+       HETERO_SPEC="${5:-exp:2 exp:2 exp:2 exp:10}" ./run-peers.sh 2>/dev/null)
+  }
+  echo "### heterogeneous replicas, flotilla P2C weighed by response time and peers (run-peers.sh MODE=hetero)"
+  hetero flotilla-p2c "$(gateway_cmd p2c)" "nginx-rr nginx-p2c haproxy-lc" 4
+  echo "### heterogeneous replicas, flotilla P2C on in-flight counts alone (the policy before issue #25)"
+  hetero flotilla-p2c-in-flight "$(gateway_cmd p2c_in_flight)" "haproxy-lc" 2
   echo "### heterogeneous replicas, flotilla round robin (the same load)"
-  (cd "$PEERS_DIR" && MODE=hetero RATES="$RATES" GATEWAY_CMD=$(gateway_cmd round_robin) \
-     GATEWAY_NAME=flotilla-rr REPS=$REPS DURATION=$DURATION \
-     MAX_TOTAL=$((REPS * 2 * (DURATION + 4) + 30)) PEERS="nginx-rr" ./run-peers.sh 2>/dev/null)
+  hetero flotilla-rr "$(gateway_cmd round_robin)" "nginx-rr" 2
   echo "### heterogeneous replicas, flotilla P2C with a per-replica cap of 1 (the replicas' slots)"
-  (cd "$PEERS_DIR" && MODE=hetero RATES="$RATES" GATEWAY_CMD="$(gateway_cmd p2c) --max-in-flight 1" \
-     GATEWAY_NAME=flotilla-cap1 REPS=$REPS DURATION=$DURATION \
-     MAX_TOTAL=$((REPS * 2 * (DURATION + 4) + 30)) PEERS="haproxy-lc" ./run-peers.sh 2>/dev/null)
+  hetero flotilla-cap1 "$(gateway_cmd p2c) --max-in-flight 1" "haproxy-lc" 2
+  echo "### the same fleet without the slow replica (4 x exp 2 ms): the moonshot's reference"
+  hetero flotilla-p2c "$(gateway_cmd p2c)" "haproxy-lc" 2 "exp:2 exp:2 exp:2 exp:2"
 fi
 
 if [[ $WHAT == latency || $WHAT == all ]]; then

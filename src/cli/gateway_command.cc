@@ -274,8 +274,9 @@ std::function<int()> add_gateway_command(CLI::App& app) {
       ->check(CLI::Range(0, 256))
       ->capture_default_str();
   cmd->add_option("--balancer", flags->balancer,
-                  "p2c (power of two choices); round_robin and least_request for comparisons")
-      ->check(CLI::IsMember({"p2c", "round_robin", "least_request"}))
+                  "p2c (power of two choices weighed by response time); p2c_in_flight, "
+                  "round_robin and least_request for comparisons")
+      ->check(CLI::IsMember({"p2c", "p2c_in_flight", "round_robin", "least_request"}))
       ->capture_default_str();
   cmd->add_option("--queue-size", flags->queue_size,
                   "Requests that may wait per endpoint when every replica is at its cap")

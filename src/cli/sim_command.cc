@@ -19,7 +19,7 @@ struct SimFlags {
   std::string trace;
   double rate_scale = 1;
   uint64_t seed = 1;
-  bool round_robin = false;
+  std::string balancer = "p2c";
   int64_t static_replicas = 0;
   double queue_timeout_s = 0;
   int64_t apa_period_ms = 0;
@@ -119,7 +119,7 @@ int run_sim(const SimFlags& flags) {
   options.apa_no_fast_path = flags.apa_no_fast_path;
   options.apa_no_forecast = flags.apa_no_forecast;
   options.seed = flags.seed;
-  options.round_robin = flags.round_robin;
+  options.balancer = gateway::parse_balancer_kind(flags.balancer).value();  // CLI checked it
   options.static_replicas = flags.static_replicas;
   options.utilization = flags.utilization;
   const sim::SimResult result = sim::simulate(scenario, options);
@@ -228,8 +228,11 @@ std::function<int()> add_sim_command(CLI::App& app) {
       ->check(CLI::Range(int64_t{1}, int64_t{1000}));
   cmd->add_option("--seed", flags->seed, "Random seed (same seed, same result)")
       ->capture_default_str();
-  cmd->add_flag("--round-robin", flags->round_robin,
-                "The gateway balances round robin instead of power of two choices");
+  cmd->add_option("--balancer", flags->balancer,
+                  "The gateway's balancer: p2c (power of two choices weighed by response "
+                  "time); p2c_in_flight, round_robin and least_request for comparisons")
+      ->check(CLI::IsMember({"p2c", "p2c_in_flight", "round_robin", "least_request"}))
+      ->capture_default_str();
   cmd->add_option("--static-replicas", flags->static_replicas,
                   "Replicas for --policy static (0: provision for the peak)")
       ->capture_default_str();

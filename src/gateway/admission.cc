@@ -39,9 +39,10 @@ std::shared_ptr<ReplicaRuntime> acquire(const EndpointView& view, Balancer& bala
       for (const auto& replica : replicas) {
         candidates.push_back(Candidate{replica->eligible() && replica.get() != excluded,
                                        replica->in_flight.load(std::memory_order_relaxed),
-                                       replica->cap.load(std::memory_order_relaxed)});
+                                       replica->cap.load(std::memory_order_relaxed),
+                                       replica->latency_estimate.load(std::memory_order_relaxed)});
       }
-      const auto index = balancer.pick(candidates, random);
+      const auto index = balancer.pick(candidates, random, to_millis(SteadyClock::now()));
       if (!index) {
         break;
       }

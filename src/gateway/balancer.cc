@@ -2,7 +2,11 @@
 // Randomized Load Balancing", 2001): sampling two replicas and sending to the less loaded
 // keeps the maximum load near the average without the herding of least-request (every
 // balancer sending to the same idle replica) or the blindness of round robin (a slow
-// replica gets its full share).
+// replica gets its full share). Which of the two is less loaded weighs its requests in flight by
+// its response time (peak-EWMA, PeakEwma below), so a slow replica is sent less.
+#include <algorithm>
+#include <cmath>
+
 #include "common/common.h"
 #include "gateway/gateway_policy.h"
 
@@ -39,9 +43,30 @@ std::optional<size_t> random_eligible(std::span<const Candidate> candidates, Ran
   return std::nullopt;
 }
 
+// Seconds from `from` to `to`; 0 when `to` is earlier (another thread stamped a later time
+// between this one's reading the clock and the estimate).
+double seconds_since(Millis from, Millis to) {
+  const Millis elapsed = to - from;
+  return elapsed < (Millis{1} << 31) ? elapsed / 1000.0 : 0.0;
+}
+
+// Whether `a` is less loaded than `b`, ties false. By expected wait, (in flight + 1) x response
+// time, where both have answered before; by in flight alone where either has not, so a new
+// replica (whose first responses may be slow, a cold cache) is neither flooded nor starved.
+bool less_loaded(const Candidate& a, const Candidate& b, Millis now) {
+  if (a.latency.seconds > 0 && b.latency.seconds > 0) {
+    return static_cast<double>(a.in_flight + 1) * a.latency.at_time(now) <
+           static_cast<double>(b.in_flight + 1) * b.latency.at_time(now);
+  }
+  return a.in_flight < b.in_flight;
+}
+
 class PowerOfTwoBalancer final : public Balancer {
  public:
-  std::optional<size_t> pick(std::span<const Candidate> candidates, Random& random) override {
+  explicit PowerOfTwoBalancer(bool weigh_latency) : weigh_latency_(weigh_latency) {}
+
+  std::optional<size_t> pick(std::span<const Candidate> candidates, Random& random,
+                             Millis now) override {
     if (candidates.empty()) {
       return std::nullopt;
     }
@@ -54,13 +79,19 @@ class PowerOfTwoBalancer final : public Balancer {
       return first;
     }
     // Ties go to the first draw, which is itself random.
-    return candidates[*second].in_flight < candidates[*first].in_flight ? second : first;
+    const Candidate& a = candidates[*second];
+    const Candidate& b = candidates[*first];
+    const bool second_better = weigh_latency_ ? less_loaded(a, b, now) : a.in_flight < b.in_flight;
+    return second_better ? second : first;
   }
+
+ private:
+  const bool weigh_latency_;
 };
 
 class RoundRobinBalancer final : public Balancer {
  public:
-  std::optional<size_t> pick(std::span<const Candidate> candidates, Random&) override {
+  std::optional<size_t> pick(std::span<const Candidate> candidates, Random&, Millis) override {
     for (size_t step = 0; step < candidates.size(); ++step) {
       const size_t index = (next_ + step) % candidates.size();
       if (has_room(candidates[index])) {
@@ -77,7 +108,7 @@ class RoundRobinBalancer final : public Balancer {
 
 class LeastRequestBalancer final : public Balancer {
  public:
-  std::optional<size_t> pick(std::span<const Candidate> candidates, Random&) override {
+  std::optional<size_t> pick(std::span<const Candidate> candidates, Random&, Millis) override {
     std::optional<size_t> best;
     for (size_t i = 0; i < candidates.size(); ++i) {
       if (has_room(candidates[i]) &&
@@ -91,27 +122,45 @@ class LeastRequestBalancer final : public Balancer {
 
 }  // namespace
 
+PeakEwma PeakEwma::observe(double latency, Millis now) const {
+  // A zero sample would read as "no response yet".
+  const double sample = std::max(latency, 1e-6);
+  if (seconds <= 0 || sample > seconds) {
+    return {static_cast<float>(sample), now};
+  }
+  const double keep = std::exp(-seconds_since(at, now) / kDecaySeconds);
+  return {static_cast<float>(seconds * keep + sample * (1 - keep)), now};
+}
+
+double PeakEwma::at_time(Millis now) const {
+  return seconds * std::exp(-seconds_since(at, now) / kDecaySeconds);
+}
+
 Result<BalancerKind> parse_balancer_kind(std::string_view name) {
   if (name == "p2c")
     return BalancerKind::kPowerOfTwo;
+  if (name == "p2c_in_flight")
+    return BalancerKind::kPowerOfTwoInFlight;
   if (name == "round_robin")
     return BalancerKind::kRoundRobin;
   if (name == "least_request")
     return BalancerKind::kLeastRequest;
   return invalid_argument("unknown balancer '" + std::string(name) +
-                          "' (use p2c, round_robin or least_request)");
+                          "' (use p2c, p2c_in_flight, round_robin or least_request)");
 }
 
 std::unique_ptr<Balancer> make_balancer(BalancerKind kind) {
   switch (kind) {
     case BalancerKind::kPowerOfTwo:
-      return std::make_unique<PowerOfTwoBalancer>();
+      return std::make_unique<PowerOfTwoBalancer>(true);
+    case BalancerKind::kPowerOfTwoInFlight:
+      return std::make_unique<PowerOfTwoBalancer>(false);
     case BalancerKind::kRoundRobin:
       return std::make_unique<RoundRobinBalancer>();
     case BalancerKind::kLeastRequest:
       return std::make_unique<LeastRequestBalancer>();
   }
-  return std::make_unique<PowerOfTwoBalancer>();
+  return std::make_unique<PowerOfTwoBalancer>(true);
 }
 
 std::optional<size_t> pick_by_weight(std::span<const int64_t> weights, Random& random) {

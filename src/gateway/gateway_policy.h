@@ -20,11 +20,36 @@
 
 namespace flotilla::gateway {
 
+// Milliseconds on the caller's clock (the gateway's steady clock, the simulator's time), kept
+// in 32 bits: only differences are taken, modulo 2^32, so the clock may wrap (every 49 days).
+using Millis = uint32_t;
+
+// A replica's response time, peak-EWMA (Finagle's PeakEwma, Linkerd's balancer): a response
+// slower than the estimate replaces it at once, so a replica that turns slow is avoided from
+// its next response; a faster one pulls it down by a moving average whose weight is the time
+// since the last response over the decay time. Read, it decays toward zero with the time since
+// the last response, so a replica that was slow and gets no traffic for it is tried again
+// after a while. A plain value (8 bytes): the gateway keeps one per replica in an atomic
+// (runtime_state.h), the simulator one per replica and gateway.
+struct PeakEwma {
+  float seconds = 0;  // 0: no response yet
+  Millis at = 0;      // when `seconds` was last updated
+
+  // Finagle's and Linkerd's default decay time.
+  static constexpr double kDecaySeconds = 10;
+
+  // The estimate after a response that took `latency` seconds, at `now`.
+  PeakEwma observe(double latency, Millis now) const;
+  // The estimate at `now` (0 before the first response).
+  double at_time(Millis now) const;
+};
+
 // What a balancer knows of one replica when it picks.
 struct Candidate {
   bool ready = true;
   int64_t in_flight = 0;  // requests sent to it and not yet answered
   int64_t cap = 0;        // its concurrency cap; 0 means no cap
+  PeakEwma latency;       // its response time so far
 };
 
 inline bool has_room(const Candidate& candidate) {
@@ -32,21 +57,25 @@ inline bool has_room(const Candidate& candidate) {
 }
 
 enum class BalancerKind {
-  kPowerOfTwo,    // the production policy: the less loaded of two random eligible replicas
-  kRoundRobin,    // for comparison only
-  kLeastRequest,  // full scan; for comparison only
+  kPowerOfTwo,          // the production policy: of two random eligible replicas, the one with
+                        // the lower (in flight + 1) x peak-EWMA response time
+  kPowerOfTwoInFlight,  // of two, the one with fewer in flight; for comparison only
+  kRoundRobin,          // for comparison only
+  kLeastRequest,        // full scan; for comparison only
 };
 
 Result<BalancerKind> parse_balancer_kind(std::string_view name);
 
 // Picks the replica for one request among `candidates` (one endpoint version's replicas):
 // only ready replicas below their cap are eligible. Returns the index, or nullopt when none
-// is eligible (the request then waits in the admission queue). Not thread-safe: a balancer
-// may keep state (round robin's cursor); use one per worker thread.
+// is eligible (the request then waits in the admission queue). `now` ages the latency
+// estimates. Not thread-safe: a balancer may keep state (round robin's cursor); use one per
+// worker thread.
 class Balancer {
  public:
   virtual ~Balancer() = default;
-  virtual std::optional<size_t> pick(std::span<const Candidate> candidates, Random& random) = 0;
+  virtual std::optional<size_t> pick(std::span<const Candidate> candidates, Random& random,
+                                     Millis now) = 0;
 };
 
 std::unique_ptr<Balancer> make_balancer(BalancerKind kind);

@@ -166,7 +166,13 @@ void Proxy::on_upstream(const std::shared_ptr<ProxyCall>& call, http::ClientResp
     end_attempt_span(*call, response, now);
   }
   ReplicaRuntime& replica = *call->replica;
-  replica.latency.observe(seconds_between(call->upstream_start, now));
+  const double seconds = seconds_between(call->upstream_start, now);
+  replica.latency.observe(seconds);
+  // Failures do not count: a replica that fails fast must not look fast (outlier detection
+  // ejects it instead).
+  if (response.failure == http::UpstreamFailure::kNone) {
+    replica.observe_latency(seconds, now);
+  }
   release(*call);
   if (call->streaming) {
     on_upstream_stream(call, std::move(response));

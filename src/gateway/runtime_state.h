@@ -38,6 +38,12 @@ namespace flotilla::gateway {
 using SteadyClock = std::chrono::steady_clock;
 using TimePoint = SteadyClock::time_point;
 
+// The balancer's clock (gateway_policy.h's Millis): the steady clock in milliseconds, wrapping.
+inline Millis to_millis(TimePoint time) {
+  return static_cast<Millis>(
+      std::chrono::duration_cast<std::chrono::milliseconds>(time.time_since_epoch()).count());
+}
+
 inline double seconds_between(TimePoint from, TimePoint to) {
   return std::chrono::duration<double>(to - from).count();
 }
@@ -164,6 +170,15 @@ struct ReplicaRuntime {
     in_flight_gauge.add(-1);
   }
 
+  // A response (or an error status) that took `seconds`, into the balancer's estimate. Any
+  // worker; lock-free: a lost race retries with the other worker's estimate.
+  void observe_latency(double seconds, TimePoint now) {
+    PeakEwma current = latency_estimate.load(std::memory_order_relaxed);
+    while (!latency_estimate.compare_exchange_weak(
+        current, current.observe(seconds, to_millis(now)), std::memory_order_relaxed)) {
+    }
+  }
+
   MetricsRegistry& registry;
   const std::string endpoint;
   const std::string version;
@@ -175,6 +190,8 @@ struct ReplicaRuntime {
   std::atomic<ReplicaState> state{ReplicaState::kReady};
   std::atomic<bool> removed{false};
   std::atomic<int64_t> in_flight{0};
+  std::atomic<PeakEwma> latency_estimate{};
+  static_assert(std::atomic<PeakEwma>::is_always_lock_free);
   OutlierState outlier;
   CodeCounters codes;
   Histogram& latency;

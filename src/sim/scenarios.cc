@@ -166,6 +166,26 @@ std::map<std::string, Scenario> all_scenarios() {
     all[s.name] = s;
   }
   {
+    // The balancer's study (issue #25): run-peers.sh MODE=hetero's fleet, where replicas queue
+    // inside (one slot: n in flight share it) and the gateway does not cap them. Exponential
+    // service times are a lognormal of the same mean and spread (sigma sqrt(ln 2): CV 1).
+    Scenario s = base("slow-replica",
+                      "300 req/s on 4 replicas of one slot, 2 ms each, one of them 5x slower "
+                      "(run-peers.sh MODE=hetero's fleet; --policy static)");
+    s.load.points = {{0, 300}, {120, 300}};
+    s.replica.service_ms = 2;
+    s.replica.service_sigma = std::sqrt(std::log(2.0));
+    s.replica.exact_sharing = true;
+    s.replica.saturation = 1;
+    s.replica.slow_first = 1;
+    s.replica.slow_factor = 5;
+    s.configured_concurrency = 1000;  // no cap at the gateway, as in the benchmark
+    s.initial_replicas = 4;
+    s.min_replicas = 4;
+    s.max_replicas = 4;
+    all[s.name] = s;
+  }
+  {
     // The gateway-fleet study (docs/fleet.md, bench/sim/fleet.py): a fixed fleet (--policy
     // static --static-replicas 160: 1000 in flight on 1280 slots, 78%) behind --gateways N
     // that sample every --gateway-sample-ms.

@@ -13,6 +13,7 @@
 
 #include "autoscaler/autoscaler.h"
 #include "common/common.h"
+#include "gateway/gateway_policy.h"
 
 namespace flotilla::sim {
 
@@ -49,6 +50,7 @@ struct ReplicaModel {
   double cold_start_s = 5;   // mean (a pod; scenarios set their runtime's); lognormal, sigma 0.25
   double slow_fraction = 0;  // share of replicas that are slower (heterogeneous fleet)
   double slow_factor = 3;    // how much slower they are
+  int64_t slow_first = 0;    // the first this many replicas started are slow, whatever the draw
   // Mean seconds a ready replica runs before it crashes (exponential); 0: never. Requests in
   // flight there are retried once on another replica, as the gateway does; the orchestrator
   // restarts the replica at once, with a cold start.
@@ -116,7 +118,7 @@ std::string_view policy_name(PolicyKind kind);
 
 struct SimOptions {
   PolicyKind policy = PolicyKind::kApa;
-  bool round_robin = false;  // the gateway's round robin instead of power of two choices
+  gateway::BalancerKind balancer = gateway::BalancerKind::kPowerOfTwo;  // the gateway's
   uint64_t seed = 1;
   int64_t static_replicas = 0;  // for kStatic; 0: provision for the scenario's peak
   // What-if overrides of APA's scale-up limits (0: DESIGN.md §4's 5 s period and x2 cap), to

@@ -188,10 +188,8 @@ class Simulator {
                (scenario.gateway_sample_ms > 0 || scenario.gateway_own_view)) {
     const auto count = static_cast<size_t>(std::max<int64_t>(scenario.gateways, 1));
     for (size_t g = 0; g < count; ++g) {
-      gateways_.emplace_back(
-          gateway::make_balancer(options.round_robin ? gateway::BalancerKind::kRoundRobin
-                                                     : gateway::BalancerKind::kPowerOfTwo),
-          static_cast<size_t>(std::max<int64_t>(scenario.queue_capacity, 0)));
+      gateways_.emplace_back(gateway::make_balancer(options.balancer),
+                             static_cast<size_t>(std::max<int64_t>(scenario.queue_capacity, 0)));
     }
     make_policy();
   }
@@ -441,6 +439,9 @@ class Simulator {
     return id;
   }
 
+  // The balancer's clock.
+  gateway::Millis millis() const { return static_cast<gateway::Millis>(now_ * 1000); }
+
   // What gateway `g` balances on: the exact counts, or its own view.
   std::span<const gateway::Candidate> view(uint32_t g) const {
     return stale_ ? std::span<const gateway::Candidate>(gateways_[g].view)
@@ -457,7 +458,7 @@ class Simulator {
 
   bool try_start(uint32_t id) {
     const uint32_t g = requests_[id].gateway;
-    const auto index = gateways_[g].balancer->pick(view(g), random_);
+    const auto index = gateways_[g].balancer->pick(view(g), random_, millis());
     if (!index) {
       return false;
     }
@@ -681,6 +682,10 @@ class Simulator {
       ++over_slo_;
     }
     second_replica_ms_ += (now_ - request.dispatched) * 1000;
+    // The gateway that sent it learns the replica's response time.
+    gateway::PeakEwma& latency =
+        stale_ ? gateways_[request.gateway].view[slot].latency : candidates_[slot].latency;
+    latency = latency.observe(now_ - request.dispatched, millis());
     free_requests_.push_back(id);
   }
 
@@ -786,10 +791,16 @@ class Simulator {
     replica.stepping = false;
     replica.work = 0;
     replica.work_time = now_;
-    if (scenario_.replica.slow_fraction > 0 && uniform() < scenario_.replica.slow_fraction) {
+    if (started_++ < scenario_.replica.slow_first ||
+        (scenario_.replica.slow_fraction > 0 && uniform() < scenario_.replica.slow_fraction)) {
       replica.speed = 1 / scenario_.replica.slow_factor;
     }
-    candidates_[slot] = gateway::Candidate{false, 0, cap()};
+    candidates_[slot] = gateway::Candidate{false, 0, cap(), {}};
+    if (stale_) {
+      for (Gateway& gateway : gateways_) {
+        gateway.view[slot].latency = {};
+      }
+    }
     set_ready(slot, false);
     set_cap(slot, cap());  // a view's count stays: what the others last published there
     ++starting_;
@@ -1063,6 +1074,7 @@ class Simulator {
   std::vector<uint32_t> ready_slots_;
   int64_t ready_ = 0;
   int64_t starting_ = 0;
+  int64_t started_ = 0;  // replicas started so far
   int64_t desired_ = 0;
   int64_t in_flight_ = 0;
   int64_t replica_queued_ = 0;     // batched: requests waiting inside replicas for a full batch

@@ -56,6 +56,32 @@ TEST(SimulatorTest, EnoughStaticReplicasServeAtTheModelsLatency) {
   EXPECT_NEAR(result.summary.p99_ms, 10, 1);  // within the histogram's 5% buckets
 }
 
+// The balancer's property (issue #25), on run-peers.sh MODE=hetero's fleet: weighing in flight
+// by response time keeps requests off the slow replica, where counting in flight alone (as
+// HAProxy's leastconn does, with a full scan) sends it its share of the queue. Deterministic
+// for the seed.
+TEST(SimulatorTest, LatencyAwareBalancingRoutesAroundASlowReplica) {
+  Scenario scenario = *find_scenario("slow-replica");
+  SimOptions options;
+  options.policy = PolicyKind::kStatic;
+  options.static_replicas = 4;
+  const auto p99 = [&](gateway::BalancerKind kind) {
+    options.balancer = kind;
+    const Summary summary = simulate(scenario, options).summary;
+    EXPECT_EQ(summary.completed + summary.unfinished, summary.requests);
+    return summary.p99_ms;
+  };
+  const double weighed = p99(gateway::BalancerKind::kPowerOfTwo);
+  const double in_flight = p99(gateway::BalancerKind::kPowerOfTwoInFlight);
+  const double least = p99(gateway::BalancerKind::kLeastRequest);
+  EXPECT_LT(weighed, 0.7 * least);
+  EXPECT_LT(weighed, 0.7 * in_flight);
+  // Within 1.3x of the fleet without the slow replica (its p99 is the fast replicas' own).
+  scenario.replica.slow_first = 0;
+  const double uniform = p99(gateway::BalancerKind::kPowerOfTwo);
+  EXPECT_LT(weighed, 1.3 * uniform);
+}
+
 // The property the autoscaler is for, measured: on a 10x spike APA misses the SLO for fewer
 // requests than HPA and uses fewer replica-seconds (deterministic for the seed).
 TEST(SimulatorTest, ApaAbsorbsASpikeBetterThanHpa) {
@@ -341,7 +367,7 @@ TEST(SimulatorTest, TheForecastMeetsADailyPeakReactiveScalingMisses) {
 
 TEST(SimulatorTest, KnowsItsScenariosAndPolicies) {
   for (const char* name : {"spike", "diurnal", "days", "days-pod", "ramp", "zero",
-                           "unknown-capacity", "hetero", "batched", "crashes"}) {
+                           "unknown-capacity", "hetero", "batched", "crashes", "slow-replica"}) {
     EXPECT_TRUE(find_scenario(name).has_value()) << name;
   }
   EXPECT_FALSE(find_scenario("nope").has_value());

@@ -473,7 +473,11 @@ class FakeKubeletTest(unittest.TestCase):
         self.server.delete("pods", "default", pod["name"])
         wait_until(lambda: not alive(pod["pid"]), "the deleted pod's process stopped")
         self.wait_ready("replaced", 1)
-        (after,) = self.pods("replaced")
+        # the deleted pod stays listed (terminating) a moment after its process is gone
+        def only_the_replacement():
+            pods = self.pods("replaced")
+            return pods if len(pods) == 1 and pods[0]["name"] != pod["name"] else None
+        (after,) = wait_until(only_the_replacement, "only the replacement listed")
         self.assertNotEqual(after["name"], pod["name"])
         self.assertIsNotNone(self.server.get("pods", "default", after["name"]))
 
