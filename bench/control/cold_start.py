@@ -45,14 +45,14 @@ RUNTIMES = ("xgboost", "llm")
 class Up:
     """One `flotilla up` on free ports with its own data directory."""
 
-    def __init__(self, workdir, warm_pool):
+    def __init__(self, workdir, warm_pool, extra=()):
         self.data_dir = os.path.join(workdir, f"data-pool{warm_pool}")
         self.process = subprocess.Popen(
             [FLOTILLA, "up", "--data-dir", self.data_dir, "--gateway-addr", "127.0.0.1:0",
              "--api-addr", "127.0.0.1:0", "--warm-pool", str(warm_pool), "--log-level", "warn",
              # The scale-up decision comes through the API here (concurrency.min), and goes
              # the path the autoscaler's decisions go: reconciler, orchestrator, gateway table.
-             "--no-autoscale"],
+             "--no-autoscale", *extra],
             stdout=subprocess.PIPE, text=True, start_new_session=True)
         line = self.process.stdout.readline()
         match = re.search(r"gateway (http://[0-9.:]+), api (http://[0-9.:]+)", line)

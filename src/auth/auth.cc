@@ -3,6 +3,8 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
+#include <cstdint>
 #include <memory>
 #include <optional>
 #include <utility>
@@ -191,7 +193,29 @@ std::string hash_secret(std::string_view salt_hex, std::string_view secret) {
   return sha.hex_digest();
 }
 
-Authenticator::Authenticator(std::vector<TokenRecord> tokens) {
+namespace {
+
+// Tokens a thread has verified lately, so that a client's every request after its first costs a
+// constant-time compare instead of a SHA-256 (about 0.3 us, a few percent of a proxied request).
+// Entries are tagged with the Authenticator's generation: a new set of tokens (a revoke, a
+// reload) is a new Authenticator, whose generation no entry holds. Direct-mapped by the token's
+// public id; only tokens that passed are remembered.
+struct VerifiedToken {
+  uint64_t generation = 0;  // 0: empty
+  std::string token;        // "<id>_<secret>", as verify() read it
+  const TokenRecord* record = nullptr;
+};
+constexpr size_t kVerifiedSlots = 8;
+thread_local std::array<VerifiedToken, kVerifiedSlots> verified_tokens;
+
+uint64_t next_generation() {
+  static std::atomic<uint64_t> last{0};
+  return last.fetch_add(1, std::memory_order_relaxed) + 1;
+}
+
+}  // namespace
+
+Authenticator::Authenticator(std::vector<TokenRecord> tokens) : generation_(next_generation()) {
   tokens_.reserve(tokens.size());
   for (TokenRecord& record : tokens) {
     // Digests are compared byte for byte with hash_secret's lowercase output.
@@ -219,6 +243,13 @@ const TokenRecord* Authenticator::verify(std::string_view authorization, AuthRes
   }
   const std::string_view id = token.substr(0, separator);
   const std::string_view secret = token.substr(separator + 1);
+  // A token equal to one that passed is well formed: no need to check its characters again.
+  VerifiedToken& seen = verified_tokens[std::hash<std::string_view>{}(id) % kVerifiedSlots];
+  if (seen.generation == generation_ && seen.token.size() == token.size() &&
+      CRYPTO_memcmp(seen.token.data(), token.data(), token.size()) == 0) {
+    *result = AuthResult::kAllowed;
+    return seen.record;
+  }
   if (!is_valid_id(id) || !is_lower_hex(secret, 2 * kSecretBytes)) {
     return nullptr;
   }
@@ -233,6 +264,9 @@ const TokenRecord* Authenticator::verify(std::string_view authorization, AuthRes
       CRYPTO_memcmp(digest.data(), record.sha256.data(), kDigestHexLength) != 0) {
     return nullptr;
   }
+  seen.generation = generation_;
+  seen.token.assign(token);
+  seen.record = &record;
   *result = AuthResult::kAllowed;
   return &record;
 }

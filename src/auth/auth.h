@@ -5,11 +5,13 @@
 //
 // A client sends `Authorization: Bearer flt_<id>_<secret>`. The gateway stores only a salted
 // SHA-256 of the secret (TokenRecord), finds the record by its public id, and compares digests in
-// constant time, so a request costs one map lookup and one SHA-256 however many tokens exist.
+// constant time, so a request costs one map lookup and at most one SHA-256 however many tokens
+// exist.
 // Everything here is a value type or immutable after construction; nothing throws.
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <functional>
 #include <string>
 #include <string_view>
@@ -66,12 +68,17 @@ class Authenticator {
   // generate_token): for a duplicate id the first record wins, and a record whose salt or
   // digest is malformed never matches.
   explicit Authenticator(std::vector<TokenRecord> tokens);
+  // Not copied: what a thread remembers of a verification points into this instance's records.
+  Authenticator(const Authenticator&) = delete;
+  Authenticator& operator=(const Authenticator&) = delete;
 
   // `authorization`: the raw Authorization header value, "" when absent. `endpoint`: the
   // endpoint the request targets, or "" for routes not tied to one (any valid token passes).
   // The scheme "Bearer" is matched case-insensitively and followed by one or more spaces; the
-  // token must be the rest of the value. Costs one SHA-256 for a known id, none otherwise;
-  // digests are compared in constant time.
+  // token must be the rest of the value. Costs one SHA-256 for a known id the first time a
+  // thread sees the token (each thread remembers the last tokens it verified, one per id slot,
+  // until this Authenticator is replaced), none for an unknown id; digests and remembered
+  // tokens are compared in constant time.
   AuthResult check(std::string_view authorization, std::string_view endpoint) const;
 
   // check() for a route that is no one endpoint's (/metrics, /gateway/stats): on kAllowed,
@@ -92,6 +99,8 @@ class Authenticator {
   const TokenRecord* verify(std::string_view authorization, AuthResult* result) const;
 
   std::unordered_map<std::string, TokenRecord, Hash, std::equal_to<>> tokens_;
+  // Distinct per instance for the life of the process: tags the tokens verify() remembers.
+  uint64_t generation_;
 };
 
 // What a token scoped to `endpoints` may see of the Prometheus text `exposition` (/metrics on

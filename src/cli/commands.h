@@ -64,6 +64,10 @@ struct AutoscalingFlags {
 };
 void add_autoscaling_flags(CLI::App& cmd, AutoscalingFlags& flags);
 
+// --balancer: the gateway's choice of replica (`flotilla gateway`, `flotilla up`); its value
+// goes through gateway::parse_balancer_kind.
+void add_balancer_flag(CLI::App& cmd, std::string& balancer);
+
 // --otlp-endpoint and --trace-sample-ratio (docs/tracing.md): they win over OpenTelemetry's
 // variables (trace::tracer_options_from_env). `sample_ratio` stays below 0 when the flag is not
 // given.

@@ -273,11 +273,7 @@ std::function<int()> add_gateway_command(CLI::App& app) {
   cmd->add_option("--workers", flags->workers, "Event-loop threads (0: one per core)")
       ->check(CLI::Range(0, 256))
       ->capture_default_str();
-  cmd->add_option("--balancer", flags->balancer,
-                  "p2c (power of two choices weighed by response time); p2c_in_flight, "
-                  "round_robin and least_request for comparisons")
-      ->check(CLI::IsMember({"p2c", "p2c_in_flight", "round_robin", "least_request"}))
-      ->capture_default_str();
+  add_balancer_flag(*cmd, flags->balancer);
   cmd->add_option("--queue-size", flags->queue_size,
                   "Requests that may wait per endpoint when every replica is at its cap")
       ->check(CLI::Range(size_t{0}, size_t{1'000'000}))

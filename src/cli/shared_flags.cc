@@ -51,6 +51,14 @@ void add_autoscaling_flags(CLI::App& cmd, AutoscalingFlags& flags) {
       ->capture_default_str();
 }
 
+void add_balancer_flag(CLI::App& cmd, std::string& balancer) {
+  cmd.add_option("--balancer", balancer,
+                 "p2c (power of two choices weighed by response time); p2c_in_flight, "
+                 "round_robin and least_request for comparisons")
+      ->check(CLI::IsMember({"p2c", "p2c_in_flight", "round_robin", "least_request"}))
+      ->capture_default_str();
+}
+
 void add_tracing_flags(CLI::App& cmd, std::string& endpoint, double& sample_ratio) {
   cmd.add_option(
       "--otlp-endpoint", endpoint,

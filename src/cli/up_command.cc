@@ -28,6 +28,7 @@ struct UpFlags {
   std::string gateway_addr = "127.0.0.1:8080";
   std::string api_addr = "127.0.0.1:8081";
   int gateway_workers = 0;
+  std::string balancer = "p2c";
   int warm_pool = 1;
   std::vector<std::string> open_routes = {"health"};
   int64_t drain_timeout_ms = 30'000;
@@ -132,6 +133,7 @@ int run_up(const UpFlags& flags) {
   gateway_options.server.host = gateway_address->first;
   gateway_options.server.port = gateway_address->second;
   gateway_options.server.workers = flags.gateway_workers;
+  gateway_options.balancer = gateway::parse_balancer_kind(flags.balancer).value();  // CLI checked
   // One descriptor budget for the whole process (docs/gateway.md, "File descriptors"): the
   // gateway's client connections take 7/16 of it and their upstream connections as much, the
   // control API 1/16; the reserve covers the API's loops, the orchestrator (spawns, probes,
@@ -213,6 +215,7 @@ std::function<int()> add_up_command(CLI::App& app) {
                   "Gateway event loops (0: one per core)")
       ->check(CLI::Range(0, 256))
       ->capture_default_str();
+  add_balancer_flag(*cmd, flags->balancer);
   cmd->add_option("--warm-pool", flags->warm_pool,
                   "Idle replica processes kept ready per runtime (0: none)")
       ->check(CLI::Range(0, 64))

@@ -88,9 +88,14 @@ Result<int64_t> spawn(const std::vector<std::string>& argv, const std::string& l
   }
   posix_spawnattr_setsigmask(&attributes, &empty);
   posix_spawnattr_setsigdefault(&attributes, &defaults);
-  posix_spawnattr_setpgroup(&attributes, 0);
+  // A session of its own (so also a process group of its own, which stop() signals): the
+  // terminal's Ctrl-C reaches `flotilla up` alone, which drains its replicas in order, and where
+  // the kernel groups tasks by session for fair CPU shares (autogroup, on by default), each
+  // replica is a group of its own, as a pod is a cgroup of its own. In the gateway's session
+  // its event loop shared one group's CPU share with every replica, which preempted it at
+  // each request they were sent and so took their requests one by one (issue #25 item 3).
   posix_spawnattr_setflags(&attributes,
-                           POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF | POSIX_SPAWN_SETPGROUP);
+                           POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF | POSIX_SPAWN_SETSID);
 
   std::vector<char*> args;
   for (const std::string& arg : argv) {

@@ -1,6 +1,8 @@
 #include "auth/auth.h"
 
+#include <atomic>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <gmock/gmock.h>
@@ -197,6 +199,61 @@ TEST_F(AuthenticatorTest, IndexesOneRecordPerId) {
   EXPECT_EQ(Authenticator({}).size(), 0u);
   EXPECT_EQ(Authenticator({}).check("Bearer flt_ci_" + kFixedSecret, ""), AuthResult::kInvalid);
   EXPECT_EQ(Authenticator({}).check("", ""), AuthResult::kMissing);
+}
+
+// check() remembers the tokens a thread verified (auth.h): what it remembers must never let a
+// request through that a fresh Authenticator would refuse.
+TEST_F(AuthenticatorTest, RemembersOnlyWhatPassedAndOnlyForItsOwnTokens) {
+  const std::string ci = "Bearer flt_ci_" + kFixedSecret;
+  std::string wrong_secret = ci;
+  wrong_secret.back() = wrong_secret.back() == '0' ? '1' : '0';
+  for (int round = 0; round < 3; ++round) {
+    EXPECT_EQ(auth_.check(ci, "fraud"), AuthResult::kAllowed) << round;
+    EXPECT_EQ(auth_.check(wrong_secret, "fraud"), AuthResult::kInvalid) << round;
+    EXPECT_EQ(auth_.check(ci, "llm"), AuthResult::kForbidden) << round;
+  }
+  // The token revoked: a new set without it refuses it, though this thread verified it above.
+  const Authenticator revoked({record("any", other_secret_, {})});
+  EXPECT_EQ(revoked.check(ci, "fraud"), AuthResult::kInvalid);
+  // Re-scoped: the new record's endpoints decide.
+  const Authenticator rescoped({record("ci", kFixedSecret, {"llm"})});
+  EXPECT_EQ(rescoped.check(ci, "fraud"), AuthResult::kForbidden);
+  EXPECT_EQ(rescoped.check(ci, "llm"), AuthResult::kAllowed);
+  // The same id with another secret: the remembered token does not pass for it.
+  const Authenticator rotated({record("ci", other_secret_, {})});
+  EXPECT_EQ(rotated.check(ci, "fraud"), AuthResult::kInvalid);
+  EXPECT_EQ(rotated.check("Bearer flt_ci_" + other_secret_, "fraud"), AuthResult::kAllowed);
+  EXPECT_EQ(auth_.check(ci, "fraud"), AuthResult::kAllowed);
+
+  // More tokens than a thread remembers, from several threads at once: each still passes, and
+  // each with one wrong character still fails.
+  std::vector<TokenRecord> records;
+  std::vector<std::string> headers;
+  for (int i = 0; i < 40; ++i) {
+    auto minted = generate_token("client-" + std::to_string(i), {"fraud"});
+    ASSERT_TRUE(minted.is_ok());
+    records.push_back(minted->record);
+    headers.push_back("Bearer " + minted->token);
+  }
+  const Authenticator many(std::move(records));
+  std::atomic<int> wrong{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&] {
+      for (int round = 0; round < 3; ++round) {
+        for (const std::string& header : headers) {
+          std::string tampered = header;
+          tampered.back() = tampered.back() == 'a' ? 'b' : 'a';
+          wrong += many.check(header, "fraud") != AuthResult::kAllowed;
+          wrong += many.check(tampered, "fraud") != AuthResult::kInvalid;
+        }
+      }
+    });
+  }
+  for (std::thread& thread : threads) {
+    thread.join();
+  }
+  EXPECT_EQ(wrong.load(), 0);
 }
 
 TEST_F(AuthenticatorTest, NormalizesDigestCaseAndNeverMatchesMalformedRecords) {
