@@ -95,8 +95,8 @@ struct DeployFlags {
   int64_t timeout_s = 120;
 };
 
-// The spec to send: the file with relative model paths made absolute against the file's
-// directory (the control plane runs elsewhere), or one built from the flags.
+// The spec to send: the file with relative model paths and external workdirs made absolute
+// against the file's directory (the control plane runs elsewhere), or one built from the flags.
 Result<std::string> deploy_body(const DeployFlags& flags) {
   if (!flags.file.empty()) {
     const std::string text = read_text_file(flags.file);
@@ -116,6 +116,15 @@ Result<std::string> deploy_body(const DeployFlags& flags) {
           const std::string model = served["model"].as<std::string>();
           if (!model.empty() && model.front() != '/' && model.find("://") == std::string::npos) {
             served["model"] = (base / model).lexically_normal().string();
+          }
+        }
+        if (served.IsMap() && served["external"] && served["external"].IsMap()) {
+          YAML::Node external = served["external"];
+          if (external["workdir"] && external["workdir"].IsScalar()) {
+            const std::string workdir = external["workdir"].as<std::string>();
+            if (!workdir.empty() && workdir.front() != '/') {
+              external["workdir"] = (base / workdir).lexically_normal().string();
+            }
           }
         }
       }

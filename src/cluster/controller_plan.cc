@@ -95,6 +95,13 @@ Result<control::EndpointSpec> spec_of(const json& serving_endpoint) {
   FLOTILLA_ASSIGN_OR_RETURN(control::EndpointSpec parsed,
                             control::parse_endpoint_spec(spec.dump(), name));
   for (size_t i = 0; i < parsed.served_models.size(); ++i) {
+    if (parsed.served_models[i].external) {
+      // A pod runs `flotilla replica` from the controller's image; a user's server needs its
+      // own image, which the spec has no field for yet.
+      return invalid_argument("served_models[" + std::to_string(i) +
+                              "].runtime: external runs only under `flotilla up` for now; in "
+                              "Kubernetes mode run your server as a Deployment of its own");
+    }
     const std::string object = version_object_name(name, parsed.served_models[i].name);
     if (!dns_label(object)) {
       return invalid_argument("served_models[" + std::to_string(i) + "].name: '" +

@@ -376,6 +376,29 @@ struct InferenceTableConfig {
   bool operator==(const InferenceTableConfig&) const = default;
 };
 
+// A user's own model server (`runtime: external`, issue 24; docs/external-runtime.md): what the
+// orchestrator starts for each replica of such a served model, in place of `flotilla replica`.
+// In `command` and in `env` values, per replica: {port} (the port it must serve HTTP on, also
+// in $PORT), {port:NAME} (one more free port per distinct NAME, for a server that opens
+// others), {model}, {endpoint}, {version} and {replica}.
+struct ExternalCommand {
+  std::vector<std::string> command;        // argv, command[0] the program; never through a shell
+  std::map<std::string, std::string> env;  // added to the environment it inherits
+  std::string workdir;                     // absolute; "": the model's directory
+  std::string ready_path = "/v2/health/ready";  // probed for readiness, then for liveness
+  bool operator==(const ExternalCommand&) const = default;
+};
+
+// The working directory of an external server: `external.workdir`, else the model's directory
+// (`model` itself when it is a directory, else the one that holds it).
+std::string external_workdir(const ExternalCommand& external, const std::string& model);
+
+// The program `external.command[0]` names, as it will be executed: a name holding '/' is taken
+// relative to `workdir`; a bare name is looked up in the PATH that `external.env` sets, else in
+// this process's PATH. kNotFound ("'mlserver' is not an executable on PATH") when there is no
+// such executable file. Reads the file system.
+Result<std::string> find_program(const ExternalCommand& external, const std::string& workdir);
+
 // ---------------------------------------------------------------------------------------------
 // Metrics
 

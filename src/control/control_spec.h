@@ -34,7 +34,9 @@ struct Resources {
 struct ServedModelSpec {
   std::string name;              // the version name
   std::string model;             // absolute path (the CLI resolves relative paths)
-  std::string runtime = "auto";  // auto | xgboost | synthetic
+  std::string runtime = "auto";  // auto | xgboost | llm | synthetic | external
+  // runtime external: the user's server that each replica runs (common.h); nullopt otherwise.
+  std::optional<ExternalCommand> external;
   ConcurrencyRange concurrency{1, 64};
   // Bounds for the per-replica target concurrency; nullopt: the runtime's defaults.
   std::optional<ConcurrencyRange> per_replica_concurrency;
@@ -71,8 +73,11 @@ struct EndpointSpec {
 //   "served_models[0]: unknown field 'modle'"
 //   "served_models: traffic sums to 90, must be 100"
 // Rules: name 1–64 of [A-Za-z0-9-_.] starting with a letter or digit; served_models a non-empty
-// list with unique names (same rule); model non-empty and an absolute path (an http(s):// URL
-// is refused until the artifact store lands, #6); runtime one of auto, xgboost, synthetic;
+// list with unique names (same rule); model non-empty, an absolute path or an http(s):// URL (a
+// local path with runtime external); runtime one of auto, xgboost, llm,
+// synthetic, external; `external` required with runtime external and refused otherwise: command
+// a list of 1 to 256 strings, env a mapping of variable names (not PORT) to strings, workdir an
+// absolute path, ready_path a path starting with '/', text without control characters;
 // concurrency 0 <= min <= max <= 1,000,000, max >= 1; per_replica_concurrency 1 <= min <= max <=
 // 4096, its optional initial within [min, max]; traffic an integer in [0, 100], may be left out
 // only when there is one served model; resources.cpus in [0, 1024], resources.memory_mb in [0,
@@ -89,7 +94,9 @@ nlohmann::json to_json(const EndpointSpec& spec);
 nlohmann::json to_json(const ServedModelSpec& served);
 
 // Fails with kInvalidArgument ("served_models[0].model: '/x/y' does not exist") when a served
-// model's path does not exist. Reads the file system.
+// model's path does not exist, or an external server's workdir is not a directory or its
+// program cannot be found ("served_models[0].external.command[0]: 'mlserver' is not an
+// executable on PATH"). Reads the file system.
 Status check_model_paths(const EndpointSpec& spec);
 
 // Identifies what a replica of `served` runs: equal keys mean interchangeable replicas. Built

@@ -67,6 +67,7 @@ orchestrator::Deployment make_deployment(const std::string& endpoint, const Serv
   deployment.version = served.name;
   deployment.model = served.model;
   deployment.runtime = resolve_runtime(served);
+  deployment.external = served.external;
   deployment.cpus = served.resources.cpus;
   deployment.memory_bytes = served.resources.memory_mb * 1024 * 1024;
   return deployment;

@@ -4,7 +4,7 @@ namespace flotilla::control {
 
 nlohmann::json to_json(const orchestrator::Replica& replica) {
   const orchestrator::Deployment& deployment = replica.deployment;
-  return {
+  nlohmann::json json = {
       {"id", replica.id},
       {"version", deployment.version},
       {"address", replica.host + ":" + std::to_string(replica.port)},
@@ -27,6 +27,14 @@ nlohmann::json to_json(const orchestrator::Replica& replica) {
         {"cpus", deployment.cpus},
         {"memory_bytes", deployment.memory_bytes}}},
   };
+  if (deployment.external) {
+    const ExternalCommand& external = *deployment.external;
+    json["deployment"]["external"] = {{"command", external.command},
+                                      {"env", external.env},
+                                      {"workdir", external.workdir},
+                                      {"ready_path", external.ready_path}};
+  }
+  return json;
 }
 
 Result<orchestrator::Replica> replica_from_json(const nlohmann::json& json) {
@@ -50,6 +58,13 @@ Result<orchestrator::Replica> replica_from_json(const nlohmann::json& json) {
     replica.deployment.runtime = deployment.at("runtime").get<std::string>();
     replica.deployment.cpus = deployment.at("cpus").get<double>();
     replica.deployment.memory_bytes = deployment.at("memory_bytes").get<int64_t>();
+    if (const auto external = deployment.find("external"); external != deployment.end()) {
+      ExternalCommand& command = replica.deployment.external.emplace();
+      command.command = external->at("command").get<std::vector<std::string>>();
+      command.env = external->at("env").get<std::map<std::string, std::string>>();
+      command.workdir = external->at("workdir").get<std::string>();
+      command.ready_path = external->at("ready_path").get<std::string>();
+    }
     FLOTILLA_ASSIGN_OR_RETURN(replica.state,
                               orchestrator::parse_state(json.at("state").get<std::string>()));
   } catch (const nlohmann::json::exception& e) {

@@ -27,7 +27,8 @@ constexpr int64_t kMaxConcurrency = 1'000'000;
 constexpr int64_t kMaxMemoryMb = int64_t{1} << 30;
 constexpr int64_t kFullTraffic = 100;
 constexpr ConcurrencyRange kDefaultPerReplicaBounds{1, 64};
-constexpr std::array<std::string_view, 4> kRuntimes = {"auto", "xgboost", "llm", "synthetic"};
+constexpr std::array<std::string_view, 5> kRuntimes = {"auto", "xgboost", "llm", "synthetic",
+                                                       "external"};
 constexpr size_t kKeyHexDigits = 16;
 
 // yaml-cpp tags a plain (unquoted) scalar "?" and a quoted one "!". Numbers and booleans must be
@@ -257,12 +258,106 @@ Status check_model(const std::string& model, const std::string& where) {
   return Status::ok();
 }
 
+constexpr size_t kMaxCommandArgs = 256;
+constexpr size_t kMaxExternalText = 4096;
+
+// Text the external runtime hands to exec or the environment: no control characters (no NUL,
+// which would cut it short), valid UTF-8, at most kMaxExternalText bytes.
+Status check_external_text(const std::string& text, const std::string& where) {
+  if (text.size() > kMaxExternalText) {
+    return invalid_argument(where + ": must be at most 4096 bytes");
+  }
+  for (char c : text) {
+    if (static_cast<unsigned char>(c) < 0x20 || c == 0x7F) {
+      return invalid_argument(where + ": must not contain control characters");
+    }
+  }
+  if (!is_valid_utf8(text)) {
+    return invalid_argument(where + ": must be valid UTF-8");
+  }
+  return Status::ok();
+}
+
+bool is_env_name(const std::string& name) {
+  if (name.empty() || (name.front() >= '0' && name.front() <= '9')) {
+    return false;
+  }
+  return std::all_of(name.begin(), name.end(), [](char c) {
+    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_';
+  });
+}
+
+// served_models[i].external (common.h's ExternalCommand).
+Result<ExternalCommand> read_external(const YAML::Node& node, const std::string& where) {
+  FLOTILLA_RETURN_IF_ERROR(check_keys(node, {"command", "env", "workdir", "ready_path"}, where));
+  ExternalCommand external;
+  const YAML::Node command = node["command"];
+  if (!command) {
+    return invalid_argument(where + ".command: is required");
+  }
+  if (!command.IsSequence() || command.size() == 0 || command.size() > kMaxCommandArgs) {
+    return invalid_argument(where +
+                            ".command: must be a list of 1 to 256 strings (the program and its "
+                            "arguments; no shell runs it)");
+  }
+  for (size_t i = 0; i < command.size(); ++i) {
+    const std::string arg_where = index_where(where + ".command", i);
+    FLOTILLA_ASSIGN_OR_RETURN(std::string arg, read_string(command[i], arg_where));
+    FLOTILLA_RETURN_IF_ERROR(check_external_text(arg, arg_where));
+    external.command.push_back(std::move(arg));
+  }
+  if (external.command.front().empty()) {
+    return invalid_argument(where + ".command[0]: must name a program");
+  }
+  if (const YAML::Node env = node["env"]; env && !env.IsNull()) {
+    if (!env.IsMap()) {
+      return invalid_argument(where + ".env: must be a mapping of variable names to strings");
+    }
+    for (const auto& entry : env) {
+      FLOTILLA_ASSIGN_OR_RETURN(std::string name, read_string(entry.first, where + ".env"));
+      const std::string value_where = where + ".env." + name;
+      if (!is_env_name(name)) {
+        return invalid_argument(where + ".env: '" + name +
+                                "' is not a variable name (letters, digits and '_', not "
+                                "starting with a digit)");
+      }
+      if (name == "PORT") {
+        return invalid_argument(value_where + ": is Flotilla's to set (the replica's port)");
+      }
+      FLOTILLA_ASSIGN_OR_RETURN(std::string value, read_string(entry.second, value_where));
+      FLOTILLA_RETURN_IF_ERROR(check_external_text(value, value_where));
+      if (!external.env.emplace(std::move(name), std::move(value)).second) {
+        return invalid_argument(value_where + ": appears twice");
+      }
+    }
+  }
+  if (const YAML::Node workdir = node["workdir"]) {
+    FLOTILLA_ASSIGN_OR_RETURN(external.workdir, read_string(workdir, where + ".workdir"));
+    FLOTILLA_RETURN_IF_ERROR(check_external_text(external.workdir, where + ".workdir"));
+    if (!external.workdir.starts_with('/')) {
+      return invalid_argument(where + ".workdir: '" + external.workdir +
+                              "' must be an absolute path");
+    }
+  }
+  if (const YAML::Node ready_path = node["ready_path"]) {
+    FLOTILLA_ASSIGN_OR_RETURN(external.ready_path, read_string(ready_path, where + ".ready_path"));
+    const bool printable = std::all_of(external.ready_path.begin(), external.ready_path.end(),
+                                       [](char c) { return c > 0x20 && c < 0x7F; });
+    if (!external.ready_path.starts_with('/') || !printable ||
+        external.ready_path.size() > kMaxExternalText) {
+      return invalid_argument(where + ".ready_path: '" + external.ready_path +
+                              "' must be a path starting with '/', without spaces");
+    }
+  }
+  return external;
+}
+
 // One entry of served_models; `traffic_given` says whether the spec set its traffic.
 Result<ServedModelSpec> read_served_model(const YAML::Node& node, const std::string& where,
                                           bool& traffic_given) {
   FLOTILLA_RETURN_IF_ERROR(
       check_keys(node,
-                 {"name", "model", "runtime", "concurrency", "per_replica_concurrency",
+                 {"name", "model", "runtime", "external", "concurrency", "per_replica_concurrency",
                   "scale_to_zero", "traffic", "resources"},
                  where));
   ServedModelSpec served;
@@ -285,8 +380,23 @@ Result<ServedModelSpec> read_served_model(const YAML::Node& node, const std::str
     FLOTILLA_ASSIGN_OR_RETURN(served.runtime, read_string(runtime, where + ".runtime"));
     if (std::find(kRuntimes.begin(), kRuntimes.end(), served.runtime) == kRuntimes.end()) {
       return invalid_argument(where + ".runtime: unknown runtime '" + served.runtime +
-                              "' (use auto, xgboost, llm or synthetic)");
+                              "' (use auto, xgboost, llm, synthetic or external)");
     }
+  }
+  if (const YAML::Node external = node["external"]; external && !external.IsNull()) {
+    if (served.runtime != "external") {
+      return invalid_argument(where + ".external: only with runtime: external");
+    }
+    FLOTILLA_ASSIGN_OR_RETURN(served.external, read_external(external, where + ".external"));
+  } else if (served.runtime == "external") {
+    return invalid_argument(where +
+                            ".external: is required with runtime: external (the command that "
+                            "starts your server)");
+  }
+  if (served.runtime == "external" && store::is_url(served.model)) {
+    return invalid_argument(where + ".model: '" + served.model +
+                            "' must be a local path with runtime: external (your server reads "
+                            "it)");
   }
 
   if (const YAML::Node concurrency = node["concurrency"]) {
@@ -495,6 +605,14 @@ nlohmann::json to_json(const ServedModelSpec& served) {
       {"traffic", served.traffic},
       {"resources", {{"cpus", served.resources.cpus}, {"memory_mb", served.resources.memory_mb}}},
   };
+  if (served.external) {
+    const ExternalCommand& external = *served.external;
+    json["external"] = {
+        {"command", external.command}, {"env", external.env}, {"ready_path", external.ready_path}};
+    if (!external.workdir.empty()) {
+      json["external"]["workdir"] = external.workdir;
+    }
+  }
   if (served.per_replica_concurrency) {
     json["per_replica_concurrency"] = range_json(*served.per_replica_concurrency);
     if (served.initial_per_replica_concurrency) {
@@ -540,6 +658,16 @@ Status check_model_paths(const EndpointSpec& spec) {
     if (!exists) {
       return invalid_argument(where + ": '" + model + "' does not exist");
     }
+    if (const std::optional<ExternalCommand>& external = spec.served_models[i].external) {
+      const std::string external_where = index_where("served_models", i) + ".external";
+      const std::string workdir = external_workdir(*external, model);
+      if (!std::filesystem::is_directory(workdir, ec)) {
+        return invalid_argument(external_where + ".workdir: '" + workdir + "' is not a directory");
+      }
+      if (Result<std::string> program = find_program(*external, workdir); !program.is_ok()) {
+        return invalid_argument(external_where + ".command[0]: " + program.status().message());
+      }
+    }
   }
   return Status::ok();
 }
@@ -558,6 +686,10 @@ std::string deployment_key(std::string_view endpoint, const ServedModelSpec& ser
   append_field(canonical, served.runtime);
   append_field(canonical, cpus_text);
   append_field(canonical, std::to_string(served.resources.memory_mb));
+  if (served.external) {
+    // Length-prefixed like every field, so no two commands share a canonical form.
+    append_field(canonical, to_json(served).at("external").dump());
+  }
   return std::string(endpoint) + "/" + served.name + "/" +
          sha256_hex(canonical).substr(0, kKeyHexDigits);
 }

@@ -22,6 +22,7 @@
 #include <unistd.h>
 
 #include "http/http.h"
+#include "orchestrator/external.h"
 #include "orchestrator/orchestrator.h"
 #include "orchestrator/process_util.h"
 #include "replica/replica_standby.h"
@@ -81,6 +82,16 @@ struct Wanted {
   TimePoint next_start;
   bool capped = false;  // short of replicas for the host-wide cap (reported once)
 };
+
+// Where a replica is probed: Flotilla's own serve OIP's health routes; an external server is
+// probed on its spec's ready_path for both (a server may have no separate liveness route).
+std::string ready_path(const Deployment& deployment) {
+  return deployment.external ? deployment.external->ready_path : "/v2/health/ready";
+}
+
+std::string live_path(const Deployment& deployment) {
+  return deployment.external ? deployment.external->ready_path : "/v2/health/live";
+}
 
 std::string random_suffix() {
   static Mutex mu;
@@ -287,7 +298,7 @@ class LocalOrchestrator final : public Orchestrator {
     for (auto& [id, process] : processes_) {
       if (process.replica.state != ReplicaState::kFailed &&
           process.replica.state != ReplicaState::kStopped) {
-        ::kill(static_cast<pid_t>(process.replica.pid), SIGKILL);
+        signal_group(process.replica.pid, SIGKILL);
       }
     }
     for (const Stray& stray : strays_) {
@@ -497,6 +508,10 @@ class LocalOrchestrator final : public Orchestrator {
       if (replica.pid != pid) {
         continue;
       }
+      if (replica.deployment.external) {
+        // What a user's server started (its workers) may outlive it and hold its ports.
+        signal_group(pid, SIGKILL);
+      }
       if (replica.state == ReplicaState::kFailed || replica.state == ReplicaState::kStopped) {
         remove_cgroup(process);  // a hung one, failed when killed: its cgroup is empty now
         continue;
@@ -540,20 +555,21 @@ class LocalOrchestrator final : public Orchestrator {
 
   // Probes replicas that are not ready yet, without holding mu_ during the requests.
   void probe_starting(std::vector<ReplicaEvent>& events) FLOTILLA_EXCLUDES(mu_) {
-    std::vector<std::tuple<std::string, std::string, uint16_t>> targets;
+    std::vector<std::tuple<std::string, std::string, uint16_t, std::string>> targets;
     {
       MutexLock lock(mu_);
       for (const auto& [id, process] : processes_) {
         const ReplicaState state = process.replica.state;
         if (state == ReplicaState::kStarting || state == ReplicaState::kLoading) {
-          targets.emplace_back(id, process.replica.host, process.replica.port);
+          targets.emplace_back(id, process.replica.host, process.replica.port,
+                               ready_path(process.replica.deployment));
         }
       }
     }
-    for (const auto& [id, host, port] : targets) {
+    for (const auto& [id, host, port, path] : targets) {
       http::ClientRequest request;
       request.method = http::Method::kGet;
-      request.target = "/v2/health/ready";
+      request.target = path;
       const http::ClientResponse response =
           http::fetch(host, port, std::move(request), kProbeTimeout);
       MutexLock lock(mu_);
@@ -587,7 +603,7 @@ class LocalOrchestrator final : public Orchestrator {
           clock_.now() - process.started > options_.ready_timeout) {
         // Reaped as failed on a later tick; the reason stays this one.
         process.timed_out = true;
-        ::kill(static_cast<pid_t>(replica.pid), SIGKILL);
+        signal_group(replica.pid, SIGKILL);
         replica.reason =
             "not ready within " + std::to_string(options_.ready_timeout.count() / 1000) + " s";
         events.push_back({replica, "timeout", replica.reason});
@@ -601,13 +617,13 @@ class LocalOrchestrator final : public Orchestrator {
       if (process.replica.state != ReplicaState::kDraining) {
         continue;
       }
-      const pid_t pid = static_cast<pid_t>(process.replica.pid);
+      const int64_t pid = process.replica.pid;
       if (!process.terminated && now - process.drain_started >= options_.drain_delay) {
-        ::kill(pid, SIGTERM);
+        signal_group(pid, SIGTERM);
         process.terminated = true;
         process.term_sent = now;
       } else if (process.terminated && now - process.term_sent >= options_.stop_timeout) {
-        ::kill(pid, SIGKILL);
+        signal_group(pid, SIGKILL);
         process.term_sent = now;  // once per stop timeout, should SIGKILL ever not land
       }
     }
@@ -726,8 +742,17 @@ class LocalOrchestrator final : public Orchestrator {
     args.insert(args.end(), {"--model-version", deployment.version, "--replica-id", replica.id});
     args.insert(args.end(), options_.replica_args.begin(), options_.replica_args.end());
 
+    if (deployment.external) {
+      FLOTILLA_ASSIGN_OR_RETURN(
+          ExternalLaunch launch,
+          external_launch(deployment, replica.id, options_.host, replica.port));
+      std::vector<std::string> env = child_env();
+      env.insert(env.end(), launch.env.begin(), launch.env.end());
+      FLOTILLA_ASSIGN_OR_RETURN(replica.pid,
+                                spawn(launch.argv, log_path(replica.id), -1, env, launch.workdir));
+    }
     auto pool = pools_.find(deployment.runtime);
-    if (pool != pools_.end() && !pool->second.empty()) {
+    if (replica.pid == 0 && pool != pools_.end() && !pool->second.empty()) {
       Standby standby = pool->second.front();
       pool->second.erase(pool->second.begin());
       const std::string line = replica::encode_standby_command(args);
@@ -801,6 +826,7 @@ class LocalOrchestrator final : public Orchestrator {
       std::string host;
       uint16_t port = 0;
       int64_t pid = 0;
+      std::string path;
     };
     mu_.lock();
     // The rounds' cadence is real time (a wait); whether a replica is hung is the clock's.
@@ -819,7 +845,8 @@ class LocalOrchestrator final : public Orchestrator {
       std::vector<Target> targets;
       for (const auto& [id, process] : processes_) {
         if (process.replica.state == ReplicaState::kReady) {
-          targets.push_back({id, process.replica.host, process.replica.port, process.replica.pid});
+          targets.push_back({id, process.replica.host, process.replica.port, process.replica.pid,
+                             live_path(process.replica.deployment)});
         }
       }
       mu_.unlock();
@@ -831,7 +858,7 @@ class LocalOrchestrator final : public Orchestrator {
           probes.emplace_back([&, i] {
             http::ClientRequest request;
             request.method = http::Method::kGet;
-            request.target = "/v2/health/live";
+            request.target = targets[i].path;
             const http::ClientResponse response =
                 http::fetch(targets[i].host, targets[i].port, std::move(request), interval);
             alive[i] = response.failure == http::UpstreamFailure::kNone && response.status == 200;
@@ -861,7 +888,7 @@ class LocalOrchestrator final : public Orchestrator {
           continue;
         }
         Replica& replica = process.replica;
-        ::kill(static_cast<pid_t>(replica.pid), SIGKILL);
+        signal_group(replica.pid, SIGKILL);
         char seconds[32];
         std::snprintf(seconds, sizeof(seconds), "%.1f",
                       std::chrono::duration<double>(now - process.last_live).count());

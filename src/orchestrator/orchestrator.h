@@ -30,8 +30,11 @@ struct Deployment {
   std::string key;  // unique per endpoint version and model config (control::deployment_key)
   std::string endpoint;
   std::string version;
-  std::string model;         // absolute path
-  std::string runtime;       // auto | xgboost | synthetic
+  std::string model;    // absolute path
+  std::string runtime;  // auto | xgboost | llm | synthetic | external
+  // runtime external: the user's server each replica runs instead of `flotilla replica`; its
+  // ready_path is probed for readiness and liveness, and it takes no warm-pool process.
+  std::optional<ExternalCommand> external;
   double cpus = 0;           // cgroup v2 cpu.max; 0: no limit
   int64_t memory_bytes = 0;  // cgroup v2 memory.max; 0: no limit
   bool operator==(const Deployment&) const = default;

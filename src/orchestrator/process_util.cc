@@ -62,9 +62,11 @@ std::string log_message(const std::string& line) {
 }  // namespace
 
 Result<int64_t> spawn(const std::vector<std::string>& argv, const std::string& log_path,
-                      int stdin_fd, const std::vector<std::string>& env) {
+                      int stdin_fd, const std::vector<std::string>& env,
+                      const std::string& workdir) {
   posix_spawn_file_actions_t actions;
   posix_spawn_file_actions_init(&actions);
+
   if (stdin_fd >= 0) {
     posix_spawn_file_actions_adddup2(&actions, stdin_fd, 0);
   } else {
@@ -76,6 +78,10 @@ Result<int64_t> spawn(const std::vector<std::string>& argv, const std::string& l
   // The gateway's listening sockets and the database must not leak into replicas: a replica
   // outliving a killed `flotilla up` would otherwise hold its ports.
   posix_spawn_file_actions_addclosefrom_np(&actions, 3);
+  if (!workdir.empty()) {
+    // Last: the log path above is opened from this process's working directory.
+    posix_spawn_file_actions_addchdir_np(&actions, workdir.c_str());
+  }
 
   posix_spawnattr_t attributes;
   posix_spawnattr_init(&attributes);
@@ -125,6 +131,12 @@ Result<int64_t> spawn(const std::vector<std::string>& argv, const std::string& l
     return unavailable("cannot start '" + argv[0] + "': " + std::strerror(error));
   }
   return static_cast<int64_t>(pid);
+}
+
+void signal_group(int64_t pid, int signal) {
+  if (::kill(-static_cast<pid_t>(pid), signal) != 0) {
+    ::kill(static_cast<pid_t>(pid), signal);
+  }
 }
 
 Result<uint16_t> pick_free_port(const std::string& host) {

@@ -12,11 +12,17 @@ namespace flotilla::orchestrator {
 
 // Starts `argv` (argv[0] the executable path) with stdout and stderr appended to `log_path`,
 // stdin from `stdin_fd` (-1: /dev/null), no other descriptor inherited, default signal mask
-// and dispositions, in a process group of its own (a Ctrl-C meant for `flotilla up` does not
-// reach replicas directly: it stops them in order). `env` ("NAME=value") is added to this
-// process's environment, replacing variables of the same name. Returns the pid.
+// and dispositions, in a session and so a process group of its own (a Ctrl-C meant for
+// `flotilla up` does not reach replicas directly: it stops them in order), in `workdir` ("":
+// this process's). `env` ("NAME=value") is added to this process's environment, replacing
+// variables of the same name. Returns the pid, which is also the process group's id.
 Result<int64_t> spawn(const std::vector<std::string>& argv, const std::string& log_path,
-                      int stdin_fd, const std::vector<std::string>& env = {});
+                      int stdin_fd, const std::vector<std::string>& env = {},
+                      const std::string& workdir = "");
+
+// Sends `signal` to the process group that spawn() made for `pid` (a server's worker processes
+// included), or to `pid` alone when it leads no group.
+void signal_group(int64_t pid, int signal);
 
 // The pids of processes whose environment holds the entry `marker` ("NAME=value"), this
 // process and its children excepted (those whose environment cannot be read are skipped).

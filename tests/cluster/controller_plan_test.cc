@@ -185,6 +185,17 @@ TEST(ControllerPlanTest, AnInvalidSpecChangesNothingAndSaysWhy) {
   json traffic = model("v1", 90);
   plan = plan_endpoint(serving_endpoint({traffic}), {}, {}, ReplicaTemplate{}, clock);
   EXPECT_EQ(condition(plan.status, "Degraded"), "True InvalidSpec");
+
+  // A user's own server: a pod runs `flotilla replica`, so Kubernetes mode refuses it.
+  json external = model("v1");
+  external["model"] = "/models/iris";
+  external["runtime"] = "external";
+  external["external"] = {{"command", {"mlserver", "start", "."}}};
+  plan = plan_endpoint(serving_endpoint({external}), {}, {}, ReplicaTemplate{}, clock);
+  EXPECT_TRUE(plan.deployments.empty());
+  EXPECT_EQ(condition(plan.status, "Degraded"), "True InvalidSpec");
+  const std::string why = plan.status["conditions"][1]["message"];
+  EXPECT_NE(why.find("external runs only under `flotilla up` for now"), std::string::npos) << why;
 }
 
 }  // namespace

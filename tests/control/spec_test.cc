@@ -2,6 +2,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
@@ -349,11 +350,67 @@ TEST(ParseEndpointSpecTest, RefusesInvalidSpecsNamingTheField) {
        "served_models[0].model: must be valid UTF-8"},
       // runtime.
       {"unknown runtime", one_version("runtime: tensorrt"),
-       "served_models[0].runtime: unknown runtime 'tensorrt' (use auto, xgboost, llm or "
-       "synthetic)"},
+       "served_models[0].runtime: unknown runtime 'tensorrt' (use auto, xgboost, llm, synthetic "
+       "or external)"},
       {"runtime in upper case", one_version("runtime: XGBoost"),
-       "served_models[0].runtime: unknown runtime 'XGBoost' (use auto, xgboost, llm or "
-       "synthetic)"},
+       "served_models[0].runtime: unknown runtime 'XGBoost' (use auto, xgboost, llm, synthetic "
+       "or external)"},
+      // external.
+      {"external without its command", one_version("runtime: external"),
+       "served_models[0].external: is required with runtime: external (the command that starts "
+       "your server)"},
+      {"external with another runtime", one_version("external: {command: [srv]}"),
+       "served_models[0].external: only with runtime: external"},
+      {"external not a mapping", one_version("runtime: external, external: [srv]"),
+       "served_models[0].external: must be a mapping"},
+      {"external unknown field",
+       one_version("runtime: external, external: {command: [srv], shell: true}"),
+       "served_models[0].external: unknown field 'shell'"},
+      {"external command missing", one_version("runtime: external, external: {env: {A: b}}"),
+       "served_models[0].external.command: is required"},
+      {"external command a string", one_version("runtime: external, external: {command: srv}"),
+       "served_models[0].external.command: must be a list of 1 to 256 strings (the program and "
+       "its arguments; no shell runs it)"},
+      {"external command empty", one_version("runtime: external, external: {command: []}"),
+       "served_models[0].external.command: must be a list of 1 to 256 strings (the program and "
+       "its arguments; no shell runs it)"},
+      {"external program empty", one_version("runtime: external, external: {command: ['', x]}"),
+       "served_models[0].external.command[0]: must name a program"},
+      {"external argument a list",
+       one_version("runtime: external, external: {command: [srv, [a]]}"),
+       "served_models[0].external.command[1]: must be a string"},
+      {"external argument with a newline",
+       one_version("runtime: external, external: {command: [srv, \"a\\nb\"]}"),
+       "served_models[0].external.command[1]: must not contain control characters"},
+      {"external env a list",
+       one_version("runtime: external, external: {command: [srv], env: [A]}"),
+       "served_models[0].external.env: must be a mapping of variable names to strings"},
+      {"external env bad name",
+       one_version("runtime: external, external: {command: [srv], env: {1A: b}}"),
+       "served_models[0].external.env: '1A' is not a variable name (letters, digits and '_', "
+       "not starting with a digit)"},
+      {"external env PORT",
+       one_version("runtime: external, external: {command: [srv], env: {PORT: '80'}}"),
+       "served_models[0].external.env.PORT: is Flotilla's to set (the replica's port)"},
+      {"external env value a mapping",
+       one_version("runtime: external, external: {command: [srv], env: {A: {b: c}}}"),
+       "served_models[0].external.env.A: must be a string"},
+      {"external relative workdir",
+       one_version("runtime: external, external: {command: [srv], workdir: srv}"),
+       "served_models[0].external.workdir: 'srv' must be an absolute path"},
+      {"external ready path without a slash",
+       one_version("runtime: external, external: {command: [srv], ready_path: health}"),
+       "served_models[0].external.ready_path: 'health' must be a path starting with '/', "
+       "without spaces"},
+      {"external ready path with a space",
+       one_version("runtime: external, external: {command: [srv], ready_path: '/a b'}"),
+       "served_models[0].external.ready_path: '/a b' must be a path starting with '/', without "
+       "spaces"},
+      {"external model a URL",
+       "{name: e, served_models: [{name: v1, model: 'http://h/m', runtime: external, "
+       "external: {command: [srv]}}]}",
+       "served_models[0].model: 'http://h/m' must be a local path with runtime: external (your "
+       "server reads it)"},
       // concurrency.
       {"concurrency a number", one_version("concurrency: 5"),
        "served_models[0].concurrency: must be a mapping"},
@@ -469,6 +526,39 @@ TEST(ParseEndpointSpecTest, RefusesInvalidSpecsNamingTheField) {
 }
 
 // ---- name_from_path -----------------------------------------------------------------------------
+
+TEST(ParseEndpointSpecTest, ReadsAnExternalServer) {
+  auto spec = parse_endpoint_spec(R"(
+name: e
+served_models:
+  - name: v1
+    model: /models/iris
+    runtime: external
+    external:
+      command: [mlserver, start, "{model}"]
+      env: {MLSERVER_HTTP_PORT: "{port}", MLSERVER_GRPC_PORT: "{port:grpc}", WORKERS: 2}
+      workdir: /srv
+      ready_path: /v2/health/ready?x=1
+)");
+  ASSERT_TRUE(spec.is_ok()) << spec.status().message();
+  const ServedModelSpec& served = spec->served_models[0];
+  ASSERT_TRUE(served.external.has_value());
+  EXPECT_EQ(served.external->command, (std::vector<std::string>{"mlserver", "start", "{model}"}));
+  EXPECT_EQ(served.external->env,
+            (std::map<std::string, std::string>{{"MLSERVER_GRPC_PORT", "{port:grpc}"},
+                                                {"MLSERVER_HTTP_PORT", "{port}"},
+                                                {"WORKERS", "2"}}));
+  EXPECT_EQ(served.external->workdir, "/srv");
+  EXPECT_EQ(served.external->ready_path, "/v2/health/ready?x=1");
+  // Back through its JSON form, and the defaults of what was left out.
+  EXPECT_EQ(parse_endpoint_spec(to_json(*spec).dump()).value(), *spec);
+  auto minimal = parse_endpoint_spec(one_version("runtime: external, external: {command: [srv]}"));
+  ASSERT_TRUE(minimal.is_ok()) << minimal.status().message();
+  EXPECT_EQ(minimal->served_models[0].external->ready_path, "/v2/health/ready");
+  EXPECT_EQ(minimal->served_models[0].external->workdir, "");
+  EXPECT_TRUE(minimal->served_models[0].external->env.empty());
+  EXPECT_EQ(parse_endpoint_spec(to_json(*minimal).dump()).value(), *minimal);
+}
 
 TEST(ParseEndpointSpecTest, TakesTheNameFromThePathWhenTheSpecLeavesItOut) {
   Result<EndpointSpec> spec =
@@ -630,6 +720,39 @@ TEST_F(CheckModelPathsTest, NamesTheMissingModel) {
   EXPECT_EQ(status.message(), "served_models[1].model: '" + missing + "' does not exist");
 }
 
+TEST_F(CheckModelPathsTest, FindsAnExternalServersProgramAndWorkdir) {
+  const std::string script = (dir_ / "serve.sh").string();
+  std::ofstream(script) << "#!/bin/sh\n";
+  std::filesystem::permissions(script, std::filesystem::perms::owner_all);
+  auto with = [&](ExternalCommand external) {
+    ServedModelSpec served = served_model("a", model_);
+    served.runtime = "external";
+    served.external = std::move(external);
+    return EndpointSpec{"e", {served}, {}, {}};
+  };
+  // A bare name on PATH, a path relative to the workdir (by default the model's directory),
+  // an absolute one.
+  EXPECT_TRUE(check_model_paths(with({{"sh"}, {}, "", "/r"})).is_ok());
+  EXPECT_TRUE(check_model_paths(with({{"./serve.sh"}, {}, "", "/r"})).is_ok());
+  EXPECT_TRUE(check_model_paths(with({{script}, {}, "/", "/r"})).is_ok());
+  EXPECT_TRUE(check_model_paths(with({{"serve.sh"}, {{"PATH", dir_.string()}}, "", "/r"})).is_ok());
+
+  Status status = check_model_paths(with({{"no-such-server-x"}, {}, "", "/r"}));
+  EXPECT_EQ(status.message(),
+            "served_models[0].external.command[0]: 'no-such-server-x' is not an executable on "
+            "PATH");
+  status = check_model_paths(with({{"./serve.sh"}, {}, "/", "/r"}));
+  EXPECT_EQ(status.message(),
+            "served_models[0].external.command[0]: '/serve.sh' is not an executable file");
+  std::ofstream((dir_ / "plain.txt").string()) << "not a program";
+  status = check_model_paths(with({{"./plain.txt"}, {}, "", "/r"}));
+  EXPECT_EQ(status.message(), "served_models[0].external.command[0]: '" +
+                                  (dir_ / "plain.txt").string() + "' is not an executable file");
+  status = check_model_paths(with({{"sh"}, {}, (dir_ / "nowhere").string(), "/r"}));
+  EXPECT_EQ(status.message(), "served_models[0].external.workdir: '" + (dir_ / "nowhere").string() +
+                                  "' is not a directory");
+}
+
 // ---- Derived numbers ----------------------------------------------------------------------------
 
 TEST(DeploymentKeyTest, HasTheDocumentedFormAndAStableHash) {
@@ -672,6 +795,12 @@ TEST(DeploymentKeyTest, ChangesOnlyWithFieldsThatNeedARestart) {
        },
        false},
       {"scale to zero", [](ServedModelSpec& s) { s.scale_to_zero = true; }, false},
+      {"external command",
+       [](ServedModelSpec& s) {
+         s.runtime = "external";
+         s.external = ExternalCommand{{"srv"}, {}, "", "/ready"};
+       },
+       true},
   };
   for (const Change& change : changes) {
     SCOPED_TRACE(change.label);
@@ -689,6 +818,22 @@ TEST(DeploymentKeyTest, ChangesOnlyWithFieldsThatNeedARestart) {
   renamed.name = "v2";
   const std::string renamed_key = deployment_key("fraud", renamed);
   EXPECT_NE(renamed_key.substr(renamed_key.rfind('/')), key.substr(key.rfind('/')));
+  // Each part of an external command is in the key.
+  ServedModelSpec external = base;
+  external.runtime = "external";
+  external.external = ExternalCommand{{"srv", "-p", "{port}"}, {{"A", "1"}}, "/srv", "/ready"};
+  const std::string external_key = deployment_key("fraud", external);
+  for (auto change : std::vector<std::function<void(ExternalCommand&)>>{
+           [](ExternalCommand& c) { c.command[2] = "{port:x}"; },
+           [](ExternalCommand& c) { c.env["A"] = "2"; },
+           [](ExternalCommand& c) { c.workdir = "/srv2"; },
+           [](ExternalCommand& c) {
+             c.ready_path = "/ping";
+           }}) {
+    ServedModelSpec changed = external;
+    change(*changed.external);
+    EXPECT_NE(deployment_key("fraud", changed), external_key);
+  }
   // Field boundaries are unambiguous: moving a character from one field to the next changes it.
   EXPECT_NE(deployment_key("ab", served_model("c", "/m")),
             deployment_key("a", served_model("bc", "/m")));

@@ -15,7 +15,7 @@ using flotilla::testing::ScriptedRandom;
 std::vector<Candidate> loads(std::initializer_list<int64_t> in_flight, int64_t cap = 0) {
   std::vector<Candidate> out;
   for (int64_t load : in_flight) {
-    out.push_back({true, load, cap});
+    out.push_back({true, load, cap, {}});
   }
   return out;
 }
@@ -36,7 +36,7 @@ TEST(PowerOfTwoBalancerTest, PicksLessLoadedOfTwo) {
     auto balancer = make_balancer(BalancerKind::kPowerOfTwo);
     std::vector<Candidate> candidates;
     for (int64_t load : c.in_flight) {
-      candidates.push_back({true, load, 0});
+      candidates.push_back({true, load, 0, {}});
     }
     ScriptedRandom random{c.first, c.second};
     EXPECT_EQ(balancer->pick(candidates, random, 0), c.expected);
@@ -46,7 +46,8 @@ TEST(PowerOfTwoBalancerTest, PicksLessLoadedOfTwo) {
 
 TEST(PowerOfTwoBalancerTest, SkipsReplicasThatAreNotReadyOrAtCap) {
   auto balancer = make_balancer(BalancerKind::kPowerOfTwo);
-  std::vector<Candidate> candidates = {{false, 0, 4}, {true, 4, 4}, {true, 3, 4}, {true, 2, 4}};
+  std::vector<Candidate> candidates = {
+      {false, 0, 4, {}}, {true, 4, 4, {}}, {true, 3, 4, {}}, {true, 2, 4, {}}};
   SeededRandom random(1);
   for (int i = 0; i < 200; ++i) {
     auto pick = balancer->pick(candidates, random, 0);
@@ -58,9 +59,9 @@ TEST(PowerOfTwoBalancerTest, SkipsReplicasThatAreNotReadyOrAtCap) {
 TEST(PowerOfTwoBalancerTest, ReturnsTheOnlyEligibleOrNothing) {
   auto balancer = make_balancer(BalancerKind::kPowerOfTwo);
   SeededRandom random(2);
-  std::vector<Candidate> one = {{true, 9, 9}, {true, 1, 2}, {false, 0, 0}};
+  std::vector<Candidate> one = {{true, 9, 9, {}}, {true, 1, 2, {}}, {false, 0, 0, {}}};
   EXPECT_EQ(balancer->pick(one, random, 0), 1u);
-  std::vector<Candidate> none = {{true, 9, 9}, {false, 0, 0}};
+  std::vector<Candidate> none = {{true, 9, 9, {}}, {false, 0, 0, {}}};
   EXPECT_EQ(balancer->pick(none, random, 0), std::nullopt);
   EXPECT_EQ(balancer->pick(std::span<const Candidate>(), random, 0), std::nullopt);
 }
@@ -152,7 +153,8 @@ TEST(PeakEwmaTest, ToleratesAWrappingClockAndAnEarlierReader) {
 
 TEST(RoundRobinBalancerTest, CyclesOverEligibleReplicas) {
   auto balancer = make_balancer(BalancerKind::kRoundRobin);
-  std::vector<Candidate> candidates = {{true, 0, 0}, {false, 0, 0}, {true, 5, 5}, {true, 0, 0}};
+  std::vector<Candidate> candidates = {
+      {true, 0, 0, {}}, {false, 0, 0, {}}, {true, 5, 5, {}}, {true, 0, 0, {}}};
   SeededRandom random(4);
   std::vector<size_t> order;
   for (int i = 0; i < 4; ++i) {
@@ -163,7 +165,8 @@ TEST(RoundRobinBalancerTest, CyclesOverEligibleReplicas) {
 
 TEST(LeastRequestBalancerTest, PicksTheMinimumEligible) {
   auto balancer = make_balancer(BalancerKind::kLeastRequest);
-  std::vector<Candidate> candidates = {{true, 4, 0}, {false, 0, 0}, {true, 2, 2}, {true, 3, 0}};
+  std::vector<Candidate> candidates = {
+      {true, 4, 0, {}}, {false, 0, 0, {}}, {true, 2, 2, {}}, {true, 3, 0, {}}};
   SeededRandom random(5);
   EXPECT_EQ(balancer->pick(candidates, random, 0), 3u);  // index 2 is at its cap
 }

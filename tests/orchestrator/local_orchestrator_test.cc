@@ -12,6 +12,7 @@
 #include <thread>
 
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 #include <signal.h>
 #include <spawn.h>
 #include <sys/wait.h>
@@ -19,6 +20,7 @@
 
 #include "fakes/common/fake_clock.h"
 #include "http/http.h"
+#include "orchestrator/external.h"
 #include "orchestrator/orchestrator.h"
 #include "orchestrator/process_util.h"
 
@@ -586,6 +588,162 @@ TEST_F(LocalOrchestratorTest, AStandbyWhoseParentIsAlreadyGoneExits) {
   ::waitpid(standby, nullptr, WNOHANG);
   ::close(keep_open[0]);
   ::close(keep_open[1]);
+}
+
+// ---- The external runtime ----------------------------------------------------------------
+
+// A user's own server for the external runtime, in Python (not C++, and not `flotilla replica`):
+// GET /ready answers 200, GET /info what it was started with, and it starts a child process, as
+// servers with worker processes do, whose pid /info gives too.
+constexpr char kExternalServer[] = R"(import http.server, json, os, subprocess, sys
+args = dict(zip(sys.argv[1::2], sys.argv[2::2]))
+child = subprocess.Popen(["sleep", "600"])
+class Handler(http.server.BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    def do_GET(self):
+        if self.path == "/ready":
+            body = b"{}"
+        elif self.path == "/info":
+            body = json.dumps({"args": args, "PORT": os.environ.get("PORT"), "cwd": os.getcwd(),
+                               "greeting": os.environ.get("GREETING"), "child": child.pid}).encode()
+        else:
+            self.send_error(404)
+            return
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+    def log_message(self, *a):
+        pass
+http.server.ThreadingHTTPServer(("127.0.0.1", int(args["--port"])), Handler).serve_forever()
+)";
+
+class ExternalRuntimeTest : public LocalOrchestratorTest {
+ protected:
+  void SetUp() override {
+    LocalOrchestratorTest::SetUp();
+    std::ofstream(dir_ / "server.py") << kExternalServer;
+    std::filesystem::create_directories(dir_ / "model");
+  }
+
+  Deployment external_deployment() const {
+    Deployment result;
+    result.key = "iris/v1/external";
+    result.endpoint = "iris";
+    result.version = "v1";
+    result.model = (dir_ / "model").string();
+    result.runtime = "external";
+    result.external =
+        ExternalCommand{{"python3", "../server.py", "--port", "{port}", "--grpc", "{port:grpc}",
+                         "--model", "{model}", "--name", "{endpoint}-{version}"},
+                        {{"GREETING", "hi {replica}"}},
+                        "",  // the model's directory
+                        "/ready"};
+    return result;
+  }
+
+  // The server's /info.
+  nlohmann::json info(const Replica& replica) {
+    http::ClientRequest request;
+    request.method = http::Method::kGet;
+    request.target = "/info";
+    const http::ClientResponse response =
+        http::fetch(replica.host, replica.port, std::move(request), 5s);
+    EXPECT_EQ(response.status, 200) << response.error;
+    return nlohmann::json::parse(response.body, nullptr, false);
+  }
+};
+
+TEST_F(ExternalRuntimeTest, StartsTheServerWithItsPortsModelAndNamesAndProbesItsReadyPath) {
+  start();
+  orchestrator_->ensure(external_deployment(), 1);
+  ASSERT_TRUE(wait_for([&] { return in_state(ReplicaState::kReady).size() == 1; }));
+  const Replica replica = in_state(ReplicaState::kReady).front();
+  EXPECT_FALSE(replica.from_warm_pool);
+  const nlohmann::json seen = info(replica);
+  ASSERT_TRUE(seen.is_object());
+  EXPECT_EQ(seen["args"]["--port"], std::to_string(replica.port));
+  EXPECT_EQ(seen["PORT"], std::to_string(replica.port));
+  const std::string grpc = seen["args"]["--grpc"];
+  EXPECT_NE(grpc, std::to_string(replica.port));
+  EXPECT_GT(std::stoi(grpc), 0);
+  EXPECT_EQ(seen["args"]["--model"], (dir_ / "model").string());
+  EXPECT_EQ(seen["args"]["--name"], "iris-v1");
+  EXPECT_EQ(seen["greeting"], "hi " + replica.id);
+  EXPECT_EQ(seen["cwd"], (dir_ / "model").string());
+  // Its output goes to the replica's log file, as a replica's does.
+  EXPECT_TRUE(std::filesystem::exists(dir_ / "logs" / (replica.id + ".log")));
+
+  // Retired: drained, SIGTERM to its process group, so its child goes with it.
+  const int64_t child = seen["child"];
+  ASSERT_TRUE(process_exists(child));
+  orchestrator_->ensure(external_deployment(), 0);
+  ASSERT_TRUE(wait_for([&] { return count_events("stopped") == 1; }));
+  EXPECT_TRUE(wait_for([&] { return !process_exists(replica.pid) && !process_exists(child); }));
+}
+
+TEST_F(ExternalRuntimeTest, ReplacesACrashedServerAndStopsWhatItLeftBehind) {
+  start();
+  orchestrator_->ensure(external_deployment(), 1);
+  ASSERT_TRUE(wait_for([&] { return in_state(ReplicaState::kReady).size() == 1; }));
+  const Replica victim = in_state(ReplicaState::kReady).front();
+  const int64_t child = info(victim)["child"];
+  ASSERT_EQ(::kill(static_cast<pid_t>(victim.pid), SIGKILL), 0);
+  ASSERT_TRUE(wait_for([&] { return count_events("failed") == 1; }));
+  EXPECT_NE(events_of("failed").front().message.find("killed by signal 9"), std::string::npos);
+  // Its child would hold on to what the server opened: it is killed with the group.
+  EXPECT_TRUE(wait_for([&] { return !process_exists(child); }));
+  ASSERT_TRUE(wait_for([&] {
+    const auto ready = in_state(ReplicaState::kReady);
+    return ready.size() == 1 && ready.front().id != victim.id;
+  }));
+  orchestrator_->ensure(external_deployment(), 0);
+  ASSERT_TRUE(wait_for([&] { return in_state(ReplicaState::kReady).empty(); }));
+}
+
+TEST_F(ExternalRuntimeTest, AServerThatNeverAnswersItsReadyPathTimesOut) {
+  options_.ready_timeout = 1500ms;
+  start();
+  Deployment deployment = external_deployment();
+  deployment.external->ready_path = "/not-served";  // 404: alive, never ready
+  orchestrator_->ensure(deployment, 1);
+  ASSERT_TRUE(wait_for([&] { return count_events("timeout") >= 1; }));
+  EXPECT_EQ(events_of("timeout").front().message, "not ready within 1 s");
+  orchestrator_->ensure(deployment, 0);
+}
+
+TEST(ExternalLaunchTest, ReplacesOnlyItsOwnPlaceholders) {
+  const std::map<std::string, std::string> values = {{"port", "8000"}, {"port:grpc", "9000"}};
+  EXPECT_EQ(expand_placeholders("--port={port}", values), "--port=8000");
+  EXPECT_EQ(expand_placeholders("{port}{port:grpc}{port}", values), "800090008000");
+  EXPECT_EQ(expand_placeholders("{\"a\": {port}}", values), "{\"a\": 8000}");
+  EXPECT_EQ(expand_placeholders("{nope} {port", values), "{nope} {port");
+  EXPECT_EQ(expand_placeholders("{{port}}", values), "{8000}");
+  EXPECT_EQ(expand_placeholders("", values), "");
+  ExternalCommand external;
+  external.command = {"srv", "{port:grpc}", "{port:metrics}{port:grpc}", "{port:}"};
+  external.env = {{"A", "{port:admin}"}, {"B", "{port}"}};
+  EXPECT_EQ(extra_port_names(external), (std::vector<std::string>{"grpc", "metrics", "admin"}));
+}
+
+TEST(ExternalLaunchTest, GivesEachPortPlaceholderItsOwnFreePort) {
+  Deployment deployment;
+  deployment.endpoint = "iris";
+  deployment.version = "v1";
+  deployment.model = "/";
+  deployment.external = ExternalCommand{{"sh", "{port:a}", "{port:b}", "{port:a}"}, {}, "", "/"};
+  auto launch = external_launch(deployment, "iris-v1-abc", "127.0.0.1", 8000);
+  ASSERT_TRUE(launch.is_ok()) << launch.status().message();
+  EXPECT_EQ(launch->argv[0].back(), 'h');
+  EXPECT_TRUE(launch->argv[0].starts_with("/"));  // found on PATH
+  EXPECT_NE(launch->argv[1], launch->argv[2]);
+  EXPECT_EQ(launch->argv[1], launch->argv[3]);
+  EXPECT_NE(launch->argv[1], "8000");
+  EXPECT_EQ(launch->env, (std::vector<std::string>{"PORT=8000"}));
+  EXPECT_EQ(launch->workdir, "/");
+  deployment.external->command = {"no-such-program-x"};
+  EXPECT_EQ(external_launch(deployment, "r", "127.0.0.1", 8000).status().code(),
+            StatusCode::kNotFound);
 }
 
 TEST(ProcessCpuTest, ReadsThisProcessAndRefusesAMissingOne) {
