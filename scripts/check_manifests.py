@@ -163,7 +163,8 @@ TYPES = SCALAR_TYPES | {"object", "array"}
 # What this project's schema may use; anything else is refused here rather than guessed about.
 SCHEMA_KEYS = {"type", "description", "properties", "items", "required", "enum", "minimum",
                "maximum", "minLength", "maxLength", "pattern", "minItems", "maxItems", "format",
-               "nullable", "x-kubernetes-list-type", "x-kubernetes-list-map-keys"}
+               "nullable", "x-kubernetes-list-type", "x-kubernetes-list-map-keys",
+               "additionalProperties"}
 
 
 def check_structural(node, path):
@@ -215,6 +216,10 @@ def check_structural(node, path):
                 problem(path, "a list-map needs x-kubernetes-list-map-keys")
     for name, child in node.get("properties", {}).items():
         check_structural(child, f"{path}.{name}")
+    if isinstance(node.get("additionalProperties"), dict):
+        if kind != "object":
+            problem(path, "additionalProperties on a non-object")
+        check_structural(node["additionalProperties"], f"{path}.*")
     if "items" in node:
         check_structural(node["items"], f"{path}[]")
 
@@ -269,6 +274,9 @@ def validate(value, node, path, errors):
                 errors.append(f"{path}: unknown field '{name}'")
             else:
                 validate(child, node["properties"][name], f"{path}.{name}", errors)
+    if kind == "object" and isinstance(node.get("additionalProperties"), dict):
+        for name, child in value.items():
+            validate(child, node["additionalProperties"], f"{path}.{name}", errors)
     if kind == "array":
         keys = node.get("x-kubernetes-list-map-keys", [])
         seen = set()
@@ -385,7 +393,15 @@ def check_specs(spec_schema, sample):
     base = sample["spec"]
     refused = {
         "unknown field": lambda s: s["served_models"][0].update(modle="/m"),
-        "unknown runtime": lambda s: s["served_models"][0].update(runtime="external"),
+        "unknown runtime": lambda s: s["served_models"][0].update(runtime="tensorrt"),
+        "external without a command": lambda s: s["served_models"][0].update(
+            runtime="external", external={"env": {"A": "b"}}),
+        "external command as a string": lambda s: s["served_models"][0].update(
+            runtime="external", external={"command": "python3 server.py"}),
+        "external env value a list": lambda s: s["served_models"][0].update(
+            runtime="external", external={"command": ["srv"], "env": {"A": ["b"]}}),
+        "external relative workdir": lambda s: s["served_models"][0].update(
+            runtime="external", external={"command": ["srv"], "workdir": "srv"}),
         "traffic above 100": lambda s: s["served_models"][0].update(traffic=101),
         "traffic as a string": lambda s: s["served_models"][0].update(traffic="50"),
         "relative model path": lambda s: s["served_models"][0].update(model="models/fraud"),

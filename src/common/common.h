@@ -385,7 +385,8 @@ struct ExternalCommand {
   std::vector<std::string> command;        // argv, command[0] the program; never through a shell
   std::map<std::string, std::string> env;  // added to the environment it inherits
   std::string workdir;                     // absolute; "": the model's directory
-  std::string ready_path = "/v2/health/ready";  // probed for readiness, then for liveness
+  // Probed for readiness, then for liveness; {endpoint} and {version} are replaced in it.
+  std::string ready_path = "/v2/health/ready";
   bool operator==(const ExternalCommand&) const = default;
 };
 

@@ -84,13 +84,19 @@ struct Wanted {
 };
 
 // Where a replica is probed: Flotilla's own serve OIP's health routes; an external server is
-// probed on its spec's ready_path for both (a server may have no separate liveness route).
+// probed on its spec's ready_path for both (a server may have no separate liveness route),
+// with {endpoint} and {version} in it replaced (/v2/models/{endpoint}/ready).
+std::string external_probe_path(const Deployment& deployment) {
+  return expand_placeholders(deployment.external->ready_path,
+                             {{"endpoint", deployment.endpoint}, {"version", deployment.version}});
+}
+
 std::string ready_path(const Deployment& deployment) {
-  return deployment.external ? deployment.external->ready_path : "/v2/health/ready";
+  return deployment.external ? external_probe_path(deployment) : "/v2/health/ready";
 }
 
 std::string live_path(const Deployment& deployment) {
-  return deployment.external ? deployment.external->ready_path : "/v2/health/live";
+  return deployment.external ? external_probe_path(deployment) : "/v2/health/live";
 }
 
 std::string random_suffix() {
@@ -365,7 +371,7 @@ class LocalOrchestrator final : public Orchestrator {
           "stopping process {} (`{}`): started by an earlier flotilla up on this data "
           "directory, and no replica record describes it",
           pid, command_line(pid));
-      ::kill(static_cast<pid_t>(pid), SIGTERM);
+      signal_group(pid, SIGTERM);
       strays_.push_back(Stray{pid, ticks, clock_.now()});
     }
   }
@@ -377,7 +383,7 @@ class LocalOrchestrator final : public Orchestrator {
         return true;
       }
       if (now - stray.term_sent >= options_.stop_timeout) {
-        ::kill(static_cast<pid_t>(stray.pid), SIGKILL);
+        signal_group(stray.pid, SIGKILL);
         stray.term_sent = now;
       }
       return false;

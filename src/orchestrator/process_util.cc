@@ -235,9 +235,12 @@ std::vector<int64_t> find_marked_processes(const std::string& marker) {
       continue;
     }
     const std::vector<std::string> fields = stat_fields(pid);
-    // Field 4: the parent. Our own children are ours to manage, not strays.
-    if (fields.empty() || fields[0] == "Z" ||
-        std::strtoll(fields[4 - 3].c_str(), nullptr, 10) == self) {
+    // Field 4: the parent. Our own children are ours to manage, not strays. Field 5: the
+    // process group. spawn() makes each process lead one; one that leads none was started by
+    // such a process (an external server's workers) and goes with its group's leader.
+    if (fields.size() < 3 || fields[0] == "Z" ||
+        std::strtoll(fields[4 - 3].c_str(), nullptr, 10) == self ||
+        std::strtoll(fields[5 - 3].c_str(), nullptr, 10) != pid) {
       continue;
     }
     found.push_back(pid);

@@ -24,8 +24,9 @@ Result<int64_t> spawn(const std::vector<std::string>& argv, const std::string& l
 // included), or to `pid` alone when it leads no group.
 void signal_group(int64_t pid, int signal);
 
-// The pids of processes whose environment holds the entry `marker` ("NAME=value"), this
-// process and its children excepted (those whose environment cannot be read are skipped).
+// The pids of processes whose environment holds the entry `marker` ("NAME=value") and that
+// lead their process group (as spawn() makes them), this process and its children excepted
+// (those whose environment cannot be read are skipped).
 std::vector<int64_t> find_marked_processes(const std::string& marker);
 
 // A port free on `host` now (bound to port 0 and released): the replica binds it next.

@@ -42,18 +42,23 @@ def require_binary(test_file):
         raise RuntimeError(f"FLOTILLA_BIN={FLOTILLA_BIN!r} is not an executable file")
 
 
-def clients_python(test):
-    """The python of the pinned clients' venv (clients_venv.sh: openai, opentelemetry-proto),
-    made once next to the binary; skips `test` (a TestCase) when it cannot be made, as when
-    PyPI cannot be reached."""
-    venv = os.path.join(os.path.dirname(os.path.abspath(FLOTILLA_BIN)), "clients-venv")
-    script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "clients_venv.sh")
-    made = subprocess.run(["bash", script, venv], capture_output=True, timeout=300)
+def venv_python(test, script, name, what):
+    """The python of a pinned venv that `script` (next to this file) makes once next to the
+    binary, in directory `name`; skips `test` (a TestCase) when it cannot be made, as when PyPI
+    cannot be reached. `what` names its packages in the skip message."""
+    venv = os.path.join(os.path.dirname(os.path.abspath(FLOTILLA_BIN)), name)
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), script)
+    made = subprocess.run(["bash", path, venv], capture_output=True, timeout=300)
     if made.returncode != 0:
         reason = made.stderr.decode(errors="replace").strip().splitlines()[-1:] or ["?"]
-        print(f"skipping: no venv with the pinned clients: {reason[0]}", file=sys.stderr)
-        test.skipTest(f"no venv with the pinned clients: {reason[0]}")
+        print(f"skipping: no venv with {what}: {reason[0]}", file=sys.stderr)
+        test.skipTest(f"no venv with {what}: {reason[0]}")
     return made.stdout.decode().strip()
+
+
+def clients_python(test):
+    """The python of the pinned clients' venv (clients_venv.sh: openai, opentelemetry-proto)."""
+    return venv_python(test, "clients_venv.sh", "clients-venv", "the pinned clients")
 
 
 # --------------------------------------------------------------------------- processes

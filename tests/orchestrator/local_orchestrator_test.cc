@@ -488,14 +488,21 @@ TEST_F(LocalOrchestratorTest, AdoptStopsUnrecordedProcessesWithOurMarker) {
                               (dir_ / "model.yaml").string() +
                               " --runtime synthetic --name fraud --port 0 --log-level warn";
   const std::string ours = std::string(kInstanceEnv) + "=" + options_.instance;
-  const int64_t stray = start_orphan(dir_, ours + " " + replica);
-  const int64_t recorded = start_orphan(dir_, ours + " " + replica);
-  const int64_t foreign = start_orphan(dir_, std::string(kInstanceEnv) + "=/elsewhere " + replica);
+  // Each in a session and process group of its own, as spawn() starts replicas; setsid (not a
+  // group leader in the background) execs in place, so the pid stays the job's.
+  const int64_t stray = start_orphan(dir_, ours + " setsid " + replica);
+  const int64_t recorded = start_orphan(dir_, ours + " setsid " + replica);
+  const int64_t foreign =
+      start_orphan(dir_, std::string(kInstanceEnv) + "=/elsewhere setsid " + replica);
+  // Marked but in another's group: what a replica's server started (its workers), not a stray.
+  const int64_t worker = start_orphan(dir_, ours + " " + replica);
   ASSERT_GT(stray, 0);
   ASSERT_GT(recorded, 0);
   ASSERT_GT(foreign, 0);
+  ASSERT_GT(worker, 0);
   ASSERT_TRUE(wait_for([&] {
-    return start_ticks_of(stray) && start_ticks_of(recorded) && start_ticks_of(foreign);
+    return start_ticks_of(stray) && start_ticks_of(recorded) && start_ticks_of(foreign) &&
+           start_ticks_of(worker);
   }));
   start();
   Replica record;
@@ -511,8 +518,10 @@ TEST_F(LocalOrchestratorTest, AdoptStopsUnrecordedProcessesWithOurMarker) {
   ASSERT_TRUE(wait_for([&] { return count_events("adopted") == 1; }));
   EXPECT_TRUE(process_exists(recorded));
   EXPECT_TRUE(process_exists(foreign));
+  EXPECT_TRUE(process_exists(worker));
   ::kill(static_cast<pid_t>(recorded), SIGKILL);
   ::kill(static_cast<pid_t>(foreign), SIGKILL);
+  ::kill(static_cast<pid_t>(worker), SIGKILL);
 }
 
 // Issue 18: after kill -9 of `flotilla up` its standbys must not run on under pid 1, even

@@ -1,0 +1,272 @@
+#!/usr/bin/python3
+"""The external runtime through `flotilla up` (issue 24 item 1; docs/external-runtime.md): a
+user's own model server, in another language than Flotilla's, started, probed, routed to,
+replaced and stopped by the platform as its own replicas are, behind the gateway's auth,
+balancer and retries.
+
+  ExternalOip  oip_server.py (Python's standard library, OIP v2 over HTTP) as the server
+  MlServer     Seldon's MLServer from the Python package index, serving a scikit-learn model
+               (a venv made by mlserver_venv.sh; skipped when the index cannot be reached)
+
+Run from the repository root:
+
+    FLOTILLA_BIN=build/release/flotilla /usr/bin/python3 -m unittest -v tests/integration/external_test.py
+"""
+import json
+import os
+import signal
+import subprocess
+import sys
+import unittest
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import control_test  # noqa: E402  (its `flotilla up` driver, fixtures and teardown)
+import harness  # noqa: E402
+from control_test import ControlTestCase, TRACKER, spec  # noqa: E402
+from harness import wait_until  # noqa: E402
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+OIP_SERVER = os.path.join(HERE, "oip_server.py")
+MLSERVER_VENV_SCRIPT = os.path.join(HERE, "mlserver_venv.sh")
+ROWS = [[1.0, 2.0, 3.0, 4.0], [0.5, 0.25, 0.125, 0.0625]]
+
+
+def setUpModule():
+    control_test.setUpModule()
+
+
+def tearDownModule():
+    control_test.tearDownModule()
+
+
+def oip_rows(rows, name="x", datatype="FP32"):
+    return {"inputs": [{"name": name, "shape": [len(rows), len(rows[0])], "datatype": datatype,
+                        "data": [x for row in rows for x in row]}]}
+
+
+def output(body, name):
+    return next(o for o in body["outputs"] if o["name"] == name)
+
+
+def external_server(name, model_dir, replicas=2, extra=()):
+    """A served model running oip_server.py, `replicas` of it (one request in flight each)."""
+    return {"name": name, "model": model_dir, "runtime": "external",
+            "external": {"command": ["/usr/bin/python3", OIP_SERVER, "--port", "{port}",
+                                     "--name", "{endpoint}", *extra],
+                         "ready_path": "/v2/health/ready"},
+            "concurrency": {"min": replicas, "max": 4 * replicas},
+            "per_replica_concurrency": {"min": 1, "max": 4, "initial": 1}}
+
+
+class ExternalTestCase(ControlTestCase):
+    def live_servers(self, name):
+        """The ready replicas of `name` (each one remembered for teardown)."""
+        view = self.up.view(name)
+        ready = [r for r in view["replicas"] if r["state"] == "ready"]
+        for replica in ready:
+            TRACKER.record(replica["pid"])
+        return ready
+
+
+class ExternalOip(ExternalTestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.up = cls.start_up("--no-autoscale", "--warm-pool", "0")
+        cls.model_dir = control_test.fresh_dir("oip-model")
+
+    def deploy(self, name, replicas=2):
+        self.up.create(spec(name, external_server("v1", self.model_dir, replicas)))
+        self.up.wait_serving(name)
+        return self.live_servers(name)
+
+    def test_serves_through_the_gateway_with_auth_and_spreads_over_replicas(self):
+        servers = self.deploy("sums")
+        self.assertEqual(len(servers), 2)
+        self.assertTrue(all(r["from_warm_pool"] is False for r in servers))
+        pids = set()
+        for _ in range(40):
+            r = self.up.gw("POST", "/v2/models/sums/infer", oip_rows(ROWS))
+            self.assertEqual(r.status, 200, r)
+            body = r.json()
+            self.assertEqual(output(body, "sum")["data"], [10.0, 0.9375])
+            pids.add(output(body, "pid")["data"][0])
+        self.assertEqual(pids, {r["pid"] for r in servers}, "both replicas serve")
+        # The versioned path, the model's metadata and readiness, as the server answers them.
+        r = self.up.gw("POST", "/v2/models/sums/versions/v1/infer", oip_rows(ROWS))
+        self.assertEqual(r.status, 200, r)
+        r = self.up.gw("GET", "/v2/models/sums")
+        self.assertEqual((r.status, r.json()["platform"]), (200, "python-oip-test"), r)
+        self.assertEqual(self.up.gw("GET", "/v2/models/sums/ready").status, 200)
+
+        # The gateway's auth holds for it as for any endpoint.
+        self.assertEqual(self.up.gw("POST", "/v2/models/sums/infer", oip_rows(ROWS),
+                                    token=None).status, 401)
+        self.assertEqual(self.up.gw("POST", "/v2/models/sums/infer", oip_rows(ROWS),
+                                    token="flt_nobody_" + "0" * 64).status, 401)
+        # The server's own errors reach the client as it sent them.
+        r = self.up.gw("POST", "/v2/models/sums/infer",
+                       {"inputs": [{"name": "x", "shape": [2, 3], "datatype": "FP32",
+                                    "data": [1.0]}]})
+        self.assertEqual(r.status, 400, r)
+        self.assertIn("shape [2, 3] does not fit 1 values", r.json()["error"])
+        r = self.up.gw("POST", "/v2/models/sums/infer", oip_rows(ROWS, datatype="BYTES"))
+        self.assertEqual(r.status, 400, r)
+        self.assertIn("datatype BYTES", r.json()["error"])
+
+        # Its log lines land in the replica's log file under the data directory.
+        log = os.path.join(self.up.data_dir, "logs", servers[0]["id"] + ".log")
+        with open(log) as f:
+            self.assertIn("oip_server: serving model sums on port " +
+                          servers[0]["address"].rsplit(":", 1)[1], f.read())
+
+    def test_a_killed_server_is_replaced_and_requests_keep_succeeding(self):
+        servers = self.deploy("crashy")
+        victim = servers[0]
+        os.kill(victim["pid"], signal.SIGKILL)
+        # Requests meanwhile go to the other one (or are retried there).
+        for _ in range(20):
+            r = self.up.gw("POST", "/v2/models/crashy/infer", oip_rows(ROWS))
+            self.assertEqual(r.status, 200, r)
+        view = self.up.wait_view(
+            "crashy", lambda v: sum(r["state"] == "ready" and r["id"] != victim["id"]
+                                    for r in v["replicas"]) == 2,
+            "a replacement ready")
+        failed = [r for r in view["replicas"] if r["id"] == victim["id"]]
+        self.assertEqual(failed[0]["state"], "failed")
+        self.assertIn("killed by signal 9", failed[0]["reason"])
+        self.assertTrue(any(e["kind"] == "replica_failed" for e in self.up.events("crashy")))
+
+    def test_deleting_the_endpoint_stops_its_servers(self):
+        servers = self.deploy("gone", replicas=1)
+        pid, ticks = servers[0]["pid"], harness.process_start_ticks(servers[0]["pid"])
+        self.up.delete("gone")
+        wait_until(lambda: harness.process_start_ticks(pid) != ticks,
+                   control_test.GONE_DEADLINE_S, what="the server stopped")
+
+    def test_a_server_that_answers_but_is_not_ready_is_loading_and_not_routed_to(self):
+        self.up.create(spec("never", external_server("v1", self.model_dir, 1,
+                                                     extra=["--fail-ready"])))
+        view = self.up.wait_view(
+            "never", lambda v: any(r["state"] == "loading" for r in v["replicas"]),
+            "the server answers, not ready")
+        TRACKER.record(view["replicas"][0]["pid"])
+        self.assertEqual(view["state"]["ready"], "NOT_READY")
+        # The gateway's table has no replica for it: requests wait for one (the cold-start
+        # hold) and reach no server.
+        stats = self.up.gw("GET", "/gateway/stats").json()
+        self.assertEqual([e["replicas"] for e in stats["endpoints"] if e["name"] == "never"],
+                         [[]])
+        self.up.delete("never")
+
+    def test_bad_external_specs_are_refused_naming_the_field(self):
+        def refused(served, field):
+            r = self.up.api("POST", "/api/2.0/serving-endpoints", spec("bad", served))
+            self.assertApiError(r, 400, "INVALID_PARAMETER_VALUE", field)
+            self.assertEqual(self.up.api("GET", "/api/2.0/serving-endpoints/bad").status, 404)
+
+        missing = external_server("v1", self.model_dir)
+        missing["external"]["command"][0] = "no-such-model-server"
+        refused(missing, "served_models[0].external.command[0]: 'no-such-model-server' is not "
+                         "an executable on PATH")
+        nowhere = external_server("v1", self.model_dir)
+        nowhere["external"]["workdir"] = os.path.join(self.model_dir, "nowhere")
+        refused(nowhere, "served_models[0].external.workdir")
+        no_command = external_server("v1", self.model_dir)
+        del no_command["external"]
+        refused(no_command, "served_models[0].external: is required with runtime: external")
+        shell_string = external_server("v1", self.model_dir)
+        shell_string["external"]["command"] = "python3 server.py --port $PORT"
+        refused(shell_string, "served_models[0].external.command: must be a list")
+        port = external_server("v1", self.model_dir)
+        port["external"]["env"] = {"PORT": "80"}
+        refused(port, "served_models[0].external.env.PORT")
+
+
+class _SkipClass:
+    """What venv_python needs of a test to skip it, for a setUpClass."""
+
+    def skipTest(self, reason):  # noqa: N802  (unittest's name)
+        raise unittest.SkipTest(reason)
+
+
+TRAIN_IRIS = """
+import json, sys, joblib
+from sklearn.datasets import load_iris
+from sklearn.linear_model import LogisticRegression
+X, y = load_iris(return_X_y=True)
+model = LogisticRegression(max_iter=1000).fit(X, y)
+joblib.dump(model, sys.argv[1] + "/model.joblib")
+json.dump({"rows": X.tolist(), "predictions": model.predict(X).tolist()},
+          open(sys.argv[1] + "/expected.json", "w"))
+"""
+
+
+class MlServer(ExternalTestCase):
+    """Seldon's MLServer (PyPI, pinned) as the external runtime's server, serving a
+    scikit-learn model: MLServer's own settings variables carry the ports Flotilla picks."""
+
+    @classmethod
+    def setUpClass(cls):
+        python = harness.venv_python(_SkipClass(), "mlserver_venv.sh", "mlserver-venv",
+                                     "MLServer")
+        cls.mlserver = os.path.join(os.path.dirname(python), "mlserver")
+        cls.model_dir = control_test.fresh_dir("sklearn-iris")
+        subprocess.run([python, "-c", TRAIN_IRIS, cls.model_dir], check=True, timeout=120)
+        with open(os.path.join(cls.model_dir, "expected.json")) as f:
+            cls.expected = json.load(f)
+        cls.up = cls.start_up("--no-autoscale", "--warm-pool", "0")
+
+    def served(self):
+        return {"name": "v1", "model": self.model_dir, "runtime": "external",
+                "external": {
+                    "command": [self.mlserver, "start", "{model}"],
+                    "env": {"MLSERVER_HOST": "127.0.0.1", "MLSERVER_HTTP_PORT": "{port}",
+                            "MLSERVER_GRPC_PORT": "{port:grpc}",
+                            "MLSERVER_METRICS_PORT": "{port:metrics}",
+                            "MLSERVER_MODEL_NAME": "{endpoint}",
+                            "MLSERVER_MODEL_IMPLEMENTATION": "mlserver_sklearn.SKLearnModel",
+                            "MLSERVER_MODEL_URI": "{model}/model.joblib"},
+                    # MLServer answers /v2/health/ready before its model has loaded.
+                    "ready_path": "/v2/models/{endpoint}/ready"},
+                "concurrency": {"min": 2, "max": 8},
+                "per_replica_concurrency": {"min": 1, "max": 4, "initial": 1}}
+
+    def test_predictions_through_the_gateway_equal_the_models_own(self):
+        self.up.create(spec("iris-sk", self.served()))
+        self.up.wait_serving("iris-sk", deadline_s=120)
+        servers = self.live_servers("iris-sk")
+        self.assertEqual(len(servers), 2)
+        rows = self.expected["rows"]
+        predictions = []
+        for start in range(0, len(rows), 25):
+            chunk = rows[start:start + 25]
+            r = self.up.gw("POST", "/v2/models/iris-sk/infer", oip_rows(chunk, datatype="FP64"))
+            self.assertEqual(r.status, 200, r.body.decode(errors="replace"))
+            self.assertEqual(r.json()["model_name"], "iris-sk")
+            predictions += output(r.json(), "predict")["data"]
+        self.assertEqual(predictions, self.expected["predictions"])
+        self.assertEqual(len(set(predictions)), 3)
+
+        # MLServer's own error for a wrong shape reaches the client as MLServer sent it (a
+        # 500 naming the model's complaint), once: the gateway retries no answered request.
+        r = self.up.gw("POST", "/v2/models/iris-sk/infer",
+                       {"inputs": [{"name": "x", "shape": [1, 3], "datatype": "FP64",
+                                    "data": [1.0, 2.0, 3.0]}]})
+        self.assertEqual((r.status, r.headers.get("server")), (500, "uvicorn"), r)
+        self.assertIn("X has 3 features, but LogisticRegression is expecting 4", r.json()["error"])
+
+        # Deleted: each server and the inference workers it started are stopped.
+        processes = {}
+        for server in servers:
+            for pid in [server["pid"], *harness.children_of(server["pid"])]:
+                TRACKER.record(pid)
+                processes[pid] = harness.process_start_ticks(pid)
+        self.assertGreater(len(processes), 2, "MLServer runs worker processes")
+        self.up.delete("iris-sk")
+        wait_until(lambda: all(harness.process_start_ticks(pid) != ticks
+                               for pid, ticks in processes.items()),
+                   control_test.GONE_DEADLINE_S, what="every MLServer process stopped")
+
+
+if __name__ == "__main__":
+    unittest.main()
