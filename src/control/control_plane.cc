@@ -751,6 +751,7 @@ Result<nlohmann::json> ControlPlaneImpl::create_endpoint(std::string_view body,
   FLOTILLA_RETURN_IF_ERROR(
       check_replica_cap(spec, options_.max_replicas, options_.autoscaling.enabled));
   FLOTILLA_RETURN_IF_ERROR(check_model_paths(spec));
+  FLOTILLA_RETURN_IF_ERROR(serve_mlflow_flavors(spec));
   {
     MutexLock lock(mu_);
     if (endpoints_.contains(spec.name)) {
@@ -775,6 +776,7 @@ Result<nlohmann::json> ControlPlaneImpl::update_endpoint(const std::string& name
   FLOTILLA_RETURN_IF_ERROR(
       check_replica_cap(spec, options_.max_replicas, options_.autoscaling.enabled));
   FLOTILLA_RETURN_IF_ERROR(check_model_paths(spec));
+  FLOTILLA_RETURN_IF_ERROR(serve_mlflow_flavors(spec));
   {
     MutexLock lock(mu_);
     auto it = endpoints_.find(name);

@@ -99,6 +99,14 @@ nlohmann::json to_json(const ServedModelSpec& served);
 // executable on PATH"). Reads the file system.
 Status check_model_paths(const EndpointSpec& spec);
 
+// `runtime: auto` on an MLflow model directory whose flavors Flotilla does not serve natively
+// (no xgboost; sklearn, pyfunc, ...): turns the served model into `runtime: external` running
+// MLflow's own scoring server (`mlflow models serve -m {model} --env-manager local`, ready on
+// /ping), found on this process's PATH, so the stored spec says what runs. kInvalidArgument
+// naming the field when `mlflow` is not on PATH (what to install) or the model has no
+// python_function flavor. Other served models are left as they are. Reads the file system.
+Status serve_mlflow_flavors(EndpointSpec& spec);
+
 // Identifies what a replica of `served` runs: equal keys mean interchangeable replicas. Built
 // from the endpoint name and the fields that need a replica restart when they change (name,
 // model, runtime, resources) and nothing else, so a change of traffic or concurrency keeps

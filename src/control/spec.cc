@@ -672,6 +672,65 @@ Status check_model_paths(const EndpointSpec& spec) {
   return Status::ok();
 }
 
+Status serve_mlflow_flavors(EndpointSpec& spec) {
+  for (size_t i = 0; i < spec.served_models.size(); ++i) {
+    ServedModelSpec& served = spec.served_models[i];
+    const std::filesystem::path mlmodel = std::filesystem::path(served.model) / "MLmodel";
+    std::error_code ec;
+    if (served.runtime != "auto" || store::is_url(served.model) ||
+        !std::filesystem::is_regular_file(mlmodel, ec)) {
+      continue;
+    }
+    const std::string where = index_where("served_models", i) + ".model";
+    std::vector<std::string> flavors;
+    try {
+      const YAML::Node root = YAML::LoadFile(mlmodel.string());
+      if (root["flavors"] && root["flavors"].IsMap()) {
+        for (const auto& flavor : root["flavors"]) {
+          flavors.push_back(flavor.first.as<std::string>());
+        }
+      }
+    } catch (const std::exception& e) {
+      return invalid_argument(where + ": cannot read '" + mlmodel.string() + "': " + e.what());
+    }
+    auto has = [&](std::string_view name) {
+      return std::find(flavors.begin(), flavors.end(), name) != flavors.end();
+    };
+    if (has("xgboost")) {
+      continue;  // served natively
+    }
+    std::string listed;
+    for (const std::string& flavor : flavors) {
+      listed += (listed.empty() ? "" : ", ") + flavor;
+    }
+    if (!has("python_function")) {
+      return invalid_argument(where + ": '" + served.model + "' is an MLflow model of flavors [" +
+                              listed +
+                              "], none of which Flotilla serves (xgboost natively, "
+                              "python_function through MLflow's scoring server)");
+    }
+    ExternalCommand scoring_server;
+    scoring_server.command = {"mlflow"};
+    Result<std::string> mlflow = find_program(scoring_server, "/");
+    if (!mlflow.is_ok()) {
+      return invalid_argument(where + ": '" + served.model + "' is an MLflow model of flavors [" +
+                              listed +
+                              "], which Flotilla serves through MLflow's own scoring server, and "
+                              "`mlflow` is not on flotilla up's PATH: install MLflow (pip "
+                              "install mlflow), or give runtime: external with your server");
+    }
+    // `mlflow models serve` in the Python environment it is installed in (no conda, no new
+    // virtualenv: what the team installed is what serves), on the replica's port.
+    scoring_server.command = {*mlflow, "models",    "serve", "-m",     "{model}",
+                              "-h",    "127.0.0.1", "-p",    "{port}", "--env-manager",
+                              "local"};
+    scoring_server.ready_path = "/ping";
+    served.runtime = "external";
+    served.external = std::move(scoring_server);
+  }
+  return Status::ok();
+}
+
 std::string deployment_key(std::string_view endpoint, const ServedModelSpec& served) {
   // Shortest round-trip form of cpus, so equal doubles always give equal text.
   char cpus[64];

@@ -5,6 +5,8 @@
 #include <map>
 #include <optional>
 #include <string>
+#include <tuple>
+#include <utility>
 #include <vector>
 
 #include <gmock/gmock.h>
@@ -751,6 +753,61 @@ TEST_F(CheckModelPathsTest, FindsAnExternalServersProgramAndWorkdir) {
   status = check_model_paths(with({{"sh"}, {}, (dir_ / "nowhere").string(), "/r"}));
   EXPECT_EQ(status.message(), "served_models[0].external.workdir: '" + (dir_ / "nowhere").string() +
                                   "' is not a directory");
+}
+
+TEST_F(CheckModelPathsTest, ServesMlflowFlavorsItDoesNotRunThroughMlflowsScoringServer) {
+  const std::filesystem::path model = dir_ / "iris-sklearn";
+  std::filesystem::create_directories(model);
+  std::ofstream(model / "MLmodel") << "flavors:\n  python_function: {loader_module: "
+                                      "mlflow.sklearn}\n  sklearn: {pickled_model: model.pkl}\n";
+  const std::filesystem::path bin = dir_ / "bin";
+  std::filesystem::create_directories(bin);
+  const std::filesystem::path mlflow = bin / "mlflow";
+  std::ofstream(mlflow) << "#!/bin/sh\n";
+  std::filesystem::permissions(mlflow, std::filesystem::perms::owner_all);
+  const char* saved = std::getenv("PATH");
+  const std::string path = saved ? saved : "";
+  auto resolved = [&](const std::string& search_path, EndpointSpec spec) {
+    ::setenv("PATH", search_path.c_str(), 1);
+    const Status status = serve_mlflow_flavors(spec);
+    ::setenv("PATH", path.c_str(), 1);
+    return std::make_pair(status, spec);
+  };
+
+  auto [status, spec] =
+      resolved(bin.string() + ":" + path, EndpointSpec{"e", {served_model("a", model)}, {}, {}});
+  ASSERT_TRUE(status.is_ok()) << status.message();
+  const ServedModelSpec& served = spec.served_models[0];
+  EXPECT_EQ(served.runtime, "external");
+  ASSERT_TRUE(served.external.has_value());
+  EXPECT_EQ(served.external->command,
+            (std::vector<std::string>{mlflow.string(), "models", "serve", "-m", "{model}", "-h",
+                                      "127.0.0.1", "-p", "{port}", "--env-manager", "local"}));
+  EXPECT_EQ(served.external->ready_path, "/ping");
+
+  // Without mlflow on PATH: what to install, naming the field.
+  std::tie(status, spec) =
+      resolved(dir_.string(), EndpointSpec{"e", {served_model("a", model)}, {}, {}});
+  EXPECT_EQ(status.code(), StatusCode::kInvalidArgument);
+  EXPECT_THAT(status.message(),
+              HasSubstr("served_models[0].model: '" + model.string() +
+                        "' is an MLflow model of flavors [python_function, sklearn], which "
+                        "Flotilla serves through MLflow's own scoring server, and `mlflow` is "
+                        "not on flotilla up's PATH: install MLflow"));
+  // An explicit runtime, an xgboost flavor and a plain model file are left as they are.
+  ServedModelSpec xgboost = served_model("b", model_);
+  ServedModelSpec pinned = served_model("c", model);
+  pinned.runtime = "xgboost";
+  std::tie(status, spec) = resolved(dir_.string(), EndpointSpec{"e", {xgboost, pinned}, {}, {}});
+  EXPECT_TRUE(status.is_ok()) << status.message();
+  EXPECT_EQ(spec.served_models[0], xgboost);
+  EXPECT_EQ(spec.served_models[1], pinned);
+  // A flavor no server here runs.
+  std::ofstream(model / "MLmodel") << "flavors:\n  onnx: {data: model.onnx}\n";
+  std::tie(status, spec) =
+      resolved(bin.string(), EndpointSpec{"e", {served_model("a", model)}, {}, {}});
+  EXPECT_THAT(status.message(), HasSubstr("is an MLflow model of flavors [onnx], none of which "
+                                          "Flotilla serves"));
 }
 
 // ---- Derived numbers ----------------------------------------------------------------------------

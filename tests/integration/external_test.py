@@ -7,6 +7,8 @@ balancer and retries.
   ExternalOip  oip_server.py (Python's standard library, OIP v2 over HTTP) as the server
   MlServer     Seldon's MLServer from the Python package index, serving a scikit-learn model
                (a venv made by mlserver_venv.sh; skipped when the index cannot be reached)
+  MlflowFlavors  `runtime: auto` on MLflow sklearn and pyfunc models: MLflow's own scoring
+               server from flotilla up's PATH (mlflow_venv.sh; skipped likewise)
 
 Run from the repository root:
 
@@ -180,6 +182,16 @@ class ExternalOip(ExternalTestCase):
         port = external_server("v1", self.model_dir)
         port["external"]["env"] = {"PORT": "80"}
         refused(port, "served_models[0].external.env.PORT")
+        # An MLflow model of a flavor served through MLflow's scoring server, with no `mlflow`
+        # on this flotilla up's PATH: what to install.
+        mlflow_model = control_test.fresh_dir("mlflow-sklearn")
+        with open(os.path.join(mlflow_model, "MLmodel"), "w") as f:
+            f.write("flavors:\n  python_function: {loader_module: mlflow.sklearn}\n"
+                    "  sklearn: {pickled_model: model.pkl}\n")
+        refused({"name": "v1", "model": mlflow_model},
+                "is an MLflow model of flavors [python_function, sklearn], which Flotilla "
+                "serves through MLflow's own scoring server, and `mlflow` is not on flotilla "
+                "up's PATH: install MLflow")
 
 
 class _SkipClass:
@@ -266,6 +278,77 @@ class MlServer(ExternalTestCase):
         wait_until(lambda: all(harness.process_start_ticks(pid) != ticks
                                for pid, ticks in processes.items()),
                    control_test.GONE_DEADLINE_S, what="every MLServer process stopped")
+
+
+MAKE_MLFLOW_MODELS = """
+import json, sys, warnings
+warnings.simplefilter("ignore")  # MLflow's advice on type hints, printed at save
+import mlflow.pyfunc, mlflow.sklearn
+from sklearn.datasets import load_iris
+from sklearn.linear_model import LogisticRegression
+
+class ScaledSum(mlflow.pyfunc.PythonModel):
+    # A team's own pyfunc: each row's sum times a factor set when it loads.
+    def load_context(self, context):
+        self.factor = 2.5
+    def predict(self, context, model_input, params=None):
+        return (model_input.sum(axis=1) * self.factor).tolist()
+
+out = sys.argv[1]
+X, y = load_iris(return_X_y=True)
+mlflow.sklearn.save_model(LogisticRegression(max_iter=1000).fit(X, y), out + "/sklearn")
+mlflow.pyfunc.save_model(out + "/pyfunc", python_model=ScaledSum())
+expected = {}
+for flavor in ("sklearn", "pyfunc"):
+    predictions = mlflow.pyfunc.load_model(out + "/" + flavor).predict(X[::5])
+    expected[flavor] = [p.item() if hasattr(p, "item") else p for p in predictions]
+json.dump({"rows": X[::5].tolist(), "expected": expected}, open(out + "/expected.json", "w"))
+"""
+
+
+class MlflowFlavors(ExternalTestCase):
+    """`runtime: auto` on MLflow models Flotilla does not serve natively (sklearn, a custom
+    pyfunc): served by MLflow's own scoring server, found on flotilla up's PATH (issue 24
+    item 2)."""
+
+    @classmethod
+    def setUpClass(cls):
+        python = harness.venv_python(_SkipClass(), "mlflow_venv.sh", "mlflow-venv", "MLflow")
+        cls.models = control_test.fresh_dir("mlflow-models")
+        subprocess.run([python, "-c", MAKE_MLFLOW_MODELS, cls.models], check=True, timeout=180)
+        with open(os.path.join(cls.models, "expected.json")) as f:
+            cls.expected = json.load(f)
+        bin_dir = os.path.dirname(python)
+        old_path = os.environ["PATH"]
+        os.environ["PATH"] = bin_dir + os.pathsep + old_path
+        try:
+            cls.up = cls.start_up("--no-autoscale", "--warm-pool", "0")
+        finally:
+            os.environ["PATH"] = old_path
+        cls.mlflow = os.path.join(bin_dir, "mlflow")
+
+    def test_each_flavor_predicts_through_the_gateway_as_mlflow_loads_it(self):
+        for flavor in ("sklearn", "pyfunc"):
+            with self.subTest(flavor=flavor):
+                name = "mlflow-" + flavor
+                model = os.path.join(self.models, flavor)
+                view = self.up.create(spec(name, {"name": "v1", "model": model}))
+                served = view["pending_config"]["served_models"][0]
+                self.assertEqual(served["runtime"], "external")
+                self.assertEqual(served["external"]["command"][:4],
+                                 [self.mlflow, "models", "serve", "-m"])
+                self.up.wait_serving(name, deadline_s=120)
+                self.live_servers(name)
+                r = self.up.gw("POST", f"/serving-endpoints/{name}/invocations",
+                               {"instances": self.expected["rows"]})
+                self.assertEqual(r.status, 200, r)
+                self.assertEqual(r.json()["predictions"], self.expected["expected"][flavor])
+        # A row the sklearn model cannot take: MLflow's own error, in MLflow's shape.
+        r = self.up.gw("POST", "/serving-endpoints/mlflow-sklearn/invocations",
+                       {"instances": [[1.0, 2.0]]})
+        self.assertEqual(r.status, 400, r)
+        self.assertEqual(r.json()["error_code"], "BAD_REQUEST")
+        self.assertIn("expecting 4 features", r.json()["stack_trace"])
 
 
 if __name__ == "__main__":
