@@ -9,6 +9,8 @@ balancer and retries.
                (a venv made by mlserver_venv.sh; skipped when the index cannot be reached)
   MlflowFlavors  `runtime: auto` on MLflow sklearn and pyfunc models: MLflow's own scoring
                server from flotilla up's PATH (mlflow_venv.sh; skipped likewise)
+  TritonClientHttp  tritonclient[http] on an xgboost and an external endpoint
+               (clients_venv.sh; skipped likewise)
 
 Run from the repository root:
 
@@ -349,6 +351,94 @@ class MlflowFlavors(ExternalTestCase):
         self.assertEqual(r.status, 400, r)
         self.assertEqual(r.json()["error_code"], "BAD_REQUEST")
         self.assertIn("expecting 4 features", r.json()["stack_trace"])
+
+
+# Run by the clients venv's python: tritonclient.http against the gateway, as a Triton or KServe
+# user calls it. Prints what the client's own objects say, as JSON.
+TRITON_HTTP_PROBE = """
+import json, sys
+import numpy as np
+import tritonclient.http as httpclient
+from tritonclient.utils import InferenceServerException
+
+port, token, models = sys.argv[1], sys.argv[2], sys.argv[3].split(",")
+client = httpclient.InferenceServerClient(url="127.0.0.1:" + port)
+auth = {"Authorization": "Bearer " + token}
+rows = np.array([[5.1, 3.5, 1.4, 0.2], [6.7, 3.1, 4.4, 1.4]], dtype=np.float32)
+out = {"live": client.is_server_live(headers=auth), "ready": client.is_server_ready(headers=auth)}
+
+def error(call):
+    try:
+        call()
+        return None
+    except InferenceServerException as e:
+        return {"status": e.status(), "message": e.message()}
+
+for model in models:
+    tensor = httpclient.InferInput("x", list(rows.shape), "FP32")
+    tensor.set_data_from_numpy(rows, binary_data=False)
+    result = client.infer(model, [tensor], headers=auth)
+    response = result.get_response()
+    out[model] = {
+        "model_ready": client.is_model_ready(model, headers=auth),
+        "metadata_name": client.get_model_metadata(model, headers=auth)["name"],
+        "outputs": {o["name"]: result.as_numpy(o["name"]).tolist() for o in response["outputs"]},
+        "model_name": response["model_name"],
+    }
+    short = httpclient.InferInput("x", [1, 3], "FP32")
+    short.set_data_from_numpy(rows[:1, :3].copy(), binary_data=False)
+    out[model]["wrong_shape"] = error(lambda: client.infer(model, [short], headers=auth))
+    out[model]["no_token"] = error(lambda: client.infer(model, [tensor]))
+out["unknown_model"] = error(lambda: client.infer("nope", [tensor], headers=auth))
+print(json.dumps(out))
+"""
+
+
+class TritonClientHttp(ExternalTestCase):
+    """tritonclient[http] (pinned, clients_venv.sh) through the gateway with auth, on an
+    xgboost endpoint and on an external server's: its own result objects and exceptions
+    (issue 24 item 4)."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.up = cls.start_up("--no-autoscale", "--warm-pool", "0")
+
+    def test_infer_metadata_readiness_and_errors(self):
+        python = harness.clients_python(self)
+        self.up.create(spec("iris", {"name": "v1", "model": control_test.model_path(
+            control_test.PROBA)}))
+        self.up.create(spec("sums", external_server("v1", control_test.fresh_dir("m"), 1)))
+        self.up.wait_serving("iris")
+        self.up.wait_serving("sums")
+        self.live_servers("sums")
+        token = self.up.api("POST", "/api/2.0/tokens", {"id": "triton"}).json()["token"]
+        p = subprocess.run([python, "-c", TRITON_HTTP_PROBE, str(self.up.gateway_port), token,
+                            "iris,sums"], capture_output=True, timeout=60)
+        self.assertEqual(p.returncode, 0, p.stderr.decode(errors="replace"))
+        got = json.loads(p.stdout)
+        self.assertTrue(got["live"] and got["ready"], got)
+        # The xgboost endpoint: class probabilities equal the gateway's REST answer.
+        rest = self.up.gw("POST", "/v2/models/iris/infer",
+                          oip_rows([[5.1, 3.5, 1.4, 0.2], [6.7, 3.1, 4.4, 1.4]])).json()
+        iris = got["iris"]
+        self.assertTrue(iris["model_ready"], got)
+        self.assertEqual((iris["metadata_name"], iris["model_name"]), ("iris", "iris"), got)
+        probabilities = iris["outputs"]["predict"]  # as_numpy: [rows, classes]
+        flat = [p for row in probabilities for p in row]
+        self.assertEqual(len(flat), len(output(rest, "predict")["data"]))
+        for a, b in zip(flat, output(rest, "predict")["data"]):
+            self.assertAlmostEqual(a, b, places=6)
+        self.assertEqual([max(range(3), key=row.__getitem__) for row in probabilities], [0, 1])
+        self.assertEqual(iris["wrong_shape"]["status"], "400", got)
+        self.assertEqual(iris["no_token"]["status"], "401", got)
+        # The external server's.
+        sums = got["sums"]
+        self.assertTrue(sums["model_ready"], got)
+        for a, b in zip(sums["outputs"]["sum"], [10.2, 15.6], strict=True):
+            self.assertAlmostEqual(a, b, places=5)
+        self.assertEqual(sums["wrong_shape"], None, "3 columns are a valid input for sums")
+        self.assertEqual(sums["no_token"]["status"], "401", got)
+        self.assertEqual(got["unknown_model"]["status"], "404", got)
 
 
 if __name__ == "__main__":
