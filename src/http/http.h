@@ -85,6 +85,9 @@ struct Request {
   std::string body;
   // Every header as received, in order, when ServerOptions::capture_headers is set; else empty.
   Headers headers;
+  // Inference-Header-Content-Length (Triton's binary tensor data extension), kept whatever
+  // capture_headers says: the OIP decoder needs it. "" when absent.
+  std::string inference_header_length;
 };
 
 struct Response {

@@ -89,6 +89,10 @@ class RequestReader final : public bhttp::basic_parser<true> {
       if (ec) {
         return;
       }
+    } else if (name == bhttp::field::unknown &&
+               equals_ignore_case(std::string_view(name_string.data(), name_string.size()),
+                                  "inference-header-content-length")) {
+      request_.inference_header_length.assign(text);
     }
     if (capture_headers_) {
       request_.headers.emplace_back(std::string(name_string.data(), name_string.size()),

@@ -1,5 +1,6 @@
 #include "protocol/json_util.h"
 
+#include <algorithm>
 #include <charconv>
 #include <cmath>
 #include <limits>
@@ -17,12 +18,16 @@ std::string where_text(const char* prefix, int64_t index) {
 }  // namespace
 
 Result<simdjson::dom::element> parse_json(std::string& body) {
+  return parse_json(body, body.size());
+}
+
+Result<simdjson::dom::element> parse_json(std::string& body, size_t length) {
   thread_local simdjson::dom::parser parser;
   // simdjson reads up to SIMDJSON_PADDING bytes past the end; reserving them here lets it
   // parse in place instead of copying the body.
   body.reserve(body.size() + simdjson::SIMDJSON_PADDING);
   simdjson::dom::element root;
-  auto error = parser.parse(body.data(), body.size(), false).get(root);
+  auto error = parser.parse(body.data(), std::min(length, body.size()), false).get(root);
   if (error) {
     return invalid_argument(std::string("malformed JSON: ") + simdjson::error_message(error));
   }

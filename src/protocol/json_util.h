@@ -14,6 +14,8 @@ namespace flotilla::protocol::detail {
 // path does not allocate parser buffers). The element is valid until the next call on the
 // same thread.
 Result<simdjson::dom::element> parse_json(std::string& body);
+// The same over the first `length` bytes of `body` (the JSON before binary data).
+Result<simdjson::dom::element> parse_json(std::string& body, size_t length);
 
 // Appends one leaf JSON value to `tensor` converted to its datatype, or explains why it cannot
 // be: `where` names the value in messages ("input 'x' element 3").

@@ -1,6 +1,10 @@
-// Open Inference Protocol v2 REST codec (PROTOCOLS.md §1.3).
+// Open Inference Protocol v2 REST codec (PROTOCOLS.md §1.3), with Triton's binary tensor data
+// extension for inputs (what tritonclient sends by default).
 #include <algorithm>
+#include <bit>
 #include <limits>
+#include <optional>
+#include <string_view>
 
 #include "protocol/json_util.h"
 #include "protocol/protocol.h"
@@ -48,7 +52,52 @@ Result<Parameters> decode_parameters(element value, const std::string& where) {
   return parameters;
 }
 
-Result<Tensor> decode_input(element value, size_t index, size_t body_size) {
+// Binary tensor data is little-endian, as Tensor::data is on the hosts we build for.
+static_assert(std::endian::native == std::endian::little);
+
+// The binary section of a request in Triton's binary tensor data extension: what is left of
+// it for the inputs not read yet.
+struct BinaryData {
+  std::string_view rest;
+};
+
+// `tensor`'s data from `binary` (binary_data_size bytes), which must hold exactly its shape's
+// elements.
+Status read_binary_input(element size_value, BinaryData* binary, int64_t expected, Tensor& tensor,
+                         const std::string& named) {
+  if (binary == nullptr) {
+    return invalid_argument(named +
+                            ": binary tensor data needs the Inference-Header-Content-Length "
+                            "header; or send 'data' as JSON");
+  }
+  int64_t size = 0;
+  if (size_value.get_int64().get(size) || size < 0) {
+    return invalid_argument(named + ": binary_data_size must be a non-negative integer");
+  }
+  const int64_t needed = expected * static_cast<int64_t>(element_size(tensor.datatype));
+  if (size != needed) {
+    return invalid_argument(named + ": binary_data_size " + std::to_string(size) + " but shape " +
+                            detail::shape_text(tensor.shape) + " of " +
+                            std::string(datatype_name(tensor.datatype)) + " needs " +
+                            std::to_string(needed) + " bytes");
+  }
+  if (static_cast<size_t>(size) > binary->rest.size()) {
+    return invalid_argument(named + ": binary_data_size " + std::to_string(size) + " but only " +
+                            std::to_string(binary->rest.size()) +
+                            " bytes of binary data are left in the body");
+  }
+  const auto* bytes = reinterpret_cast<const uint8_t*>(binary->rest.data());
+  tensor.data.assign(bytes, bytes + size);
+  binary->rest.remove_prefix(static_cast<size_t>(size));
+  if (tensor.datatype == DataType::kBool) {
+    for (uint8_t& value : tensor.data) {
+      value = value != 0;
+    }
+  }
+  return Status::ok();
+}
+
+Result<Tensor> decode_input(element value, size_t index, size_t body_size, BinaryData* binary) {
   const std::string where = "inputs[" + std::to_string(index) + "]";
   simdjson::dom::object object;
   if (value.get_object().get(object)) {
@@ -97,9 +146,14 @@ Result<Tensor> decode_input(element value, size_t index, size_t body_size) {
   element parameters;
   if (!object["parameters"].get(parameters)) {
     simdjson::dom::object parameter_object;
+    element size;
     if (!parameters.get_object().get(parameter_object) &&
-        !parameter_object["binary_data_size"].error()) {
-      return invalid_argument(named + ": binary tensor data is not supported; send 'data' as JSON");
+        !parameter_object["binary_data_size"].get(size)) {
+      if (!object["data"].error()) {
+        return invalid_argument(named + ": has both 'data' and binary_data_size");
+      }
+      FLOTILLA_RETURN_IF_ERROR(read_binary_input(size, binary, expected, tensor, named));
+      return tensor;
     }
   }
 
@@ -123,8 +177,20 @@ Result<Tensor> decode_input(element value, size_t index, size_t body_size) {
 
 }  // namespace
 
-Result<InferRequest> decode_oip_infer_request(std::string& body) {
-  FLOTILLA_ASSIGN_OR_RETURN(element root, detail::parse_json(body));
+Result<InferRequest> decode_oip_infer_request(std::string& body,
+                                              std::optional<size_t> json_length) {
+  if (json_length && *json_length > body.size()) {
+    return invalid_argument("Inference-Header-Content-Length " + std::to_string(*json_length) +
+                            " is past the body's " + std::to_string(body.size()) + " bytes");
+  }
+  // The binary section is viewed in place: parse_json may grow the string's capacity (padding),
+  // so the view is taken after it.
+  FLOTILLA_ASSIGN_OR_RETURN(element root,
+                            detail::parse_json(body, json_length.value_or(body.size())));
+  std::optional<BinaryData> binary;
+  if (json_length) {
+    binary = BinaryData{std::string_view(body).substr(*json_length)};
+  }
   simdjson::dom::object object;
   if (root.get_object().get(object)) {
     return invalid_argument("request body must be a JSON object");
@@ -151,8 +217,13 @@ Result<InferRequest> decode_oip_infer_request(std::string& body) {
   }
   size_t index = 0;
   for (element input : inputs) {
-    FLOTILLA_ASSIGN_OR_RETURN(Tensor tensor, decode_input(input, index++, body.size()));
+    FLOTILLA_ASSIGN_OR_RETURN(
+        Tensor tensor, decode_input(input, index++, body.size(), binary ? &*binary : nullptr));
     request.inputs.push_back(std::move(tensor));
+  }
+  if (binary && !binary->rest.empty()) {
+    return invalid_argument(std::to_string(binary->rest.size()) +
+                            " bytes of binary data after the last input's");
   }
   element outputs;
   if (!object["outputs"].get(outputs)) {

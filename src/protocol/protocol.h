@@ -20,8 +20,13 @@ namespace flotilla::protocol {
 // ---- Open Inference Protocol v2 ---------------------------------------------------------------
 
 // Decodes an inference request body. `body` may be grown by a few bytes of padding that the
-// JSON parser needs; its contents are unchanged.
-Result<InferRequest> decode_oip_infer_request(std::string& body);
+// JSON parser needs; its contents are unchanged. `json_length`: Triton's binary tensor data
+// extension (the Inference-Header-Content-Length header): the JSON is the body's first
+// `json_length` bytes, and the rest holds, in input order, the raw little-endian bytes of each
+// input whose parameters give its `binary_data_size` (such an input has no `data`). Without
+// it, an input with binary_data_size is refused.
+Result<InferRequest> decode_oip_infer_request(std::string& body,
+                                              std::optional<size_t> json_length = std::nullopt);
 
 // Appends the JSON inference response to `out`.
 void encode_oip_infer_response(const InferResponse& response, std::string& out);

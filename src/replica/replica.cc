@@ -3,6 +3,8 @@
 
 #include <array>
 #include <atomic>
+#include <charconv>
+#include <optional>
 #include <thread>
 
 #include <spdlog/spdlog.h>
@@ -619,7 +621,18 @@ void ReplicaImpl::handle_infer(const LoadedModel& model, http::Request&& request
                     "' is a language model: use /v1/completions or /v1/chat/completions"));
     return;
   }
-  Result<InferRequest> decoded = protocol::decode_oip_infer_request(request.body);
+  std::optional<size_t> json_length;
+  if (!request.inference_header_length.empty()) {
+    size_t length = 0;
+    const std::string& text = request.inference_header_length;
+    const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), length);
+    if (error != std::errc() || end != text.data() + text.size()) {
+      fail(invalid_argument("Inference-Header-Content-Length: '" + text + "' is not a byte count"));
+      return;
+    }
+    json_length = length;
+  }
+  Result<InferRequest> decoded = protocol::decode_oip_infer_request(request.body, json_length);
   if (!decoded.is_ok()) {
     fail(decoded.status());
     return;

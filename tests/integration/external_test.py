@@ -363,9 +363,12 @@ from tritonclient.utils import InferenceServerException
 
 port, token, models = sys.argv[1], sys.argv[2], sys.argv[3].split(",")
 client = httpclient.InferenceServerClient(url="127.0.0.1:" + port)
-auth = {"Authorization": "Bearer " + token}
+# A fresh dict per call: infer() adds Inference-Header-Content-Length to the dict it is given,
+# which would then go out with the next request too.
+def auth():
+    return {"Authorization": "Bearer " + token}
 rows = np.array([[5.1, 3.5, 1.4, 0.2], [6.7, 3.1, 4.4, 1.4]], dtype=np.float32)
-out = {"live": client.is_server_live(headers=auth), "ready": client.is_server_ready(headers=auth)}
+out = {"live": client.is_server_live(headers=auth()), "ready": client.is_server_ready(headers=auth())}
 
 def error(call):
     try:
@@ -375,21 +378,27 @@ def error(call):
         return {"status": e.status(), "message": e.message()}
 
 for model in models:
+    # Binary tensor data, the client's default, where the server decodes it (Flotilla's
+    # replicas); oip_server.py takes JSON tensors only.
+    binary = model == "iris"
     tensor = httpclient.InferInput("x", list(rows.shape), "FP32")
-    tensor.set_data_from_numpy(rows, binary_data=False)
-    result = client.infer(model, [tensor], headers=auth)
+    tensor.set_data_from_numpy(rows, binary_data=binary)
+    result = client.infer(model, [tensor], headers=auth())
     response = result.get_response()
     out[model] = {
-        "model_ready": client.is_model_ready(model, headers=auth),
-        "metadata_name": client.get_model_metadata(model, headers=auth)["name"],
+        "model_ready": client.is_model_ready(model, headers=auth()),
+        "metadata_name": client.get_model_metadata(model, headers=auth())["name"],
         "outputs": {o["name"]: result.as_numpy(o["name"]).tolist() for o in response["outputs"]},
         "model_name": response["model_name"],
     }
     short = httpclient.InferInput("x", [1, 3], "FP32")
-    short.set_data_from_numpy(rows[:1, :3].copy(), binary_data=False)
-    out[model]["wrong_shape"] = error(lambda: client.infer(model, [short], headers=auth))
+    short.set_data_from_numpy(rows[:1, :3].copy(), binary_data=binary)
+    out[model]["wrong_shape"] = error(lambda: client.infer(model, [short], headers=auth()))
     out[model]["no_token"] = error(lambda: client.infer(model, [tensor]))
-out["unknown_model"] = error(lambda: client.infer("nope", [tensor], headers=auth))
+    as_json = httpclient.InferInput("x", list(rows.shape), "FP32")
+    as_json.set_data_from_numpy(rows, binary_data=False)
+    out[model]["json_tensors"] = client.infer(model, [as_json], headers=auth()).get_response()
+out["unknown_model"] = error(lambda: client.infer("nope", [tensor], headers=auth()))
 print(json.dumps(out))
 """
 
@@ -430,6 +439,9 @@ class TritonClientHttp(ExternalTestCase):
             self.assertAlmostEqual(a, b, places=6)
         self.assertEqual([max(range(3), key=row.__getitem__) for row in probabilities], [0, 1])
         self.assertEqual(iris["wrong_shape"]["status"], "400", got)
+        # JSON tensors give the same answer as the client's default binary ones.
+        self.assertEqual(output(iris["json_tensors"], "predict")["data"],
+                         output(rest, "predict")["data"])
         self.assertEqual(iris["no_token"]["status"], "401", got)
         # The external server's.
         sums = got["sums"]

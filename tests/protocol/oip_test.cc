@@ -1,4 +1,9 @@
 #include <cmath>
+#include <cstdint>
+#include <initializer_list>
+#include <optional>
+#include <string>
+#include <vector>
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -113,11 +118,78 @@ TEST(OipDecodeTest, RejectsBadInput) {
   EXPECT_THAT(
       error_of(
           R"({"inputs":[{"name":"x","datatype":"FP32","shape":[1],"parameters":{"binary_data_size":4}}]})"),
-      HasSubstr("binary tensor data is not supported"));
+      HasSubstr("binary tensor data needs the Inference-Header-Content-Length header"));
   EXPECT_THAT(
       error_of(
           R"({"inputs":[{"name":"x","datatype":"FP32","shape":[1],"data":[1]}],"outputs":[{}]})"),
       HasSubstr("needs a string 'name'"));
+}
+
+// Triton's binary tensor data extension, as tritonclient sends it by default: the JSON, then
+// each binary input's little-endian bytes in input order.
+std::string binary_request(const std::string& json, const std::string& bytes) {
+  return json + bytes;
+}
+
+template <typename T>
+std::string bytes_of(std::initializer_list<T> values) {
+  std::string out;
+  for (T value : values) {
+    out.append(reinterpret_cast<const char*>(&value), sizeof(T));
+  }
+  return out;
+}
+
+TEST(OipDecodeTest, DecodesBinaryTensorData) {
+  const std::string json =
+      R"({"inputs":[{"name":"x","datatype":"FP32","shape":[2,2],"parameters":{"binary_data_size":16}},)"
+      R"({"name":"n","datatype":"INT64","shape":[2],"data":[7,8]},)"
+      R"({"name":"b","datatype":"BOOL","shape":[3],"parameters":{"binary_data_size":3}}],)"
+      R"("parameters":{"binary_data_output":true}})";
+  std::string body = binary_request(
+      json, bytes_of<float>({1.5f, -2.0f, 3.25f, 0.0f}) + std::string("\x01\x00\x05", 3));
+  auto request = decode_oip_infer_request(body, json.size());
+  ASSERT_TRUE(request.is_ok()) << request.status().message();
+  ASSERT_EQ(request->inputs.size(), 3u);
+  const auto x = request->inputs[0].values<float>();
+  EXPECT_EQ(std::vector<float>(x.begin(), x.end()), (std::vector<float>{1.5f, -2.0f, 3.25f, 0.0f}));
+  const auto n = request->inputs[1].values<int64_t>();
+  EXPECT_EQ(std::vector<int64_t>(n.begin(), n.end()), (std::vector<int64_t>{7, 8}));
+  EXPECT_EQ(request->inputs[2].data, (std::vector<uint8_t>{1, 0, 1}));  // any non-zero is true
+
+  auto refused = [](const std::string& json_part, const std::string& bytes,
+                    std::optional<size_t> length = std::nullopt) {
+    std::string whole = json_part + bytes;
+    auto result = decode_oip_infer_request(whole, length.value_or(json_part.size()));
+    EXPECT_FALSE(result.is_ok()) << json_part;
+    return result.is_ok() ? std::string() : result.status().message();
+  };
+  const std::string one =
+      R"({"inputs":[{"name":"x","datatype":"FP32","shape":[2],"parameters":{"binary_data_size":8}}]})";
+  EXPECT_EQ(refused(one, bytes_of<float>({1.0f})),
+            "input 'x': binary_data_size 8 but only 4 bytes of binary data are left in the body");
+  EXPECT_EQ(refused(one, bytes_of<float>({1.0f, 2.0f, 3.0f})),
+            "4 bytes of binary data after the last input's");
+  const std::string wrong_size =
+      R"({"inputs":[{"name":"x","datatype":"FP32","shape":[2],"parameters":{"binary_data_size":4}}]})";
+  EXPECT_EQ(refused(wrong_size, bytes_of<float>({1.0f})),
+            "input 'x': binary_data_size 4 but shape [2] of FP32 needs 8 bytes");
+  const std::string both =
+      R"({"inputs":[{"name":"x","datatype":"FP32","shape":[1],"data":[1],"parameters":{"binary_data_size":4}}]})";
+  EXPECT_EQ(refused(both, bytes_of<float>({1.0f})),
+            "input 'x': has both 'data' and binary_data_size");
+  const std::string negative =
+      R"({"inputs":[{"name":"x","datatype":"FP32","shape":[1],"parameters":{"binary_data_size":-4}}]})";
+  EXPECT_EQ(refused(negative, ""), "input 'x': binary_data_size must be a non-negative integer");
+  EXPECT_EQ(refused(one, bytes_of<float>({1.0f, 2.0f}), one.size() + 100),
+            "Inference-Header-Content-Length " + std::to_string(one.size() + 100) +
+                " is past the body's " + std::to_string(one.size() + 8) + " bytes");
+  // A header length that cuts the JSON short: malformed JSON.
+  EXPECT_THAT(refused(one, bytes_of<float>({1.0f, 2.0f}), one.size() - 2),
+              HasSubstr("malformed JSON"));
+  // A JSON-only request still decodes with the header (no binary inputs, nothing after).
+  std::string plain = R"({"inputs":[{"name":"x","datatype":"FP32","shape":[1],"data":[2]}]})";
+  EXPECT_TRUE(decode_oip_infer_request(plain, plain.size()).is_ok());
 }
 
 TEST(OipDecodeTest, RejectsNestingThatDoesNotMatchShape) {
