@@ -12,16 +12,6 @@ OTEL_PROTO_VERSION=1.45.2
 PROTOBUF_VERSION=7.36.2
 TRITONCLIENT_VERSION=2.73.0
 VENV=${1:-build/clients-venv}
-if ! "$VENV/bin/python" - "$OPENAI_VERSION" "$OTEL_PROTO_VERSION" "$TRITONCLIENT_VERSION" \
-    <<'PY' 2>/dev/null; then
-import importlib.metadata as m, sys
-names = ["openai", "opentelemetry-proto", "tritonclient"]
-sys.exit(any(m.version(n) != v for n, v in zip(names, sys.argv[1:])))
-PY
-  rm -rf "$VENV"
-  /usr/bin/python3 -m venv "$VENV" >&2
-  "$VENV/bin/pip" install --quiet --disable-pip-version-check --timeout 20 \
-    "openai==$OPENAI_VERSION" "opentelemetry-proto==$OTEL_PROTO_VERSION" \
-    "protobuf==$PROTOBUF_VERSION" "tritonclient[http]==$TRITONCLIENT_VERSION" >&2
-fi
-echo "$VENV/bin/python"
+exec bash "$(dirname "$0")/pinned_venv.sh" "$VENV" \
+  "openai==$OPENAI_VERSION" "opentelemetry-proto==$OTEL_PROTO_VERSION" \
+  "protobuf==$PROTOBUF_VERSION" "tritonclient[http]==$TRITONCLIENT_VERSION"

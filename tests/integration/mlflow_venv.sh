@@ -12,16 +12,6 @@ PANDAS_VERSION=3.1.1
 # MLflow 3.1's scoring server calls FastAPI's app.route, which FastAPI removed after 0.115.
 FASTAPI_VERSION=0.115.14
 VENV=${1:-build/mlflow-venv}
-if ! "$VENV/bin/python" - "$MLFLOW_VERSION" "$SKLEARN_VERSION" "$PANDAS_VERSION" \
-    "$FASTAPI_VERSION" <<'PY' 2>/dev/null; then
-import importlib.metadata as m, sys
-names = ["mlflow-skinny", "scikit-learn", "pandas", "fastapi"]
-sys.exit(any(m.version(n) != v for n, v in zip(names, sys.argv[1:])))
-PY
-  rm -rf "$VENV"
-  /usr/bin/python3 -m venv "$VENV" >&2
-  "$VENV/bin/pip" install --quiet --disable-pip-version-check --timeout 20 \
-    "mlflow-skinny==$MLFLOW_VERSION" "scikit-learn==$SKLEARN_VERSION" \
-    "pandas==$PANDAS_VERSION" "fastapi==$FASTAPI_VERSION" >&2
-fi
-echo "$VENV/bin/python"
+exec bash "$(dirname "$0")/pinned_venv.sh" "$VENV" \
+  "mlflow-skinny==$MLFLOW_VERSION" "scikit-learn==$SKLEARN_VERSION" "pandas==$PANDAS_VERSION" \
+  "fastapi==$FASTAPI_VERSION"

@@ -13,15 +13,6 @@ SKLEARN_VERSION=1.9.1
 # loads. 0.21 is the last release that MLServer 1.7 works with.
 UVLOOP_VERSION=0.21.0
 VENV=${1:-build/mlserver-venv}
-if ! "$VENV/bin/python" - "$MLSERVER_VERSION" "$SKLEARN_VERSION" "$UVLOOP_VERSION" <<'PY' 2>/dev/null; then
-import importlib.metadata as m, sys
-sys.exit(m.version("mlserver") != sys.argv[1] or m.version("mlserver-sklearn") != sys.argv[1]
-         or m.version("scikit-learn") != sys.argv[2] or m.version("uvloop") != sys.argv[3])
-PY
-  rm -rf "$VENV"
-  /usr/bin/python3 -m venv "$VENV" >&2
-  "$VENV/bin/pip" install --quiet --disable-pip-version-check --timeout 20 \
-    "mlserver==$MLSERVER_VERSION" "mlserver-sklearn==$MLSERVER_VERSION" \
-    "scikit-learn==$SKLEARN_VERSION" "uvloop==$UVLOOP_VERSION" >&2
-fi
-echo "$VENV/bin/python"
+exec bash "$(dirname "$0")/pinned_venv.sh" "$VENV" \
+  "mlserver==$MLSERVER_VERSION" "mlserver-sklearn==$MLSERVER_VERSION" \
+  "scikit-learn==$SKLEARN_VERSION" "uvloop==$UVLOOP_VERSION"
