@@ -22,9 +22,9 @@ trap cleanup EXIT
 echo "== training models (python3-xgboost) into $workdir"
 /usr/bin/python3 tests/fixtures/make_models.py "$workdir" >/dev/null
 
-echo "== flotilla up --data-dir $workdir/data   (free ports instead of 8080/8081 for the demo)"
+echo "== flotilla up --data-dir $workdir/data   (free ports instead of 8080/8081/8082 for the demo)"
 coproc UP { exec "$flotilla" up --data-dir "$workdir/data" --gateway-addr 127.0.0.1:0 \
-  --api-addr 127.0.0.1:0 --log-level warn; }
+  --api-addr 127.0.0.1:0 --grpc-addr 127.0.0.1:0 --log-level warn; }
 up_pid=$UP_PID
 read -r -t 30 addresses <&"${UP[0]}"
 echo "   $addresses"

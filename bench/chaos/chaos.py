@@ -126,7 +126,7 @@ class Up:
     def __init__(self, binary, data_dir, gateway_port, api_port, flags, stderr_path):
         self.argv = [binary, "up", "--data-dir", data_dir,
                      "--gateway-addr", f"127.0.0.1:{gateway_port}",
-                     "--api-addr", f"127.0.0.1:{api_port}", *flags]
+                     "--api-addr", f"127.0.0.1:{api_port}", "--grpc-addr", "off", *flags]
         self.stderr_path = stderr_path
         self._stderr = open(stderr_path, "ab")
         self.t_exec = time.monotonic()

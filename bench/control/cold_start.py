@@ -49,7 +49,8 @@ class Up:
         self.data_dir = os.path.join(workdir, f"data-pool{warm_pool}")
         self.process = subprocess.Popen(
             [FLOTILLA, "up", "--data-dir", self.data_dir, "--gateway-addr", "127.0.0.1:0",
-             "--api-addr", "127.0.0.1:0", "--warm-pool", str(warm_pool), "--log-level", "warn",
+             "--api-addr", "127.0.0.1:0", "--grpc-addr", "off", "--warm-pool", str(warm_pool),
+             "--log-level", "warn",
              # The scale-up decision comes through the API here (concurrency.min), and goes
              # the path the autoscaler's decisions go: reconciler, orchestrator, gateway table.
              "--no-autoscale", *extra],

@@ -41,7 +41,7 @@ class Up:
     def __init__(self, data_dir, *flags):
         self.process = subprocess.Popen(
             [FLOTILLA, "up", "--data-dir", data_dir, "--gateway-addr", "127.0.0.1:0",
-             "--api-addr", "127.0.0.1:0", "--log-level", "warn", *flags],
+             "--api-addr", "127.0.0.1:0", "--grpc-addr", "off", "--log-level", "warn", *flags],
             stdout=subprocess.PIPE, text=True, start_new_session=True)
         match = re.search(r"gateway http://([0-9.]+):(\d+), api (http://[0-9.:]+)",
                           self.process.stdout.readline())

@@ -21,6 +21,7 @@ namespace {
 
 struct GatewayFlags {
   std::string listen = "127.0.0.1:8080";
+  std::string grpc_listen;
   std::string config;
   std::string upstreams;
   bool kubernetes = false;
@@ -157,6 +158,12 @@ int run_gateway(const GatewayFlags& flags) {
   options.upstream_timeout = std::chrono::milliseconds(flags.upstream_timeout_ms);
   options.eject_after_failures = flags.eject_after;
   options.default_endpoint = default_endpoint;
+  if (!flags.grpc_listen.empty()) {
+    if (auto grpc_address = split_address(flags.grpc_listen); !grpc_address.is_ok()) {
+      return fail("--grpc-listen: " + grpc_address.status().message());
+    }
+    options.grpc_listen = flags.grpc_listen;
+  }
   options.access_log = flags.access_log;
   options.inference_dir = flags.inference_dir;
   options.inference_period = std::chrono::seconds(flags.inference_period_s);
@@ -196,8 +203,10 @@ int run_gateway(const GatewayFlags& flags) {
   }
   gw.drain_on_signals(std::chrono::milliseconds(flags.drain_timeout_ms));
   // The first stdout line is for scripts and orchestrators: where to reach the gateway.
-  const nlohmann::json listening = {
-      {"event", "listening"}, {"host", listen->first}, {"port", gw.port()}};
+  nlohmann::json listening = {{"event", "listening"}, {"host", listen->first}, {"port", gw.port()}};
+  if (gw.grpc_port() != 0) {
+    listening["grpc_port"] = gw.grpc_port();
+  }
   std::cout << listening.dump() << std::endl;
   spdlog::info("gateway listening on {}:{}", listen->first, gw.port());
   const bool clean = gw.run();
@@ -247,6 +256,9 @@ std::function<int()> add_gateway_command(CLI::App& app) {
       "retries, in front of the replicas of an endpoint table.");
   cmd->add_option("--listen", flags->listen, "Address to listen on; port 0 picks a free one")
       ->capture_default_str();
+  cmd->add_option("--grpc-listen", flags->grpc_listen,
+                  "Also serve the Open Inference Protocol over gRPC here (host:port; port 0 "
+                  "picks a free one; default: no gRPC)");
   cmd->add_option("--config", flags->config,
                   "YAML endpoint table (and auth); reloaded when the file changes");
   cmd->add_option("--upstreams", flags->upstreams,

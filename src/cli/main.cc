@@ -104,6 +104,9 @@ void add_replica_command(CLI::App& app, ReplicaFlags& flags) {
   cmd->add_option("--host", flags.host, "Address to listen on")->capture_default_str();
   cmd->add_option("--port", flags.port, "Port to listen on; 0 picks a free one (printed on stdout)")
       ->capture_default_str();
+  cmd->add_option("--grpc-port", flags.grpc_port,
+                  "Also serve the Open Inference Protocol over gRPC on this port of --host (0: "
+                  "any free one; default: no gRPC)");
   cmd->add_option("--workers", flags.workers, "Event-loop threads (0: one per core)")
       ->check(CLI::Range(0, 256))
       ->capture_default_str();

@@ -27,6 +27,7 @@ struct UpFlags {
   std::string data_dir = ".flotilla";
   std::string gateway_addr = "127.0.0.1:8080";
   std::string api_addr = "127.0.0.1:8081";
+  std::string grpc_addr = "127.0.0.1:8082";  // "off": no gRPC
   int gateway_workers = 0;
   std::string balancer = "p2c";
   int warm_pool = 1;
@@ -81,6 +82,15 @@ int run_up(const UpFlags& flags) {
     return fail(
         "--gateway-addr / --api-addr: " +
         (gateway_address.is_ok() ? api_address.status() : gateway_address.status()).message());
+  }
+  const bool grpc_on = flags.grpc_addr != "off";
+  std::string grpc_host;
+  if (grpc_on) {
+    auto grpc_address = split_address(flags.grpc_addr);
+    if (!grpc_address.is_ok()) {
+      return fail("--grpc-addr: " + grpc_address.status().message());
+    }
+    grpc_host = grpc_address->first;
   }
   std::error_code error;
   const std::string data_dir = std::filesystem::absolute(flags.data_dir, error).lexically_normal();
@@ -144,6 +154,9 @@ int run_up(const UpFlags& flags) {
   gateway_options.inference_dir = data_dir + "/inference";
   gateway_options.inference_period = std::chrono::seconds(flags.inference_period_s);
   gateway_options.tracing = std::move(tracing).value();
+  if (grpc_on) {
+    gateway_options.grpc_listen = flags.grpc_addr;
+  }
   gateway::AuthConfig closed;
   closed.enabled = true;  // no request passes before the control plane publishes the tokens
   auto gateway =
@@ -174,9 +187,12 @@ int run_up(const UpFlags& flags) {
 
   std::thread gateway_thread([&] { (*gateway)->run(); });
   std::thread api_thread([&] { (*control)->run(); });
-  std::cout << "flotilla up: gateway " << control_options.gateway_url << ", api http://"
-            << api_address->first << ":" << (*control)->api_port() << ", data dir " << data_dir
-            << std::endl;
+  std::cout << "flotilla up: gateway " << control_options.gateway_url;
+  if (grpc_on) {
+    std::cout << ", grpc " << grpc_host << ":" << (*gateway)->grpc_port();
+  }
+  std::cout << ", api http://" << api_address->first << ":" << (*control)->api_port()
+            << ", data dir " << data_dir << std::endl;
   if (!(*control)->new_admin_token().empty()) {
     std::cout << "admin token (shown once; also in " << data_dir
               << "/admin.token): " << (*control)->new_admin_token() << std::endl;
@@ -210,6 +226,10 @@ std::function<int()> add_up_command(CLI::App& app) {
                   "Where clients send requests (port 0: any free port)")
       ->capture_default_str();
   cmd->add_option("--api-addr", flags->api_addr, "Where the control plane API listens")
+      ->capture_default_str();
+  cmd->add_option("--grpc-addr", flags->grpc_addr,
+                  "Where clients call the Open Inference Protocol over gRPC (port 0: any free "
+                  "port; off: no gRPC)")
       ->capture_default_str();
   cmd->add_option("--gateway-workers", flags->gateway_workers,
                   "Gateway event loops (0: one per core)")

@@ -244,6 +244,9 @@ struct GatewayOptions {
   int eject_after_failures = 3;
   std::chrono::milliseconds ejection_time{1'000};
   std::chrono::milliseconds max_ejection_time{30'000};
+  // Where the Open Inference Protocol's gRPC service listens ("host:port", port 0: any free
+  // one; "" for nowhere). Its calls take the REST path of the same requests (oip_grpc/oip_grpc.h).
+  std::string grpc_listen;
   // Paths that no route claims go to this endpoint (empty: 404). `flotilla gateway
   // --upstreams` uses it to front plain HTTP servers.
   std::string default_endpoint;
@@ -285,6 +288,8 @@ class Gateway : public GatewaySink {
   ~Gateway() override = default;
 
   virtual uint16_t port() const = 0;
+  // The gRPC port (GatewayOptions::grpc_listen); 0 when it does not listen.
+  virtual uint16_t grpc_port() const = 0;
   // Serves until a drain completes; blocks. True when every in-flight request finished.
   virtual bool run() = 0;
   virtual void drain(std::chrono::milliseconds timeout) = 0;

@@ -39,11 +39,15 @@
 #include "gateway/proxy.h"
 #include "gateway/runtime_state.h"
 #include "gateway/snapshots.h"
+#include "oip_grpc/oip_grpc.h"
 
 namespace flotilla::gateway {
 namespace {
 
 constexpr auto kSampleTick = std::chrono::milliseconds(100);  // LoadSampler's tick
+// How long gRPC calls in flight at a drain may take: unbounded in effect, as the HTTP server's
+// drain bounds them (it answers every call it was handed, by serving it or abandoning it).
+constexpr auto kGrpcShutdownGrace = std::chrono::hours(1);
 
 bool valid_request_id(std::string_view id) {
   if (id.empty() || id.size() > 128) {
@@ -101,6 +105,10 @@ class GatewayImpl final : public Gateway {
                   {}) {}
 
   ~GatewayImpl() override {
+    // gRPC first stops handing calls to the server (the order oip_grpc/oip_grpc.h asks).
+    if (grpc_) {
+      grpc_->shutdown(std::chrono::milliseconds(0));
+    }
     {
       MutexLock lock(control_mutex_);
       stop_control_ = true;
@@ -113,6 +121,7 @@ class GatewayImpl final : public Gateway {
     // must be destroyed while the event loops they belong to still exist.
     workers_.clear();
     server_.reset();
+    grpc_.reset();
     snapshots_.drop_queued();
   }
 
@@ -120,6 +129,11 @@ class GatewayImpl final : public Gateway {
     http::ServerOptions server_options = options_.server;
     server_options.capture_headers = true;
     server_options.error_request_ids = true;  // every answer has an X-Request-Id
+    server_options.on_drain = [this] {
+      if (grpc_) {
+        grpc_->shutdown(kGrpcShutdownGrace);
+      }
+    };
     FLOTILLA_ASSIGN_OR_RETURN(
         server_, http::Server::create(server_options,
                                       [this](http::Request&& request, http::Responder&& responder) {
@@ -133,11 +147,17 @@ class GatewayImpl final : public Gateway {
       workers_.add(std::move(worker));
     }
     FLOTILLA_RETURN_IF_ERROR(update_table(std::move(table)));
+    if (!options_.grpc_listen.empty()) {
+      FLOTILLA_ASSIGN_OR_RETURN(
+          grpc_, oip_grpc::GrpcServer::start({options_.grpc_listen, options_.server.max_body_bytes},
+                                             *server_));
+    }
     control_thread_ = std::thread([this] { control_loop(); });
     return Status::ok();
   }
 
   uint16_t port() const override { return server_->port(); }
+  uint16_t grpc_port() const override { return grpc_ ? grpc_->port() : 0; }
   bool run() override { return server_->run(); }
   void drain(std::chrono::milliseconds timeout) override { server_->drain(timeout); }
   void drain_on_signals(std::chrono::milliseconds timeout) override {
@@ -185,6 +205,9 @@ class GatewayImpl final : public Gateway {
   const std::unique_ptr<trace::Tracer> tracer_;        // null when spans are not exported
   const std::unique_ptr<InferenceLog> inference_log_;  // null without an inference_dir
   std::atomic<bool> warned_no_inference_dir_{false};
+  // The OIP gRPC front end (null without options_.grpc_listen): its calls go to server_'s
+  // handler. Declared before server_, so destroyed after it (the order oip_grpc/oip_grpc.h asks).
+  std::unique_ptr<oip_grpc::GrpcServer> grpc_;
   std::unique_ptr<http::Server> server_;
   Workers workers_;
   Proxy proxy_;

@@ -57,6 +57,9 @@ struct ServerOptions {
   // for a request left unanswered), for APIs with an error shape of their own; unset:
   // {"error": message}. Called on a worker thread; must not throw.
   std::function<std::string(int status, std::string_view message)> error_body;
+  // Called once when a drain starts, on the thread that starts it (for a signal, a worker's), so
+  // that the process's other intake (the gRPC front end) stops taking requests. Must not block.
+  std::function<void()> on_drain;
   // Give each of those answers a fresh X-Request-Id, for servers whose every answer carries one
   // (the gateway): the server answers them before any handler could assign an id.
   bool error_request_ids = false;
@@ -99,7 +102,8 @@ struct Response {
 
 namespace detail {
 class Exchange;
-}
+class LocalAnswer;
+}  // namespace detail
 
 // Answers one request, either whole with send() or in pieces with start_stream(), write() and
 // finish() (Server-Sent Events, say). Move-only; every call but on_client_gone() may come from
@@ -141,7 +145,12 @@ class Responder {
   void on_client_gone(std::function<void()> on_gone);
 
  private:
+  friend class ServerImpl;
+  // For Server::submit: the answer goes to `on_answer` instead of a connection.
+  static Responder local(std::function<void(Response&&)> on_answer);
+
   std::shared_ptr<detail::Exchange> exchange_;
+  std::shared_ptr<detail::LocalAnswer> local_;  // set instead of exchange_ by local()
 };
 
 using Handler = std::function<void(Request&& request, Responder&& responder)>;
@@ -201,6 +210,12 @@ class Server {
   // True once a drain has started (readiness should then answer "not ready").
   virtual bool draining() const = 0;
   virtual int worker_count() const = 0;
+  // Handles a request that arrived another way (the gRPC front end's calls, as the REST
+  // requests they stand for) as if read from a connection: the handler runs on a worker (round
+  // robin), and its answer goes to `on_answer` once, on the thread that gives it (a stream's
+  // pieces gathered into one body; none given: 500). A drain waits for these as for open
+  // connections; once the server has stopped, `on_answer` gets a 503 at once. Thread-safe.
+  virtual void submit(Request&& request, std::function<void(Response&&)> on_answer) = 0;
 };
 
 // Raises this process's soft limit on open descriptors (RLIMIT_NOFILE) to its hard limit, so a

@@ -169,6 +169,7 @@ class ServerImpl final : public Server {
   bool draining() const override { return draining_.load(std::memory_order_relaxed); }
   bool stopped() const { return stopped_.load(); }
   int worker_count() const override { return static_cast<int>(workers_.size()); }
+  void submit(Request&& request, std::function<void(Response&&)> on_answer) override;
   // `served`: the session counted against the cap (it was not answered 503 at once).
   void session_closed(bool served);
 
@@ -185,22 +186,27 @@ class ServerImpl final : public Server {
   void accept_when_readable(Worker& worker);
   void sweep(Worker& worker);
   void stop_all();
+  void stop_if_drained();
 
   ServerOptions options_;
   Handler handler_;
+  // Declared before workers_, so they outlive it: work still queued on a loop when the server
+  // is destroyed (a submit()'s request) answers, counts down and checks them.
+  std::atomic<size_t> connections_{0};  // every session, 503s lingering included
+  std::atomic<size_t> submitted_{0};    // submit()'s requests not answered yet
+  std::atomic<bool> draining_{false};
+  std::atomic<bool> stopped_{false};
   std::vector<std::unique_ptr<Worker>> workers_;
   uint16_t port_ = 0;
-  std::atomic<size_t> connections_{0};  // every session, 503s lingering included
-  std::atomic<size_t> served_{0};       // the sessions within the cap
-  size_t max_connections_ = 0;          // options_.max_connections, lowered to fit the descriptors
-  size_t max_lingering_ = 0;            // sessions at most, 503s lingering included
-  std::string refusal_;                 // the 503 that refuse() writes, made at bind()
+  std::atomic<size_t> next_submit_worker_{0};
+  std::atomic<size_t> served_{0};  // the sessions within the cap
+  size_t max_connections_ = 0;     // options_.max_connections, lowered to fit the descriptors
+  size_t max_lingering_ = 0;       // sessions at most, 503s lingering included
+  std::string refusal_;            // the 503 that refuse() writes, made at bind()
   std::atomic<int> spare_descriptor_{-1};
   LogLimiter accept_log_;
   LogLimiter refusal_log_;
-  std::atomic<bool> draining_{false};
   std::atomic<bool> drained_cleanly_{true};
-  std::atomic<bool> stopped_{false};
   std::optional<asio::signal_set> signals_;
   std::optional<asio::steady_timer> drain_timer_;
 };
@@ -1032,9 +1038,96 @@ void Session::abandon_stream(std::string_view why, bool reset) {
   }
 }
 
+namespace detail {
+
+// A local() responder's answer: gathered (a stream's pieces may come from any thread) and
+// handed over once.
+class LocalAnswer {
+ public:
+  explicit LocalAnswer(std::function<void(Response&&)> on_answer)
+      : on_answer_(std::move(on_answer)) {}
+
+  void send(Response&& response) {
+    if (answered_.exchange(true)) {
+      FLOTILLA_BUG("a response was sent twice, or sent after start_stream()");
+      return;
+    }
+    on_answer_(std::move(response));
+  }
+  void start_stream(int status, std::string content_type, Headers headers) {
+    MutexLock lock(mutex_);
+    if (answered_.load() || streaming_) {
+      FLOTILLA_BUG("start_stream() after the response was sent or started");
+      return;
+    }
+    streaming_ = true;
+    gathered_.status = status;
+    gathered_.content_type = std::move(content_type);
+    gathered_.headers = std::move(headers);
+  }
+  void write(std::string chunk) {
+    MutexLock lock(mutex_);
+    if (!streaming_) {
+      FLOTILLA_BUG("write() before start_stream()");
+      return;
+    }
+    gathered_.body.append(chunk);
+  }
+  void finish() {
+    Response response;
+    {
+      MutexLock lock(mutex_);
+      if (!streaming_) {
+        FLOTILLA_BUG("finish() before start_stream()");
+        return;
+      }
+      response = std::move(gathered_);
+      streaming_ = false;
+    }
+    send(std::move(response));
+  }
+  // For the destructor of an unanswered responder.
+  void abandon() {
+    bool cut = false;
+    {
+      MutexLock lock(mutex_);
+      cut = streaming_;
+    }
+    if (!answered_.load()) {
+      send(make_error(cut ? 502 : 500, cut ? "the response stream was cut"
+                                           : "internal error: the request was not answered"));
+    }
+  }
+
+ private:
+  static Response make_error(int status, std::string_view message) {
+    Response response;
+    response.status = status;
+    response.body = "{\"error\":\"" + std::string(message) + "\"}";
+    return response;
+  }
+
+  const std::function<void(Response&&)> on_answer_;
+  std::atomic<bool> answered_{false};
+  Mutex mutex_;
+  bool streaming_ FLOTILLA_GUARDED_BY(mutex_) = false;
+  Response gathered_ FLOTILLA_GUARDED_BY(mutex_);
+};
+
+}  // namespace detail
+
 Responder::Responder(std::shared_ptr<detail::Exchange> exchange) : exchange_(std::move(exchange)) {}
+Responder Responder::local(std::function<void(Response&&)> on_answer) {
+  Responder responder(nullptr);
+  responder.local_ = std::make_shared<detail::LocalAnswer>(std::move(on_answer));
+  return responder;
+}
 Responder::Responder(Responder&&) noexcept = default;
 Responder::~Responder() {
+  if (local_) {
+    local_->abandon();
+    return;
+  }
   if (!exchange_) {
     return;
   }
@@ -1050,22 +1143,41 @@ Responder::~Responder() {
       error_response(exchange_->options(), 500, "internal error: the request was not answered"));
 }
 void Responder::send(Response&& response) {
+  if (local_) {
+    local_->send(std::move(response));
+    return;
+  }
   FLOTILLA_CHECK(exchange_ != nullptr);
   exchange_->send(std::move(response));
 }
 void Responder::start_stream(int status, std::string content_type, Headers headers) {
+  if (local_) {
+    local_->start_stream(status, std::move(content_type), std::move(headers));
+    return;
+  }
   FLOTILLA_CHECK(exchange_ != nullptr);
   exchange_->start_stream(status, std::move(content_type), std::move(headers));
 }
 void Responder::write(std::string chunk) {
+  if (local_) {
+    local_->write(std::move(chunk));
+    return;
+  }
   FLOTILLA_CHECK(exchange_ != nullptr);
   exchange_->write(std::move(chunk));
 }
 void Responder::finish() {
+  if (local_) {
+    local_->finish();
+    return;
+  }
   FLOTILLA_CHECK(exchange_ != nullptr);
   exchange_->finish();
 }
 void Responder::on_client_gone(std::function<void()> on_gone) {
+  if (local_) {
+    return;  // no connection to watch
+  }
   FLOTILLA_CHECK(exchange_ != nullptr);
   exchange_->on_client_gone(std::move(on_gone));
 }
@@ -1428,6 +1540,9 @@ void ServerImpl::drain(std::chrono::milliseconds timeout) {
     return;
   }
   spdlog::info("draining: {} open connections", connections_.load());
+  if (options_.on_drain) {
+    options_.on_drain();
+  }
   for (auto& worker_ptr : workers_) {
     Worker& worker = *worker_ptr;
     asio::post(worker.context, [&worker] {
@@ -1450,9 +1565,7 @@ void ServerImpl::drain(std::chrono::milliseconds timeout) {
       drained_cleanly_ = false;
       stop_all();
     });
-    if (connections_.load() == 0) {
-      stop_all();
-    }
+    stop_if_drained();
   });
 }
 
@@ -1470,9 +1583,41 @@ void ServerImpl::session_closed(bool served) {
   if (served) {
     served_.fetch_sub(1);
   }
-  if (connections_.fetch_sub(1) == 1 && draining_.load()) {
+  connections_.fetch_sub(1);
+  stop_if_drained();
+}
+
+void ServerImpl::stop_if_drained() {
+  // Both counters are read after the caller's decrement (sequentially consistent), so of two
+  // last decrements racing, at least one sees the other's.
+  if (draining_.load() && connections_.load() == 0 && submitted_.load() == 0) {
     stop_all();
   }
+}
+
+void ServerImpl::submit(Request&& request, std::function<void(Response&&)> on_answer) {
+  if (stopped_.load()) {
+    Response refusal = error_response(options_, 503, "the server has stopped");
+    on_answer(std::move(refusal));
+    return;
+  }
+  submitted_.fetch_add(1);
+  Responder responder =
+      Responder::local([this, on_answer = std::move(on_answer)](Response&& response) {
+        on_answer(std::move(response));
+        submitted_.fetch_sub(1);
+        stop_if_drained();
+      });
+  // Loop::post takes a copyable task; the request and responder travel in a shared holder.
+  struct Work {
+    Request request;
+    Responder responder;
+  };
+  auto work = std::make_shared<Work>(Work{std::move(request), std::move(responder)});
+  Worker& worker =
+      *workers_[next_submit_worker_.fetch_add(1, std::memory_order_relaxed) % workers_.size()];
+  asio::post(worker.context,
+             [this, work] { handler_(std::move(work->request), std::move(work->responder)); });
 }
 
 void ServerImpl::stop_all() {

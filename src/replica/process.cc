@@ -167,6 +167,11 @@ int run_replica_process(const ProcessFlags& flags) {
   options.batching.max_queue_delay = std::chrono::microseconds(flags.max_queue_delay_us);
   options.drain_timeout = std::chrono::milliseconds(flags.drain_timeout_ms);
   options.model_version = flags.model_version;
+  if (flags.grpc_port) {
+    const bool ipv6 = flags.host.find(':') != std::string::npos;
+    options.grpc_listen =
+        (ipv6 ? "[" + flags.host + "]" : flags.host) + ":" + std::to_string(*flags.grpc_port);
+  }
   auto tracing = trace::tracer_options_from_env("flotilla-replica", flags.otlp_endpoint,
                                                 flags.trace_sample_ratio);
   if (!tracing.is_ok()) {
@@ -221,10 +226,13 @@ int run_replica_process(const ProcessFlags& flags) {
     return 0;
   }
   // The first stdout line is for orchestrators: where to reach this replica.
-  const nlohmann::json listening = {{"event", "listening"},
-                                    {"host", flags.host},
-                                    {"port", (*replica)->port()},
-                                    {"model", model->name}};
+  nlohmann::json listening = {{"event", "listening"},
+                              {"host", flags.host},
+                              {"port", (*replica)->port()},
+                              {"model", model->name}};
+  if ((*replica)->grpc_port() != 0) {
+    listening["grpc_port"] = (*replica)->grpc_port();
+  }
   std::cout << listening.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace)
             << std::endl;
   spdlog::info("serving model '{}' on {}:{} (model loaded in {:.3f} s)", model->name, flags.host,

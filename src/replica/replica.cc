@@ -9,6 +9,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include "oip_grpc/oip_grpc.h"
 #include "protocol/protocol.h"
 #include "replica/batcher.h"
 #include "replica/openai_handler.h"
@@ -178,6 +179,7 @@ class ReplicaImpl final : public Replica {
 
   Status start();
   uint16_t port() const override { return server_->port(); }
+  uint16_t grpc_port() const override { return grpc_ ? grpc_->port() : 0; }
   Status serve(std::unique_ptr<runtime::Runtime>&& runtime,
                std::chrono::duration<double> model_load_time) override;
   bool run() override;
@@ -214,6 +216,9 @@ class ReplicaImpl final : public Replica {
   ReplicaOptions options_;
   MetricsRegistry& registry_;
   std::unique_ptr<trace::Tracer> tracer_;  // null when spans are not exported
+  // The OIP gRPC front end (null without options_.grpc_listen): its calls go to server_'s
+  // handler. Declared before server_, so destroyed after it (the order oip_grpc/oip_grpc.h asks).
+  std::unique_ptr<oip_grpc::GrpcServer> grpc_;
   std::unique_ptr<http::Server> server_;
   std::array<RouteMetrics, static_cast<size_t>(Route::kCount)> route_metrics_;
   Gauge& in_flight_;
@@ -259,6 +264,9 @@ ReplicaImpl::ReplicaImpl(const ReplicaOptions& options, MetricsRegistry& registr
 }
 
 ReplicaImpl::~ReplicaImpl() {
+  if (grpc_) {
+    grpc_->shutdown(std::chrono::milliseconds(0));  // first, as oip_grpc/oip_grpc.h asks
+  }
   if (serving_thread_.joinable()) {
     // Never served, or never run(): stop at once. An earlier drain, if any, goes on to its end.
     {
@@ -276,11 +284,22 @@ Status ReplicaImpl::start() {
     FLOTILLA_ASSIGN_OR_RETURN(tracer_, trace::Tracer::start(*options_.tracing, registry_));
     options_.server.capture_headers = true;  // for traceparent
   }
+  // A drain stops the gRPC intake too; calls in flight finish with the REST ones.
+  options_.server.on_drain = [this] {
+    if (grpc_) {
+      grpc_->shutdown(options_.drain_timeout);
+    }
+  };
   FLOTILLA_ASSIGN_OR_RETURN(
       server_, http::Server::create(options_.server,
                                     [this](http::Request&& request, http::Responder&& responder) {
                                       handle(std::move(request), std::move(responder));
                                     }));
+  if (!options_.grpc_listen.empty()) {
+    FLOTILLA_ASSIGN_OR_RETURN(
+        grpc_, oip_grpc::GrpcServer::start({options_.grpc_listen, options_.server.max_body_bytes},
+                                           *server_));
+  }
   // Before the loops run: signal_set is confined to worker 0's loop from then on.
   server_->drain_on_signals(options_.drain_timeout);
   serving_thread_ = std::thread([this] {

@@ -40,6 +40,9 @@ struct ReplicaOptions {
   std::function<void()> on_drained_while_loading;
   // Where and how spans are exported (unset: none); docs/tracing.md.
   std::optional<trace::TracerOptions> tracing;
+  // Where the Open Inference Protocol's gRPC service listens ("host:port", port 0: any free
+  // one; "" for nowhere); its calls take the REST routes (oip_grpc/oip_grpc.h).
+  std::string grpc_listen;
 };
 
 // A replica has two phases (Kubernetes' liveness vs readiness, see docs/replica.md):
@@ -64,6 +67,8 @@ class Replica {
   virtual ~Replica() = default;
 
   virtual uint16_t port() const = 0;
+  // The gRPC port (ReplicaOptions::grpc_listen); 0 when it does not listen.
+  virtual uint16_t grpc_port() const = 0;
   // Installs the model and makes the replica ready; `model_load_time` goes to
   // flotilla_replica_model_load_seconds. Call at most once. Takes `runtime` on success. Fails
   // with kUnavailable, leaving `runtime` with the caller, when a drain has already begun: the

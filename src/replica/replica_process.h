@@ -8,6 +8,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -30,6 +31,8 @@ struct ProcessFlags {
   std::string runtime = "auto";
   std::string host = "127.0.0.1";
   uint16_t port = 0;
+  // The OIP gRPC service's port on `host` (0 picks one); unset: no gRPC.
+  std::optional<uint16_t> grpc_port;
   int workers = 0;
   int64_t max_batch_size = 64;
   int64_t max_queue_delay_us = 0;

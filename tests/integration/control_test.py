@@ -202,8 +202,8 @@ def bearer(token):
 # --------------------------------------------------------------------------- flotilla up
 
 _FIRST_LINE_RE = re.compile(
-    r"^flotilla up: gateway http://127\.0\.0\.1:(\d+), api http://127\.0\.0\.1:(\d+), "
-    r"data dir (.+)$")
+    r"^flotilla up: gateway http://127\.0\.0\.1:(\d+), grpc 127\.0\.0\.1:(\d+), "
+    r"api http://127\.0\.0\.1:(\d+), data dir (.+)$")
 _TOKEN_LINE_RE = re.compile(r"^admin token \(shown once; also in (.+)/admin\.token\): (flt_\S+)$")
 _DEFAULT = object()
 
@@ -216,7 +216,7 @@ class Up:
         self.data_dir = data_dir
         self.argv = [BIN, "up", "--data-dir", data_dir,
                      "--gateway-addr", "127.0.0.1:0", "--api-addr", "127.0.0.1:0",
-                     "--gateway-workers", "2", "--drain-timeout-ms", str(DRAIN_TIMEOUT_MS),
+                     "--grpc-addr", "127.0.0.1:0", "--gateway-workers", "2", "--drain-timeout-ms", str(DRAIN_TIMEOUT_MS),
                      *flags]
         self._stderr = tempfile.NamedTemporaryFile(dir=_tmp_root, prefix="up-stderr-",
                                                    delete=False)
@@ -234,8 +234,9 @@ class Up:
             if not m:
                 raise AssertionError(f"unexpected first line of flotilla up: {first!r}\n"
                                      f"stderr:\n{self.stderr()}")
-            self.gateway_port, self.api_port = int(m.group(1)), int(m.group(2))
-            self.reported_data_dir = m.group(3)
+            self.gateway_port, self.grpc_port = int(m.group(1)), int(m.group(2))
+            self.api_port = int(m.group(3))
+            self.reported_data_dir = m.group(4)
             self.stdout_lines.append(first)
         except BaseException:
             self.kill9()
@@ -1020,7 +1021,8 @@ class Restart(ControlTestCase):
         self.assertEqual([x for x in again.lines() if x.startswith("admin token")], [])
         # A second `flotilla up` on a data directory in use refuses to start.
         p = run_to_exit([BIN, "up", "--data-dir", data_dir, "--gateway-addr",
-                         "127.0.0.1:0", "--api-addr", "127.0.0.1:0"], deadline_s=10)
+                         "127.0.0.1:0", "--api-addr", "127.0.0.1:0", "--grpc-addr",
+                         "127.0.0.1:0"], deadline_s=10)
         self.assertNotEqual(p.returncode, 0)
         self.assertEqual(p.stdout, b"")
         err = p.stderr.decode().splitlines()
@@ -2272,7 +2274,7 @@ class AdminTokenFile(ControlTestCase):
         data_dir = fresh_dir("token-fail")
         os.mkdir(os.path.join(data_dir, "admin.token"))  # the file cannot be created
         argv = [BIN, "up", "--data-dir", data_dir, "--gateway-addr", "127.0.0.1:0",
-                "--api-addr", "127.0.0.1:0", "--warm-pool", "0"]
+                "--api-addr", "127.0.0.1:0", "--grpc-addr", "127.0.0.1:0", "--warm-pool", "0"]
         p = run_to_exit(argv, deadline_s=20)
         self.assertNotEqual(p.returncode, 0)
         self.assertIn("admin.token", p.stderr.decode())
@@ -2293,7 +2295,8 @@ class AdminTokenFile(ControlTestCase):
         # Lost: the next start says how to recover.
         os.unlink(token_path)
         proc = subprocess.Popen([BIN, "up", "--data-dir", data_dir, "--gateway-addr",
-                                 "127.0.0.1:0", "--api-addr", "127.0.0.1:0", "--warm-pool", "0"],
+                                 "127.0.0.1:0", "--api-addr", "127.0.0.1:0", "--grpc-addr",
+                                 "127.0.0.1:0", "--warm-pool", "0"],
                                 stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                 stderr=subprocess.PIPE, start_new_session=True)
         self.addCleanup(lambda: proc.poll() is not None or proc.kill())

@@ -11,6 +11,8 @@ balancer and retries.
                server from flotilla up's PATH (mlflow_venv.sh; skipped likewise)
   TritonClientHttp  tritonclient[http] on an xgboost and an external endpoint
                (clients_venv.sh; skipped likewise)
+  TritonClientGrpc  tritonclient[grpc] likewise, through the gateway's gRPC port and straight
+               to a replica's (`flotilla replica --grpc-port`)
 
 Run from the repository root:
 
@@ -26,7 +28,7 @@ import unittest
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import control_test  # noqa: E402  (its `flotilla up` driver, fixtures and teardown)
 import harness  # noqa: E402
-from control_test import ControlTestCase, TRACKER, spec  # noqa: E402
+from control_test import BIN, ControlTestCase, TRACKER, spec  # noqa: E402
 from harness import wait_until  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -451,6 +453,145 @@ class TritonClientHttp(ExternalTestCase):
         self.assertEqual(sums["wrong_shape"], None, "3 columns are a valid input for sums")
         self.assertEqual(sums["no_token"]["status"], "401", got)
         self.assertEqual(got["unknown_model"]["status"], "404", got)
+
+
+# Run by the clients venv's python: tritonclient.grpc against a gRPC port, as a Triton or KServe
+# user calls it. Prints what the client's own objects say, as JSON; each error as its gRPC
+# status code name and message.
+TRITON_GRPC_PROBE = """
+import json, sys
+import numpy as np
+import tritonclient.grpc as grpcclient
+from tritonclient.utils import InferenceServerException
+
+port, token, models = sys.argv[1], sys.argv[2], sys.argv[3].split(",")
+client = grpcclient.InferenceServerClient(url="127.0.0.1:" + port)
+auth = {"authorization": "Bearer " + token} if token else {}
+rows = np.array([[5.1, 3.5, 1.4, 0.2], [6.7, 3.1, 4.4, 1.4]], dtype=np.float32)
+out = {"live": client.is_server_live(headers=auth), "ready": client.is_server_ready(headers=auth)}
+
+def error(call):
+    try:
+        call()
+        return None
+    except InferenceServerException as e:
+        return {"status": e.status(), "message": e.message()}
+
+def tensor(array, datatype="FP32"):
+    t = grpcclient.InferInput("x", list(array.shape), datatype)
+    t.set_data_from_numpy(array)
+    return t
+
+for model in models:
+    result = client.infer(model, [tensor(rows)], headers=auth, request_id="probe-1")
+    response = result.get_response()
+    metadata = client.get_model_metadata(model, headers=auth)
+    out[model] = {
+        "model_ready": client.is_model_ready(model, headers=auth),
+        "metadata": {"name": metadata.name, "platform": metadata.platform,
+                     "inputs": [i.name for i in metadata.inputs]},
+        "outputs": {o.name: result.as_numpy(o.name).tolist() for o in response.outputs},
+        "model_name": response.model_name,
+        "id": response.id,
+        "wrong_shape": error(lambda: client.infer(model, [tensor(rows[:1, :3].copy())],
+                                                  headers=auth)),
+        "wrong_datatype": error(lambda: client.infer(
+            model, [tensor(np.array([[b"a", b"b"]], dtype=np.object_), "BYTES")],
+            headers=auth)),
+        "no_token": error(lambda: client.infer(model, [tensor(rows)])),
+        "bad_token": error(lambda: client.infer(
+            model, [tensor(rows)], headers={"authorization": "Bearer flt_nobody_" + "0" * 64})),
+    }
+out["unknown_model"] = error(lambda: client.infer("nope", [tensor(rows)], headers=auth))
+print(json.dumps(out))
+"""
+
+
+class TritonClientGrpc(ExternalTestCase):
+    """tritonclient[grpc] (pinned, clients_venv.sh) through the gateway's gRPC port with auth,
+    on an xgboost endpoint and an external server's, and straight to a replica's gRPC port: its
+    own result objects and status codes (issue 24 items 3 and 4)."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.up = cls.start_up("--no-autoscale", "--warm-pool", "0")
+
+    def probe(self, python, port, token, models):
+        p = subprocess.run([python, "-c", TRITON_GRPC_PROBE, str(port), token, models],
+                           capture_output=True, timeout=60)
+        self.assertEqual(p.returncode, 0, p.stderr.decode(errors="replace"))
+        return json.loads(p.stdout)
+
+    def assert_iris(self, got, rest):
+        iris = got["iris"]
+        self.assertTrue(iris["model_ready"], got)
+        self.assertEqual(iris["model_name"], "iris", got)
+        self.assertEqual(iris["id"], "probe-1", got)
+        self.assertEqual((iris["metadata"]["name"], iris["metadata"]["platform"]),
+                         ("iris", "xgboost"), got)
+        probabilities = iris["outputs"]["predict"]  # as_numpy: [rows, classes]
+        flat = [p for row in probabilities for p in row]
+        self.assertEqual(len(flat), len(output(rest, "predict")["data"]))
+        for a, b in zip(flat, output(rest, "predict")["data"]):
+            self.assertAlmostEqual(a, b, places=6)
+        self.assertEqual([max(range(3), key=row.__getitem__) for row in probabilities], [0, 1])
+        self.assertEqual(iris["wrong_shape"]["status"], "StatusCode.INVALID_ARGUMENT", got)
+        self.assertIn("4 features", iris["wrong_shape"]["message"])
+        self.assertEqual(iris["wrong_datatype"]["status"], "StatusCode.INVALID_ARGUMENT", got)
+
+    def test_through_the_gateway_with_auth(self):
+        python = harness.clients_python(self)
+        self.up.create(spec("iris", {"name": "v1", "model": control_test.model_path(
+            control_test.PROBA)}))
+        self.up.create(spec("sums", external_server("v1", control_test.fresh_dir("m"), 1)))
+        self.up.wait_serving("iris")
+        self.up.wait_serving("sums")
+        self.live_servers("sums")
+        token = self.up.api("POST", "/api/2.0/tokens", {"id": "triton-grpc"}).json()["token"]
+        got = self.probe(python, self.up.grpc_port, token, "iris,sums")
+        self.assertTrue(got["live"] and got["ready"], got)
+        rest = self.up.gw("POST", "/v2/models/iris/infer",
+                          oip_rows([[5.1, 3.5, 1.4, 0.2], [6.7, 3.1, 4.4, 1.4]])).json()
+        self.assert_iris(got, rest)
+        for model in ("iris", "sums"):
+            self.assertEqual(got[model]["no_token"],
+                             {"status": "StatusCode.UNAUTHENTICATED",
+                              "message": "missing bearer token"}, got)
+            self.assertEqual(got[model]["bad_token"]["status"], "StatusCode.UNAUTHENTICATED", got)
+        # The external server's answers, translated from its JSON.
+        sums = got["sums"]
+        self.assertTrue(sums["model_ready"], got)
+        self.assertEqual(sums["metadata"]["platform"], "python-oip-test", got)
+        for a, b in zip(sums["outputs"]["sum"], [10.2, 15.6], strict=True):
+            self.assertAlmostEqual(a, b, places=5)
+        self.assertEqual(sums["wrong_shape"], None, "3 columns are a valid input for sums")
+        self.assertEqual(sums["wrong_datatype"]["status"], "StatusCode.INVALID_ARGUMENT", got)
+        self.assertIn("datatype BYTES", sums["wrong_datatype"]["message"])
+        self.assertEqual(got["unknown_model"]["status"], "StatusCode.NOT_FOUND", got)
+        # The calls went the gateway's REST path: counted in its metrics like any request.
+        metrics = self.up.gw("GET", "/metrics").body.decode()
+        self.assertRegex(metrics, r'flotilla_gateway_requests_total\{[^}]*endpoint="sums"')
+
+    def test_straight_to_a_replica(self):
+        python = harness.clients_python(self)
+        model = control_test.model_path(control_test.PROBA)
+        proc = subprocess.Popen([BIN, "replica", "--model", model, "--name", "iris",
+                                 "--port", "0", "--grpc-port", "0", "--workers", "1"],
+                                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                                start_new_session=True)
+        self.addCleanup(proc.stdout.close)
+        self.addCleanup(lambda: proc.poll() is not None or (proc.kill(), proc.wait()))
+        TRACKER.record(proc.pid)
+        listening = json.loads(proc.stdout.readline())
+        got = self.probe(python, listening["grpc_port"], "", "iris")
+        self.assertTrue(got["live"] and got["ready"], got)
+        rest = harness.req(listening["port"], "POST", "/v2/models/iris/infer",
+                           oip_rows([[5.1, 3.5, 1.4, 0.2], [6.7, 3.1, 4.4, 1.4]])).json()
+        self.assert_iris(got, rest)
+        self.assertEqual(got["unknown_model"]["status"], "StatusCode.NOT_FOUND", got)
+        # SIGTERM drains both ports and exits 0.
+        proc.send_signal(signal.SIGTERM)
+        self.assertEqual(proc.wait(timeout=20), 0)
 
 
 if __name__ == "__main__":
