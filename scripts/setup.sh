@@ -23,6 +23,8 @@ PACKAGES=(
   chromium
   # peer proxies, load generators and callgrind for bench/gateway (../shared/bench/peers)
   nginx haproxy hey valgrind
+  # h2load: one load generator for REST and gRPC (bench/grpc)
+  nghttp2-client
 )
 # kubectl for scripts/check_manifests.sh (ctest `manifests`). Debian's kubernetes-client and other
 # packagings of kubectl (the Google Cloud SDK's `kubectl` package) all ship /usr/bin/kubectl, so

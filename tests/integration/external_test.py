@@ -9,6 +9,8 @@ balancer and retries.
                (a venv made by mlserver_venv.sh; skipped when the index cannot be reached)
   MlflowFlavors  `runtime: auto` on MLflow sklearn and pyfunc models: MLflow's own scoring
                server from flotilla up's PATH (mlflow_venv.sh; skipped likewise)
+  MlflowDeployments  MLflow's deployments client (Databricks-style serving endpoints) on the
+               gateway and the control plane's API (mlflow_venv.sh; skipped likewise)
   TritonClientHttp  tritonclient[http] on an xgboost and an external endpoint
                (clients_venv.sh; skipped likewise)
   TritonClientGrpc  tritonclient[grpc] likewise, through the gateway's gRPC port and straight
@@ -355,6 +357,43 @@ class MlflowFlavors(ExternalTestCase):
         self.assertIn("expecting 4 features", r.json()["stack_trace"])
 
 
+# Run by the MLflow venv's python: MLflow's deployments client for Databricks-style serving
+# endpoints, as an MLflow user calls one, pointed at the gateway for predictions and at the
+# control plane's API for the endpoint's description. Prints what its own objects say, as JSON.
+MLFLOW_DEPLOYMENTS_PROBE = """
+import json, os, sys
+import requests
+from mlflow.deployments import get_deploy_client
+
+gateway, api, token, endpoint = sys.argv[1:5]
+os.environ["DATABRICKS_TOKEN"] = token
+out = {}
+
+def error(call):
+    # The client raises requests' HTTPError, carrying the answer, for an error status.
+    try:
+        call()
+        return None
+    except requests.HTTPError as e:
+        return {"status": e.response.status_code,
+                "error_code": e.response.json()["error_code"]}
+
+os.environ["DATABRICKS_HOST"] = gateway
+client = get_deploy_client("databricks")
+rows = {"dataframe_split": {"data": [[5.1, 3.5, 1.4, 0.2], [6.7, 3.1, 4.4, 1.4]]}}
+response = client.predict(endpoint=endpoint, inputs=rows)
+out["type"] = type(response).__name__
+out["predictions"] = response["predictions"]
+out["bad_input"] = error(lambda: client.predict(endpoint=endpoint, inputs={"nope": 1}))
+out["unknown"] = error(lambda: client.predict(endpoint="nope", inputs=rows))
+os.environ["DATABRICKS_HOST"] = api
+described = client.get_endpoint(endpoint=endpoint)
+out["described"] = {"type": type(described).__name__, "name": described["name"]}
+out["listed"] = sorted(e["name"] for e in client.list_endpoints())
+print(json.dumps(out))
+"""
+
+
 # Run by the clients venv's python: tritonclient.http against the gateway, as a Triton or KServe
 # user calls it. Prints what the client's own objects say, as JSON.
 TRITON_HTTP_PROBE = """
@@ -403,6 +442,37 @@ for model in models:
 out["unknown_model"] = error(lambda: client.infer("nope", [tensor], headers=auth()))
 print(json.dumps(out))
 """
+
+
+class MlflowDeployments(ExternalTestCase):
+    """MLflow's deployments client (`get_deploy_client("databricks")`, the MLflow venv) on
+    Flotilla as on Databricks Model Serving: predict through the gateway, describe and list
+    through the control plane's API (issue 24 item 4)."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.python = harness.venv_python(_SkipClass(), "mlflow_venv.sh", "mlflow-venv", "MLflow")
+        cls.up = cls.start_up("--no-autoscale", "--warm-pool", "0")
+
+    def test_predict_describe_and_errors(self):
+        self.up.create(spec("iris", {"name": "v1", "model": control_test.model_path(
+            control_test.PROBA)}))
+        self.up.wait_serving("iris")
+        token = self.up.api("POST", "/api/2.0/tokens", {"id": "mlflow", "admin": True}).json()
+        p = subprocess.run([self.python, "-c", MLFLOW_DEPLOYMENTS_PROBE,
+                            f"http://127.0.0.1:{self.up.gateway_port}",
+                            f"http://127.0.0.1:{self.up.api_port}", token["token"], "iris"],
+                           capture_output=True, timeout=120)
+        self.assertEqual(p.returncode, 0, p.stderr.decode(errors="replace"))
+        got = json.loads(p.stdout)
+        rest = self.up.invoke("iris", rows=([5.1, 3.5, 1.4, 0.2], [6.7, 3.1, 4.4, 1.4])).json()
+        self.assertEqual(got["type"], "DatabricksEndpoint", got)
+        self.assertEqual(got["predictions"], rest["predictions"])
+        self.assertEqual(got["bad_input"], {"status": 400, "error_code": "BAD_REQUEST"}, got)
+        self.assertEqual(got["unknown"],
+                         {"status": 404, "error_code": "RESOURCE_DOES_NOT_EXIST"}, got)
+        self.assertEqual(got["described"], {"type": "DatabricksEndpoint", "name": "iris"}, got)
+        self.assertEqual(got["listed"], ["iris"], got)
 
 
 class TritonClientHttp(ExternalTestCase):
