@@ -515,30 +515,31 @@ void read_parameters(element object, google::protobuf::Map<std::string, InferPar
   }
 }
 
+// The bit pattern of a JSON integer that fits an integer datatype of `size` bytes (signed or
+// not), or nothing. Its low `size` bytes are the element, little-endian.
+std::optional<uint64_t> fitting_integer(element value, bool is_signed, size_t size) {
+  const unsigned bits = static_cast<unsigned>(size * 8);
+  const int64_t low = !is_signed ? 0 : bits == 64 ? INT64_MIN : -(int64_t{1} << (bits - 1));
+  const uint64_t high = bits == 64 ? (is_signed ? uint64_t{INT64_MAX} : UINT64_MAX)
+                                   : (uint64_t{1} << (is_signed ? bits - 1 : bits)) - 1;
+  int64_t as_signed = 0;
+  uint64_t as_unsigned = 0;
+  if (value.get(as_signed) == simdjson::SUCCESS) {
+    if (as_signed < low || (as_signed > 0 && static_cast<uint64_t>(as_signed) > high)) {
+      return std::nullopt;
+    }
+    return static_cast<uint64_t>(as_signed);
+  }
+  // Past INT64_MAX: simdjson reads it only as unsigned.
+  if (value.get(as_unsigned) == simdjson::SUCCESS && as_unsigned <= high) {
+    return as_unsigned;
+  }
+  return std::nullopt;
+}
+
 // Appends one JSON leaf as a raw element of `type`.
 Status append_raw_element(element value, const TypeInfo& type, std::string& out,
                           const std::string& where) {
-  const auto integer_range = [&](auto low, auto high, int64_t* as_signed, uint64_t* as_unsigned) {
-    int64_t s = 0;
-    uint64_t u = 0;
-    if (value.get(s) == simdjson::SUCCESS) {
-      if (s < static_cast<int64_t>(low) ||
-          (s > 0 && static_cast<uint64_t>(s) > static_cast<uint64_t>(high))) {
-        return false;
-      }
-      *as_signed = s;
-      *as_unsigned = static_cast<uint64_t>(s);
-      return true;
-    }
-    if (value.get(u) == simdjson::SUCCESS && low >= 0 && u <= static_cast<uint64_t>(high)) {
-      *as_signed = static_cast<int64_t>(u);
-      *as_unsigned = u;
-      return true;
-    }
-    return false;
-  };
-  int64_t s = 0;
-  uint64_t u = 0;
   switch (type.kind) {
     case Kind::kBool: {
       bool flag = false;
@@ -548,48 +549,14 @@ Status append_raw_element(element value, const TypeInfo& type, std::string& out,
       out += static_cast<char>(flag ? 1 : 0);
       return Status::ok();
     }
-    case Kind::kSigned: {
-      bool fits = false;
-      switch (type.size) {
-        case 1:
-          fits = integer_range(INT8_MIN, INT8_MAX, &s, &u);
-          break;
-        case 2:
-          fits = integer_range(INT16_MIN, INT16_MAX, &s, &u);
-          break;
-        case 4:
-          fits = integer_range(INT32_MIN, INT32_MAX, &s, &u);
-          break;
-        default:
-          fits = integer_range(INT64_MIN, INT64_MAX, &s, &u);
-          break;
-      }
-      if (!fits) {
-        return internal_error(where + " is not an integer of its datatype's range");
-      }
-      out.append(reinterpret_cast<const char*>(&s), type.size);  // little-endian: low bytes
-      return Status::ok();
-    }
+    case Kind::kSigned:
     case Kind::kUnsigned: {
-      bool fits = false;
-      switch (type.size) {
-        case 1:
-          fits = integer_range(0, UINT8_MAX, &s, &u);
-          break;
-        case 2:
-          fits = integer_range(0, UINT16_MAX, &s, &u);
-          break;
-        case 4:
-          fits = integer_range(0, UINT32_MAX, &s, &u);
-          break;
-        default:
-          fits = integer_range(0, UINT64_MAX, &s, &u);
-          break;
-      }
-      if (!fits) {
+      const std::optional<uint64_t> bits =
+          fitting_integer(value, type.kind == Kind::kSigned, type.size);
+      if (!bits) {
         return internal_error(where + " is not an integer of its datatype's range");
       }
-      out.append(reinterpret_cast<const char*>(&u), type.size);
+      out.append(reinterpret_cast<const char*>(&*bits), type.size);  // the low bytes
       return Status::ok();
     }
     case Kind::kFloat:

@@ -67,6 +67,17 @@ def external_server(name, model_dir, replicas=2, extra=()):
 
 
 class ExternalTestCase(ControlTestCase):
+    def serve_iris_and_sums(self, token_id):
+        """Deploys the xgboost iris classifier and an oip_server.py "sums", waits until both
+        serve, and returns a new token's secret."""
+        self.up.create(spec("iris", {"name": "v1", "model": control_test.model_path(
+            control_test.PROBA)}))
+        self.up.create(spec("sums", external_server("v1", control_test.fresh_dir("m"), 1)))
+        self.up.wait_serving("iris")
+        self.up.wait_serving("sums")
+        self.live_servers("sums")
+        return self.up.api("POST", "/api/2.0/tokens", {"id": token_id}).json()["token"]
+
     def live_servers(self, name):
         """The ready replicas of `name` (each one remembered for teardown)."""
         view = self.up.view(name)
@@ -486,13 +497,7 @@ class TritonClientHttp(ExternalTestCase):
 
     def test_infer_metadata_readiness_and_errors(self):
         python = harness.clients_python(self)
-        self.up.create(spec("iris", {"name": "v1", "model": control_test.model_path(
-            control_test.PROBA)}))
-        self.up.create(spec("sums", external_server("v1", control_test.fresh_dir("m"), 1)))
-        self.up.wait_serving("iris")
-        self.up.wait_serving("sums")
-        self.live_servers("sums")
-        token = self.up.api("POST", "/api/2.0/tokens", {"id": "triton"}).json()["token"]
+        token = self.serve_iris_and_sums("triton")
         p = subprocess.run([python, "-c", TRITON_HTTP_PROBE, str(self.up.gateway_port), token,
                             "iris,sums"], capture_output=True, timeout=60)
         self.assertEqual(p.returncode, 0, p.stderr.decode(errors="replace"))
@@ -611,13 +616,7 @@ class TritonClientGrpc(ExternalTestCase):
 
     def test_through_the_gateway_with_auth(self):
         python = harness.clients_python(self)
-        self.up.create(spec("iris", {"name": "v1", "model": control_test.model_path(
-            control_test.PROBA)}))
-        self.up.create(spec("sums", external_server("v1", control_test.fresh_dir("m"), 1)))
-        self.up.wait_serving("iris")
-        self.up.wait_serving("sums")
-        self.live_servers("sums")
-        token = self.up.api("POST", "/api/2.0/tokens", {"id": "triton-grpc"}).json()["token"]
+        token = self.serve_iris_and_sums("triton-grpc")
         got = self.probe(python, self.up.grpc_port, token, "iris,sums")
         self.assertTrue(got["live"] and got["ready"], got)
         rest = self.up.gw("POST", "/v2/models/iris/infer",

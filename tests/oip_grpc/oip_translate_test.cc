@@ -206,7 +206,8 @@ TEST(DecodeInferAnswer, OutputsBecomeRawContentsOfTheirDatatype) {
       {"name":"text","datatype":"BYTES","shape":[2],"data":["ab",""],"parameters":{"p":1.5}},
       {"name":"half","datatype":"FP16","shape":[1],"data":[1.0]},
       {"name":"brain","datatype":"BF16","shape":[1],"data":[-2.0]},
-      {"name":"big","datatype":"UINT64","shape":[1],"data":[18446744073709551615]}]})";
+      {"name":"big","datatype":"UINT64","shape":[1],"data":[18446744073709551615]},
+      {"name":"edges","datatype":"INT8","shape":[2],"data":[-128,127]}]})";
   inference::ModelInferResponse response;
   const Status status = decode_infer_answer(body, response);
   ASSERT_TRUE(status.is_ok()) << status.to_string();
@@ -214,8 +215,8 @@ TEST(DecodeInferAnswer, OutputsBecomeRawContentsOfTheirDatatype) {
   EXPECT_EQ(response.model_version(), "1");
   EXPECT_EQ(response.id(), "req-1");
   EXPECT_TRUE(response.parameters().at("cached").bool_param());
-  ASSERT_EQ(response.outputs_size(), 7);
-  ASSERT_EQ(response.raw_output_contents_size(), 7);
+  ASSERT_EQ(response.outputs_size(), 8);
+  ASSERT_EQ(response.raw_output_contents_size(), 8);
   EXPECT_EQ(response.outputs(0).shape_size(), 2);
   EXPECT_EQ(response.raw_output_contents(0), raw_of<float>({0.5F, 0.25F, 1.0F, 2.0F}));
   EXPECT_EQ(response.raw_output_contents(1), raw_of<int64_t>({3, -4}));
@@ -225,6 +226,7 @@ TEST(DecodeInferAnswer, OutputsBecomeRawContentsOfTheirDatatype) {
   EXPECT_EQ(response.raw_output_contents(4), raw_of<uint16_t>({0x3c00}));
   EXPECT_EQ(response.raw_output_contents(5), raw_of<uint16_t>({0xc000}));
   EXPECT_EQ(response.raw_output_contents(6), raw_of<uint64_t>({UINT64_MAX}));
+  EXPECT_EQ(response.raw_output_contents(7), raw_of<int8_t>({-128, 127}));
 }
 
 TEST(DecodeInferAnswer, RefusesAnswersThatDoNotFit) {
@@ -237,6 +239,10 @@ TEST(DecodeInferAnswer, RefusesAnswersThatDoNotFit) {
       {R"({"outputs":[{"name":"y","datatype":"INT8","shape":[1],"data":[300]}]})",
        "datatype's range"},
       {R"({"outputs":[{"name":"y","datatype":"UINT8","shape":[1],"data":[-1]}]})",
+       "datatype's range"},
+      {R"({"outputs":[{"name":"y","datatype":"INT64","shape":[1],"data":[9223372036854775808]}]})",
+       "datatype's range"},
+      {R"({"outputs":[{"name":"y","datatype":"INT16","shape":[1],"data":[1.5]}]})",
        "datatype's range"},
       {R"({"outputs":[{"name":"y","datatype":"FP32","shape":[1],"data":["x"]}]})", "not a number"},
       {R"({"outputs":[{"name":"y","datatype":"NOPE","shape":[1],"data":[1]}]})",
