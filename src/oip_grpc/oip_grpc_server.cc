@@ -1,6 +1,8 @@
 // GrpcServer: gRPC's callback API in front of http::Server::submit. A call's handler runs on
 // one of gRPC's threads only long enough to build the REST request; the REST handler runs on
 // an HTTP worker, and the worker that answers finishes the call.
+#include <algorithm>
+#include <climits>
 #include <shared_mutex>
 #include <thread>
 
@@ -172,8 +174,10 @@ class GrpcServerImpl final : public GrpcServer {
     // gRPC binds with SO_REUSEPORT by default: a second server on the same port would then
     // share it silently instead of failing.
     builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
-    builder.SetMaxReceiveMessageSize(static_cast<int>(options.max_message_bytes));
-    builder.SetMaxSendMessageSize(static_cast<int>(options.max_message_bytes));
+    // gRPC takes an int: a cap past it (--max-body-bytes allows 4 GiB) is as good as none.
+    const int max_message = static_cast<int>(std::min<size_t>(options.max_message_bytes, INT_MAX));
+    builder.SetMaxReceiveMessageSize(max_message);
+    builder.SetMaxSendMessageSize(max_message);
     builder.RegisterService(&service_);
     server_ = builder.BuildAndStart();
     if (!server_ || port == 0) {

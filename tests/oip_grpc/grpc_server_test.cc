@@ -18,7 +18,7 @@ using nlohmann::json;
 // An HTTP server whose handler the test sets, a gRPC server in front of it, and a client stub.
 class GrpcFront : public ::testing::Test {
  protected:
-  void start(http::Handler handler) {
+  void start(http::Handler handler, size_t max_message_bytes = 8 << 20) {
     handler_ = std::move(handler);
     http::ServerOptions options;
     options.workers = 2;
@@ -29,7 +29,7 @@ class GrpcFront : public ::testing::Test {
         });
     ASSERT_TRUE(server.is_ok()) << server.status().to_string();
     http_ = std::move(server).value();
-    auto grpc_server = GrpcServer::start({"127.0.0.1:0"}, *http_);
+    auto grpc_server = GrpcServer::start({"127.0.0.1:0", max_message_bytes}, *http_);
     ASSERT_TRUE(grpc_server.is_ok()) << grpc_server.status().to_string();
     grpc_ = std::move(grpc_server).value();
     ASSERT_NE(grpc_->port(), 0);
@@ -187,6 +187,17 @@ TEST_F(GrpcFront, HealthMetadataAndAGatheredStream) {
       stub_->ModelMetadata(ctx.get(), model_metadata, &model_metadata_response);
   EXPECT_EQ(status.error_code(), grpc::StatusCode::NOT_FOUND);
   EXPECT_EQ(status.error_message(), "no model");
+}
+
+TEST_F(GrpcFront, AMessageOverTheCapIsRefusedBeforeTheHandler) {
+  start([](http::Request&&, http::Responder&& responder) { responder.send({}); }, 1024);
+  inference::ModelInferRequest request = infer_request("m");
+  request.add_raw_input_contents(std::string(4096, 'x'));
+  auto ctx = context();
+  inference::ModelInferResponse response;
+  const grpc::Status status = stub_->ModelInfer(ctx.get(), request, &response);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << status.error_message();
+  EXPECT_EQ(handled_.load(), 0);
 }
 
 TEST_F(GrpcFront, AHandlerThatDropsTheRequestAnswersInternal) {
