@@ -8,6 +8,7 @@
 #include <optional>
 #include <string_view>
 #include <type_traits>
+#include <utility>
 
 #include <simdjson.h>
 
@@ -34,34 +35,20 @@ struct TypeInfo {
 };
 
 std::optional<TypeInfo> type_info(std::string_view datatype) {
-  if (datatype == "BOOL")
-    return TypeInfo{Kind::kBool, 1};
-  if (datatype == "INT8")
-    return TypeInfo{Kind::kSigned, 1};
-  if (datatype == "INT16")
-    return TypeInfo{Kind::kSigned, 2};
-  if (datatype == "INT32")
-    return TypeInfo{Kind::kSigned, 4};
-  if (datatype == "INT64")
-    return TypeInfo{Kind::kSigned, 8};
-  if (datatype == "UINT8")
-    return TypeInfo{Kind::kUnsigned, 1};
-  if (datatype == "UINT16")
-    return TypeInfo{Kind::kUnsigned, 2};
-  if (datatype == "UINT32")
-    return TypeInfo{Kind::kUnsigned, 4};
-  if (datatype == "UINT64")
-    return TypeInfo{Kind::kUnsigned, 8};
-  if (datatype == "FP16")
-    return TypeInfo{Kind::kHalf, 2};
-  if (datatype == "BF16")
-    return TypeInfo{Kind::kBfloat, 2};
-  if (datatype == "FP32")
-    return TypeInfo{Kind::kFloat, 4};
-  if (datatype == "FP64")
-    return TypeInfo{Kind::kFloat, 8};
-  if (datatype == "BYTES")
-    return TypeInfo{Kind::kBytes, 0};
+  static constexpr std::pair<std::string_view, TypeInfo> kTypes[] = {
+      {"BOOL", {Kind::kBool, 1}},       {"INT8", {Kind::kSigned, 1}},
+      {"INT16", {Kind::kSigned, 2}},    {"INT32", {Kind::kSigned, 4}},
+      {"INT64", {Kind::kSigned, 8}},    {"UINT8", {Kind::kUnsigned, 1}},
+      {"UINT16", {Kind::kUnsigned, 2}}, {"UINT32", {Kind::kUnsigned, 4}},
+      {"UINT64", {Kind::kUnsigned, 8}}, {"FP16", {Kind::kHalf, 2}},
+      {"BF16", {Kind::kBfloat, 2}},     {"FP32", {Kind::kFloat, 4}},
+      {"FP64", {Kind::kFloat, 8}},      {"BYTES", {Kind::kBytes, 0}},
+  };
+  for (const auto& [name, info] : kTypes) {
+    if (name == datatype) {
+      return info;
+    }
+  }
   return std::nullopt;
 }
 
@@ -156,11 +143,23 @@ void append_integer(T value, std::string& out) {
   out.append(buffer, result.ptr);
 }
 
+// Where an element sits, for messages: its text is made only for an error, not per element.
+struct ElementAt {
+  const std::string& where;
+  int64_t index;
+};
+std::string location_text(const std::string& where) {
+  return where;
+}
+std::string location_text(const ElementAt& at) {
+  return at.where + " element " + std::to_string(at.index);
+}
+
 // Shortest text that reads back as the same `T`.
-template <typename T>
-Status append_float(T value, std::string& out, const std::string& where) {
+template <typename T, typename Where>
+Status append_float(T value, std::string& out, const Where& where) {
   if (!std::isfinite(value)) {
-    return invalid_argument(where + " is not finite; JSON has no form for it");
+    return invalid_argument(location_text(where) + " is not finite; JSON has no form for it");
   }
   char buffer[32];
   const auto result = std::to_chars(buffer, buffer + sizeof(buffer), value);
@@ -168,9 +167,11 @@ Status append_float(T value, std::string& out, const std::string& where) {
   return Status::ok();
 }
 
-Status append_text(std::string_view text, std::string& out, const std::string& where) {
-  if (protocol::valid_utf8(text) != text) {
-    return invalid_argument(where + " is not UTF-8 text; JSON strings carry text only");
+template <typename Where>
+Status append_text(std::string_view text, std::string& out, const Where& where) {
+  if (!simdjson::validate_utf8(text.data(), text.size())) {
+    return invalid_argument(location_text(where) +
+                            " is not UTF-8 text; JSON strings carry text only");
   }
   protocol::append_json_string(text, out);
   return Status::ok();
@@ -252,8 +253,7 @@ Status append_raw_data(const TypeInfo& type, std::string_view raw, int64_t count
       if (i > 0) {
         out += ',';
       }
-      FLOTILLA_RETURN_IF_ERROR(
-          append_text(raw.substr(offset, length), out, where + " element " + std::to_string(i)));
+      FLOTILLA_RETURN_IF_ERROR(append_text(raw.substr(offset, length), out, ElementAt{where, i}));
       offset += length;
     }
     if (offset != raw.size()) {
@@ -272,7 +272,7 @@ Status append_raw_data(const TypeInfo& type, std::string_view raw, int64_t count
       out += ',';
     }
     const char* at = raw.data() + static_cast<size_t>(i) * type.size;
-    const std::string element = where + " element " + std::to_string(i);
+    const ElementAt element{where, i};
     switch (type.kind) {
       case Kind::kBool:
         out += *at != 0 ? "true" : "false";
@@ -329,28 +329,28 @@ Status append_raw_data(const TypeInfo& type, std::string_view raw, int64_t count
 // Appends one element of a typed contents field as JSON (append_values' writer).
 struct ElementWriter {
   std::string& out;
-  Status operator()(bool value, const std::string&) const {
+  Status operator()(bool value, const ElementAt&) const {
     out += value ? "true" : "false";
     return Status::ok();
   }
   template <typename T>
-  requires std::is_integral_v<T> Status operator()(T value, const std::string&) const {
+  requires std::is_integral_v<T> Status operator()(T value, const ElementAt&) const {
     append_integer(value, out);
     return Status::ok();
   }
-  Status operator()(float value, const std::string& element) const {
+  Status operator()(float value, const ElementAt& element) const {
     return append_float(value, out, element);
   }
-  Status operator()(double value, const std::string& element) const {
+  Status operator()(double value, const ElementAt& element) const {
     return append_float(value, out, element);
   }
-  Status operator()(const std::string& value, const std::string& element) const {
+  Status operator()(const std::string& value, const ElementAt& element) const {
     return append_text(value, out, element);
   }
 };
 
 // Appends the elements of one typed contents field, which must hold `count` of them.
-// `writer(value, where)` appends one element to `writer.out`.
+// `writer(value, ElementAt)` appends one element to `writer.out`.
 template <typename Values, typename Writer>
 Status append_values(const Values& values, int64_t count, std::string_view field,
                      const std::string& where, const Writer& writer) {
@@ -363,7 +363,7 @@ Status append_values(const Values& values, int64_t count, std::string_view field
     if (i > 0) {
       writer.out += ',';
     }
-    FLOTILLA_RETURN_IF_ERROR(writer(values.Get(i), where + " element " + std::to_string(i)));
+    FLOTILLA_RETURN_IF_ERROR(writer(values.Get(i), ElementAt{where, int64_t{i}}));
   }
   return Status::ok();
 }
@@ -539,12 +539,12 @@ std::optional<uint64_t> fitting_integer(element value, bool is_signed, size_t si
 
 // Appends one JSON leaf as a raw element of `type`.
 Status append_raw_element(element value, const TypeInfo& type, std::string& out,
-                          const std::string& where) {
+                          const ElementAt& at) {
   switch (type.kind) {
     case Kind::kBool: {
       bool flag = false;
       if (value.get(flag) != simdjson::SUCCESS) {
-        return internal_error(where + " is not a boolean");
+        return internal_error(location_text(at) + " is not a boolean");
       }
       out += static_cast<char>(flag ? 1 : 0);
       return Status::ok();
@@ -554,7 +554,7 @@ Status append_raw_element(element value, const TypeInfo& type, std::string& out,
       const std::optional<uint64_t> bits =
           fitting_integer(value, type.kind == Kind::kSigned, type.size);
       if (!bits) {
-        return internal_error(where + " is not an integer of its datatype's range");
+        return internal_error(location_text(at) + " is not an integer of its datatype's range");
       }
       out.append(reinterpret_cast<const char*>(&*bits), type.size);  // the low bytes
       return Status::ok();
@@ -564,7 +564,7 @@ Status append_raw_element(element value, const TypeInfo& type, std::string& out,
     case Kind::kBfloat: {
       double number = 0;
       if (value.get(number) != simdjson::SUCCESS) {
-        return internal_error(where + " is not a number");
+        return internal_error(location_text(at) + " is not a number");
       }
       if (type.kind == Kind::kHalf) {
         store(float_to_half(static_cast<float>(number)), out);
@@ -580,7 +580,7 @@ Status append_raw_element(element value, const TypeInfo& type, std::string& out,
     case Kind::kBytes: {
       std::string_view text;
       if (value.get(text) != simdjson::SUCCESS) {
-        return internal_error(where + " is not a string");
+        return internal_error(location_text(at) + " is not a string");
       }
       store(static_cast<uint32_t>(text.size()), out);
       out.append(text);
@@ -598,8 +598,7 @@ Status append_raw_data(element data, const TypeInfo& type, std::string& out, int
   }
   simdjson::dom::array array;
   if (data.get(array) != simdjson::SUCCESS) {
-    FLOTILLA_RETURN_IF_ERROR(
-        append_raw_element(data, type, out, where + " element " + std::to_string(count)));
+    FLOTILLA_RETURN_IF_ERROR(append_raw_element(data, type, out, ElementAt{where, count}));
     ++count;
     return Status::ok();
   }
