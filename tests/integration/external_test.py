@@ -78,6 +78,15 @@ class ExternalTestCase(ControlTestCase):
         self.live_servers("sums")
         return self.up.api("POST", "/api/2.0/tokens", {"id": token_id}).json()["token"]
 
+    def assert_same_probabilities(self, probabilities, rest):
+        """A client's `predict` output ([rows, classes], as_numpy) equals the gateway's REST
+        answer for the two rows (setosa, versicolor)."""
+        flat = [p for row in probabilities for p in row]
+        self.assertEqual(len(flat), len(output(rest, "predict")["data"]))
+        for a, b in zip(flat, output(rest, "predict")["data"]):
+            self.assertAlmostEqual(a, b, places=6)
+        self.assertEqual([max(range(3), key=row.__getitem__) for row in probabilities], [0, 1])
+
     def live_servers(self, name):
         """The ready replicas of `name` (each one remembered for teardown)."""
         view = self.up.view(name)
@@ -509,12 +518,7 @@ class TritonClientHttp(ExternalTestCase):
         iris = got["iris"]
         self.assertTrue(iris["model_ready"], got)
         self.assertEqual((iris["metadata_name"], iris["model_name"]), ("iris", "iris"), got)
-        probabilities = iris["outputs"]["predict"]  # as_numpy: [rows, classes]
-        flat = [p for row in probabilities for p in row]
-        self.assertEqual(len(flat), len(output(rest, "predict")["data"]))
-        for a, b in zip(flat, output(rest, "predict")["data"]):
-            self.assertAlmostEqual(a, b, places=6)
-        self.assertEqual([max(range(3), key=row.__getitem__) for row in probabilities], [0, 1])
+        self.assert_same_probabilities(iris["outputs"]["predict"], rest)
         self.assertEqual(iris["wrong_shape"]["status"], "400", got)
         # JSON tensors give the same answer as the client's default binary ones.
         self.assertEqual(output(iris["json_tensors"], "predict")["data"],
@@ -604,12 +608,7 @@ class TritonClientGrpc(ExternalTestCase):
         self.assertEqual(iris["id"], "probe-1", got)
         self.assertEqual((iris["metadata"]["name"], iris["metadata"]["platform"]),
                          ("iris", "xgboost"), got)
-        probabilities = iris["outputs"]["predict"]  # as_numpy: [rows, classes]
-        flat = [p for row in probabilities for p in row]
-        self.assertEqual(len(flat), len(output(rest, "predict")["data"]))
-        for a, b in zip(flat, output(rest, "predict")["data"]):
-            self.assertAlmostEqual(a, b, places=6)
-        self.assertEqual([max(range(3), key=row.__getitem__) for row in probabilities], [0, 1])
+        self.assert_same_probabilities(iris["outputs"]["predict"], rest)
         self.assertEqual(iris["wrong_shape"]["status"], "StatusCode.INVALID_ARGUMENT", got)
         self.assertIn("4 features", iris["wrong_shape"]["message"])
         self.assertEqual(iris["wrong_datatype"]["status"], "StatusCode.INVALID_ARGUMENT", got)
