@@ -134,6 +134,32 @@ void store(T value, std::string& out) {
   out.append(bytes, sizeof(T));
 }
 
+// An element of an integer datatype of `size` bytes, widened.
+int64_t load_signed(const char* at, size_t size) {
+  switch (size) {
+    case 1:
+      return load<int8_t>(at);
+    case 2:
+      return load<int16_t>(at);
+    case 4:
+      return load<int32_t>(at);
+    default:
+      return load<int64_t>(at);
+  }
+}
+uint64_t load_unsigned(const char* at, size_t size) {
+  switch (size) {
+    case 1:
+      return load<uint8_t>(at);
+    case 2:
+      return load<uint16_t>(at);
+    case 4:
+      return load<uint32_t>(at);
+    default:
+      return load<uint64_t>(at);
+  }
+}
+
 // ---- JSON writing -------------------------------------------------------------------------
 
 template <typename T>
@@ -236,9 +262,9 @@ Result<int64_t> element_count(const google::protobuf::RepeatedField<int64_t>& sh
   return count;
 }
 
-// Appends `count` elements read from raw little-endian bytes.
-Status append_raw_data(const TypeInfo& type, std::string_view raw, int64_t count, std::string& out,
-                       const std::string& where) {
+// Appends `count` elements read from raw little-endian bytes, as JSON values.
+Status append_json_of_raw(const TypeInfo& type, std::string_view raw, int64_t count,
+                          std::string& out, const std::string& where) {
   if (type.kind == Kind::kBytes) {
     size_t offset = 0;
     for (int64_t i = 0; i < count; ++i) {
@@ -278,36 +304,10 @@ Status append_raw_data(const TypeInfo& type, std::string_view raw, int64_t count
         out += *at != 0 ? "true" : "false";
         break;
       case Kind::kSigned:
-        switch (type.size) {
-          case 1:
-            append_integer(load<int8_t>(at), out);
-            break;
-          case 2:
-            append_integer(load<int16_t>(at), out);
-            break;
-          case 4:
-            append_integer(load<int32_t>(at), out);
-            break;
-          default:
-            append_integer(load<int64_t>(at), out);
-            break;
-        }
+        append_integer(load_signed(at, type.size), out);
         break;
       case Kind::kUnsigned:
-        switch (type.size) {
-          case 1:
-            append_integer(load<uint8_t>(at), out);
-            break;
-          case 2:
-            append_integer(load<uint16_t>(at), out);
-            break;
-          case 4:
-            append_integer(load<uint32_t>(at), out);
-            break;
-          default:
-            append_integer(load<uint64_t>(at), out);
-            break;
-        }
+        append_integer(load_unsigned(at, type.size), out);
         break;
       case Kind::kHalf:
         FLOTILLA_RETURN_IF_ERROR(append_float(half_to_float(load<uint16_t>(at)), out, element));
@@ -591,8 +591,8 @@ Status append_raw_element(element value, const TypeInfo& type, std::string& out,
 }
 
 // Appends the leaves of `data` (nested arrays, row-major), counting them.
-Status append_raw_data(element data, const TypeInfo& type, std::string& out, int64_t& count,
-                       const std::string& where, int depth = 0) {
+Status append_raw_of_json(element data, const TypeInfo& type, std::string& out, int64_t& count,
+                          const std::string& where, int depth = 0) {
   if (depth > 32) {
     return internal_error(where + " is nested too deep");
   }
@@ -603,7 +603,7 @@ Status append_raw_data(element data, const TypeInfo& type, std::string& out, int
     return Status::ok();
   }
   for (element item : array) {
-    FLOTILLA_RETURN_IF_ERROR(append_raw_data(item, type, out, count, where, depth + 1));
+    FLOTILLA_RETURN_IF_ERROR(append_raw_of_json(item, type, out, count, where, depth + 1));
   }
   return Status::ok();
 }
@@ -683,7 +683,7 @@ Result<http::Request> rest_infer_request(const inference::ModelInferRequest& req
         return invalid_argument(where + " has contents as well as raw_input_contents");
       }
       FLOTILLA_RETURN_IF_ERROR(
-          append_raw_data(*type, request.raw_input_contents(i), count, out, where));
+          append_json_of_raw(*type, request.raw_input_contents(i), count, out, where));
     } else {
       FLOTILLA_RETURN_IF_ERROR(
           append_typed_data(*type, input.datatype(), input.contents(), count, out, where));
@@ -758,17 +758,15 @@ Status decode_infer_answer(std::string& body, inference::ModelInferResponse& out
     if (output["data"].get(data) != simdjson::SUCCESS) {
       return internal_error(where + " has no \"data\" (binary outputs are not asked for)");
     }
+    // The model server's shape is at fault here, not the client's: kInternal.
+    Result<int64_t> expected = element_count(tensor->shape(), where);
+    if (!expected.is_ok()) {
+      return internal_error(expected.status().message());
+    }
     std::string& raw = *out.add_raw_output_contents();
     int64_t count = 0;
-    FLOTILLA_RETURN_IF_ERROR(append_raw_data(data, *type, raw, count, where));
-    int64_t expected = 1;
-    for (int64_t dimension : tensor->shape()) {
-      expected = dimension < 0 ? -1 : expected * dimension;
-      if (expected < 0) {
-        break;
-      }
-    }
-    if (expected != count) {
+    FLOTILLA_RETURN_IF_ERROR(append_raw_of_json(data, *type, raw, count, where));
+    if (*expected != count) {
       return internal_error(where + " holds " + std::to_string(count) +
                             " elements, not what its shape says");
     }

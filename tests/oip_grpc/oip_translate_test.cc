@@ -248,6 +248,8 @@ TEST(DecodeInferAnswer, RefusesAnswersThatDoNotFit) {
       {R"({"outputs":[{"name":"y","datatype":"NOPE","shape":[1],"data":[1]}]})",
        "unknown datatype"},
       {R"({"outputs":[{"name":"y","datatype":"FP32","shape":[1]}]})", "no \"data\""},
+      {R"({"outputs":[{"name":"y","datatype":"FP32","shape":[-1],"data":[1]}]})",
+       "negative dimension"},
   };
   for (const auto& [text, message] : cases) {
     std::string body = text;
