@@ -146,8 +146,9 @@ class Responder {
 
  private:
   friend class ServerImpl;
-  // For Server::submit: the answer goes to `on_answer` instead of a connection.
-  static Responder local(std::function<void(Response&&)> on_answer);
+  // For Server::submit: the answer goes to `on_answer` instead of a connection; `options`
+  // (the server's) shape the error of a request left unanswered.
+  static Responder local(const ServerOptions& options, std::function<void(Response&&)> on_answer);
 
   std::shared_ptr<detail::Exchange> exchange_;
   std::shared_ptr<detail::LocalAnswer> local_;  // set instead of exchange_ by local()

@@ -1044,8 +1044,9 @@ namespace detail {
 // handed over once.
 class LocalAnswer {
  public:
-  explicit LocalAnswer(std::function<void(Response&&)> on_answer)
-      : on_answer_(std::move(on_answer)) {}
+  // `options` (the server's, which outlives it) shape the error of an unanswered request.
+  LocalAnswer(const ServerOptions& options, std::function<void(Response&&)> on_answer)
+      : options_(options), on_answer_(std::move(on_answer)) {}
 
   void send(Response&& response) {
     if (answered_.exchange(true)) {
@@ -1094,19 +1095,14 @@ class LocalAnswer {
       cut = streaming_;
     }
     if (!answered_.load()) {
-      send(make_error(cut ? 502 : 500, cut ? "the response stream was cut"
-                                           : "internal error: the request was not answered"));
+      send(error_response(
+          options_, cut ? 502 : 500,
+          cut ? "the response stream was cut" : "internal error: the request was not answered"));
     }
   }
 
  private:
-  static Response make_error(int status, std::string_view message) {
-    Response response;
-    response.status = status;
-    response.body = "{\"error\":\"" + std::string(message) + "\"}";
-    return response;
-  }
-
+  const ServerOptions& options_;
   const std::function<void(Response&&)> on_answer_;
   std::atomic<bool> answered_{false};
   Mutex mutex_;
@@ -1117,9 +1113,10 @@ class LocalAnswer {
 }  // namespace detail
 
 Responder::Responder(std::shared_ptr<detail::Exchange> exchange) : exchange_(std::move(exchange)) {}
-Responder Responder::local(std::function<void(Response&&)> on_answer) {
+Responder Responder::local(const ServerOptions& options,
+                           std::function<void(Response&&)> on_answer) {
   Responder responder(nullptr);
-  responder.local_ = std::make_shared<detail::LocalAnswer>(std::move(on_answer));
+  responder.local_ = std::make_shared<detail::LocalAnswer>(options, std::move(on_answer));
   return responder;
 }
 Responder::Responder(Responder&&) noexcept = default;
@@ -1603,7 +1600,7 @@ void ServerImpl::submit(Request&& request, std::function<void(Response&&)> on_an
   }
   submitted_.fetch_add(1);
   Responder responder =
-      Responder::local([this, on_answer = std::move(on_answer)](Response&& response) {
+      Responder::local(options_, [this, on_answer = std::move(on_answer)](Response&& response) {
         on_answer(std::move(response));
         submitted_.fetch_sub(1);
         stop_if_drained();
