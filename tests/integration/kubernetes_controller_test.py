@@ -484,6 +484,13 @@ class EndToEndTest(FakeClusterCase):
         wait_until(lambda: self.condition("Ready") == "True", DEADLINE_S, what="status written")
         self.assertEqual(self.deployment("fraud-v1")["spec"]["replicas"], 0)
         self.assertEqual(self.kubelet.pods(), [])
+        # The gateway learns the endpoint from its own watch, after the status is written: an
+        # unknown version of a known endpoint is refused without waking it.
+        wait_until(lambda: b"has no version" in req(
+            self.gateway.port, "POST", "/v2/models/fraud/versions/none/infer",
+            {"inputs": []}, {"Authorization": f"Bearer {self.token}"}).body,
+                   DEADLINE_S, what="the gateway knowing the endpoint")
+        self.assertEqual(self.deployment("fraud-v1")["spec"]["replicas"], 0)
         # The gateway holds the request and asks the controller for capacity.
         r = self.infer()
         self.assertEqual(r.status, 200, r.body)
