@@ -1,9 +1,11 @@
 // `flotilla logs ENDPOINT`: an endpoint's inference table (docs/inference-tables.md), read from
 // the data directory's files, oldest first: a table, or the records as stored with -o json.
+#include <algorithm>
 #include <charconv>
 #include <filesystem>
 #include <iostream>
 #include <limits>
+#include <numeric>
 
 #include <nlohmann/json.hpp>
 
@@ -124,20 +126,27 @@ int run_logs(const LogsFlags& flags) {
       return fail("logs", read);
     }
   }
-  // Files are in period order; records within a period by when they were answered.
-  const size_t first = flags.tail > 0 && records.size() > static_cast<size_t>(flags.tail)
-                           ? records.size() - static_cast<size_t>(flags.tail)
+  // By arrival: a file holds each gateway worker's records in the order they were answered,
+  // and a period can have a file per gateway.
+  std::vector<size_t> order(records.size());
+  std::iota(order.begin(), order.end(), size_t{0});
+  std::stable_sort(order.begin(), order.end(), [&records](size_t a, size_t b) {
+    return records[a].value("timestamp_ms", int64_t{0}) <
+           records[b].value("timestamp_ms", int64_t{0});
+  });
+  const size_t first = flags.tail > 0 && order.size() > static_cast<size_t>(flags.tail)
+                           ? order.size() - static_cast<size_t>(flags.tail)
                            : 0;
   if (flags.output == "json") {
-    for (size_t i = first; i < lines.size(); ++i) {
-      std::cout << lines[i] << "\n";
+    for (size_t i = first; i < order.size(); ++i) {
+      std::cout << lines[order[i]] << "\n";
     }
     return 0;
   }
   std::vector<std::vector<std::string>> rows = {
       {"TIME", "STATUS", "LATENCY MS", "VERSION", "REQUEST ID", "REQUEST", "RESPONSE"}};
-  for (size_t i = first; i < records.size(); ++i) {
-    const json& record = records[i];
+  for (size_t i = first; i < order.size(); ++i) {
+    const json& record = records[order[i]];
     char latency[32];
     std::snprintf(latency, sizeof(latency), "%.1f", record.value("latency_ms", 0.0));
     rows.push_back(

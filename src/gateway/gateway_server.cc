@@ -459,8 +459,7 @@ void GatewayImpl::start_capture(ProxyCall& call, const EndpointView& view, Route
       static_cast<double>(random.next() >> 11) * 0x1.0p-53 >= table.sample_rate) {
     return;
   }
-  call.capture = std::make_unique<InferenceCapture>(
-      static_cast<size_t>(std::max<int64_t>(0, table.max_body_bytes)));
+  call.capture.emplace(static_cast<size_t>(std::max<int64_t>(0, table.max_body_bytes)));
   call.capture->protocol = kind == RouteKind::kInvocations ? "mlflow"
                            : kind == RouteKind::kOip       ? "oip"
                            : kind == RouteKind::kOpenAi    ? "openai"

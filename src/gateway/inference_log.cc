@@ -8,6 +8,8 @@
 #include <filesystem>
 #include <system_error>
 
+#include <fcntl.h>
+#include <isa-l/igzip_lib.h>
 #include <nlohmann/json.hpp>
 #include <spdlog/spdlog.h>
 #include <unistd.h>
@@ -60,6 +62,16 @@ std::string_view usage_object(std::string_view text, size_t at) {
   return text.substr(open, close - open + 1);
 }
 
+// Keeps the last usage object in `text` as `usage`: it is at the end of a response and in a
+// stream's last event.
+void keep_usage(std::string_view text, std::string& usage) {
+  if (const size_t at = text.rfind("\"usage\":"); at != std::string_view::npos) {
+    if (const std::string_view found = usage_object(text, at); !found.empty()) {
+      usage.assign(found);
+    }
+  }
+}
+
 }  // namespace
 
 // ---- Gathering, on the request path -------------------------------------------------------------
@@ -92,133 +104,324 @@ void InferenceCapture::add_response(std::string_view piece) {
     }
     at_line_start = piece.back() == '\n';
   }
-  // The usage object is at the end of a response and in a stream's last event.
-  if (const size_t at = piece.rfind("\"usage\":"); at != std::string_view::npos) {
-    if (const std::string_view found = usage_object(piece, at); !found.empty()) {
-      usage.assign(found);
+  keep_usage(piece, usage);
+}
+
+void InferenceCapture::view_response(std::string_view body) {
+  response_bytes = body.size();
+  viewed = body.substr(0, std::min(body.size(), max_body_bytes));
+  response_viewed = true;
+  keep_usage(body, usage);
+}
+
+// ---- The record's line, on the request path ---------------------------------------------------
+
+namespace {
+
+// Room for everything in a line but its strings: the keys and punctuation (about 300 bytes),
+// the numbers (at most 20 characters each), the tokens.
+constexpr size_t kFixedLineBytes = 1024;
+
+// Writes a line through a cursor into room made for it (inference_record_bound): the gateway
+// writes one for every request it serves with a table on, so no field goes through a
+// std::string's growth checks, and every literal is a fixed-size copy.
+class LineWriter {
+ public:
+  explicit LineWriter(char* at) : at_(at) {}
+
+  template <size_t N>
+  void literal(const char (&text)[N]) {
+    std::memcpy(at_, text, N - 1);
+    at_ += N - 1;
+  }
+  void string(std::string_view value) { at_ = protocol::write_json_string(value, at_); }
+  void integer(int64_t value) { at_ = std::to_chars(at_, at_ + 20, value).ptr; }
+  // Milliseconds with 3 decimals, from whole microseconds (std::to_chars of a double in fixed
+  // form cost a fifth of the line); anything not a sane duration (negative, NaN) as 0.
+  void millis(double value) {
+    value = value >= 0 ? std::min(value, 1e12) : 0;
+    const auto micros = static_cast<int64_t>(value * 1e3 + 0.5);
+    integer(micros / 1000);
+    const auto fraction = static_cast<int>(micros % 1000);
+    at_[0] = '.';
+    at_[1] = static_cast<char>('0' + fraction / 100);
+    at_[2] = static_cast<char>('0' + fraction / 10 % 10);
+    at_[3] = static_cast<char>('0' + fraction % 10);
+    at_ += 4;
+  }
+  void boolean(bool value) {
+    if (value) {
+      literal("true");
+    } else {
+      literal("false");
     }
   }
-}
+  char* end() const { return at_; }
 
-size_t InferenceRecord::weight() const {
-  size_t bytes = sizeof(*this) + endpoint.size() + version.size() + replica.size() +
-                 request_id.size() + trace_id.size() + path.size();
-  if (capture) {
-    bytes += sizeof(*capture) + capture->request.size() + capture->response.size() +
-             capture->usage.size();
+ private:
+  char* at_;
+};
+
+size_t inference_record_bound(const InferenceRecord& record) {
+  size_t strings = record.request_id.size() + record.trace_id.size() + record.endpoint.size() +
+                   record.version.size() + record.replica.size() + record.method.size() +
+                   record.path.size();
+  if (const InferenceCapture* capture = record.capture) {
+    strings += capture->protocol.size() + capture->request.size() + capture->kept_response().size();
   }
-  return bytes;
+  // Each string at most 6 bytes a byte and its quotes (10 strings), and the newline.
+  return kFixedLineBytes + protocol::json_string_bound(strings) + 2 * 10 + 1;
 }
 
-template <typename Number>
-void append_number(Number value, std::string& out) {
-  char text[32];
-  std::to_chars_result written;
-  if constexpr (std::is_floating_point_v<Number>) {
-    written = std::to_chars(text, text + sizeof(text), value, std::chars_format::fixed, 3);
-  } else {
-    written = std::to_chars(text, text + sizeof(text), value);
+// The tokens of the response's usage ({"prompt_tokens": 5, ...}) as {"prompt":5,...}; nothing
+// when it has none. Only LLM responses carry a usage.
+void write_tokens(std::string_view usage_text, LineWriter& line) {
+  if (usage_text.empty()) {
+    return;
   }
-  out.append(text, written.ec == std::errc() ? written.ptr : text);
-}
-
-// Hand-written rather than through nlohmann::json: the writer formats every request the
-// gateway serves, and a json object cost 5.8 µs a record here, several times the gateway's own
-// work for the request.
-void append_inference_record_json(const InferenceRecord& record, std::string& out) {
+  const json usage = json::parse(usage_text, nullptr, /*allow_exceptions=*/false);
+  if (!usage.is_object()) {
+    return;
+  }
+  line.literal(",\"tokens\":{");
   bool first = true;
-  const auto key = [&out, &first](std::string_view name) {
-    out += first ? "{\"" : ",\"";
-    first = false;
-    out += name;
-    out += "\":";
-  };
-  const auto text = [&](std::string_view name, std::string_view value) {
-    key(name);
-    protocol::append_json_string(value, out);
-  };
-  const auto number = [&](std::string_view name, auto value) {
-    key(name);
-    append_number(value, out);
-  };
-  const auto body = [&](std::string_view name, const std::string& kept, size_t bytes) {
-    key(name);
-    out += "{\"body\":";
-    protocol::append_json_string(kept, out);
-    out += ",\"bytes\":";
-    append_number(bytes, out);
-    out += kept.size() < bytes ? ",\"truncated\":true" : ",\"truncated\":false";
-  };
-  number("timestamp_ms", record.unix_ms);
-  text("request_id", record.request_id);
-  if (record.trace_id.empty()) {
-    key("trace_id");
-    out += "null";
-  } else {
-    text("trace_id", record.trace_id);
-  }
-  text("endpoint", record.endpoint);
-  text("version", record.version);
-  text("replica", record.replica);
-  text("method", record.method);
-  text("path", record.path);
-  text("protocol", record.capture ? record.capture->protocol : "http");
-  number("status", record.status);
-  number("latency_ms", record.latency_ms);
-  number("queue_wait_ms", record.queue_wait_ms);
-  number("attempts", record.attempts);
-  if (const InferenceCapture* capture = record.capture.get()) {
-    body("request", capture->request, capture->request_bytes);
-    out += '}';
-    body("response", capture->response, capture->response_bytes);
-    out += capture->stream ? ",\"stream\":true" : ",\"stream\":false";
-    if (capture->stream) {
-      out += ",\"stream_events\":";
-      append_number(capture->stream_events, out);
-    }
-    out += '}';
-    const json usage = capture->usage.empty()
-                           ? json()
-                           : json::parse(capture->usage, nullptr, /*allow_exceptions=*/false);
-    if (usage.is_object()) {
-      key("tokens");
-      const char* separator = "{";
-      for (const auto& [from, to] :
-           {std::pair{"prompt_tokens", "prompt"}, std::pair{"completion_tokens", "completion"},
-            std::pair{"total_tokens", "total"}}) {
-        if (usage.contains(from) && usage[from].is_number_integer()) {
-          out += separator;
-          out += '"';
-          out += to;
-          out += "\":";
-          append_number(usage[from].get<int64_t>(), out);
-          separator = ",";
-        }
+  for (const auto& [from, to] :
+       {std::pair{"prompt_tokens", "prompt"}, std::pair{"completion_tokens", "completion"},
+        std::pair{"total_tokens", "total"}}) {
+    if (usage.contains(from) && usage[from].is_number_integer()) {
+      if (!first) {
+        line.literal(",");
       }
-      out += *separator == '{' ? "{}" : "}";
+      first = false;
+      line.string(to);
+      line.literal(":");
+      line.integer(usage[from].get<int64_t>());
     }
   }
-  out += '}';
+  line.literal("}");
+}
+
+void write_body(std::string_view kept, size_t bytes, LineWriter& line) {
+  line.literal("{\"body\":");
+  line.string(kept);
+  line.literal(",\"bytes\":");
+  line.integer(static_cast<int64_t>(bytes));
+  line.literal(",\"truncated\":");
+  line.boolean(kept.size() < bytes);
+}
+
+// The line, at `out` with room for inference_record_bound(record) bytes; returns its end.
+char* write_inference_record_json(const InferenceRecord& record, char* out) {
+  LineWriter line(out);
+  line.literal("{\"timestamp_ms\":");
+  line.integer(record.unix_ms);
+  line.literal(",\"request_id\":");
+  line.string(record.request_id);
+  line.literal(",\"trace_id\":");
+  if (record.trace_id.empty()) {
+    line.literal("null");
+  } else {
+    line.string(record.trace_id);
+  }
+  line.literal(",\"endpoint\":");
+  line.string(record.endpoint);
+  line.literal(",\"version\":");
+  line.string(record.version);
+  line.literal(",\"replica\":");
+  line.string(record.replica);
+  line.literal(",\"method\":");
+  line.string(record.method);
+  line.literal(",\"path\":");
+  line.string(record.path);
+  line.literal(",\"protocol\":");
+  line.string(record.capture ? record.capture->protocol : "http");
+  line.literal(",\"status\":");
+  line.integer(record.status);
+  line.literal(",\"latency_ms\":");
+  line.millis(record.latency_ms);
+  line.literal(",\"queue_wait_ms\":");
+  line.millis(record.queue_wait_ms);
+  line.literal(",\"attempts\":");
+  line.integer(record.attempts);
+  if (const InferenceCapture* capture = record.capture) {
+    line.literal(",\"request\":");
+    write_body(capture->request, capture->request_bytes, line);
+    line.literal("},\"response\":");
+    write_body(capture->kept_response(), capture->response_bytes, line);
+    line.literal(",\"stream\":");
+    line.boolean(capture->stream);
+    if (capture->stream) {
+      line.literal(",\"stream_events\":");
+      line.integer(capture->stream_events);
+    }
+    line.literal("}");
+    write_tokens(capture->usage, line);
+  }
+  line.literal("}");
+  return line.end();
+}
+
+}  // namespace
+
+std::string inference_record_json(const InferenceRecord& record) {
+  LineBuffer buffer;
+  buffer.commit(write_inference_record_json(record, buffer.room(inference_record_bound(record))));
+  return std::string(buffer.view());
+}
+
+char* LineBuffer::room(size_t size) {
+  if (capacity_ - size_ < size) {
+    const size_t capacity = std::max({size_ + size, 2 * capacity_, size_t{64 * 1024}});
+    auto data = std::make_unique_for_overwrite<char[]>(capacity);
+    if (size_ > 0) {
+      std::memcpy(data.get(), data_.get(), size_);
+    }
+    data_ = std::move(data);
+    capacity_ = capacity;
+  }
+  return data_.get() + size_;
+}
+
+void LineBuffer::append(std::string_view bytes) {
+  char* at = room(bytes.size());
+  if (!bytes.empty()) {
+    std::memcpy(at, bytes.data(), bytes.size());
+  }
+  commit(at + bytes.size());
+}
+
+void LineBuffer::swap(LineBuffer& other) noexcept {
+  std::swap(data_, other.data_);
+  std::swap(size_, other.size_);
+  std::swap(capacity_, other.capacity_);
 }
 
 // ---- Writing, on the writer thread ------------------------------------------------------------
 
+// One gzip member appended to a file, compressed by ISA-L's igzip at its level 1: standard
+// gzip (zlib, zcat and `flotilla logs` read it) at about 12x zlib level 1's speed and a
+// smaller output on these records (bench/RESULTS.md, "What an inference table costs"), which
+// matters because the writer compresses every request the gateway serves.
+class GzipFile {
+ public:
+  // Opens `path` for appending; null (errno set) when it cannot be opened.
+  static std::unique_ptr<GzipFile> open(const std::string& path) {
+    const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+    if (fd < 0) {
+      return nullptr;
+    }
+    return std::unique_ptr<GzipFile>(new GzipFile(fd));
+  }
+  ~GzipFile() { ::close(fd_); }
+  GzipFile(const GzipFile&) = delete;
+  GzipFile& operator=(const GzipFile&) = delete;
+
+  // Compresses `data`; it may stay in the compressor until the next sync() or finish().
+  bool write(std::string_view data) { return deflate(data, NO_FLUSH, false); }
+  // Ends the deflate block: a reader sees every byte written so far.
+  bool sync() { return deflate({}, SYNC_FLUSH, false); }
+  // Ends the member with gzip's trailer. Nothing is written after.
+  bool finish() { return deflate({}, NO_FLUSH, true); }
+
+ private:
+  explicit GzipFile(int fd) : fd_(fd), level_buffer_(ISAL_DEF_LVL1_DEFAULT), out_(256 * 1024) {
+    isal_deflate_init(&stream_);
+    stream_.gzip_flag = IGZIP_GZIP;
+    stream_.level = 1;
+    stream_.level_buf = level_buffer_.data();
+    stream_.level_buf_size = static_cast<uint32_t>(level_buffer_.size());
+  }
+
+  bool deflate(std::string_view data, uint16_t flush, bool end) {
+    stream_.next_in = reinterpret_cast<uint8_t*>(const_cast<char*>(data.data()));
+    stream_.avail_in = static_cast<uint32_t>(data.size());  // a batch is far below 4 GiB
+    stream_.flush = flush;
+    stream_.end_of_stream = end ? 1 : 0;
+    // Done when the input is taken and the output did not fill (igzip's rule for a flush),
+    // and, at the end, when the trailer is out.
+    do {
+      stream_.next_out = out_.data();
+      stream_.avail_out = static_cast<uint32_t>(out_.size());
+      if (isal_deflate(&stream_) != COMP_OK) {
+        return false;
+      }
+      if (!write_all(out_.size() - stream_.avail_out)) {
+        return false;
+      }
+    } while (stream_.avail_in > 0 || stream_.avail_out == 0 ||
+             (end && stream_.internal_state.state != ZSTATE_END));
+    return true;
+  }
+
+  bool write_all(size_t size) {
+    const uint8_t* at = out_.data();
+    while (size > 0) {
+      const ssize_t written = ::write(fd_, at, size);
+      if (written < 0 && errno == EINTR) {
+        continue;
+      }
+      if (written <= 0) {
+        return false;
+      }
+      at += written;
+      size -= static_cast<size_t>(written);
+    }
+    return true;
+  }
+
+  const int fd_;
+  isal_zstream stream_{};
+  std::vector<uint8_t> level_buffer_;
+  std::vector<uint8_t> out_;
+};
+
+// One endpoint's lines in one lane.
+struct InferenceLog::LaneLines {
+  explicit LaneLines(std::string_view name) : endpoint(name) {}
+
+  const std::string endpoint;
+  // Under the lane's mutex.
+  int64_t retention_s = 0;  // as the last record said
+  LineBuffer lines;
+  // The writer's: the lines it took last, written to the file after the lock. Swapped with
+  // `lines`, so that neither side copies and both keep their memory for the next batch.
+  LineBuffer taken;
+  int64_t taken_retention_s = 0;
+};
+
+// One thread's lines, by endpoint, until the writer takes them.
+struct InferenceLog::Lane {
+  // The lines of `endpoint`: a lane sees a handful of endpoints, so a scan. Never removed, and
+  // where they are does not move (the writer uses `taken` after the lock).
+  LaneLines& lines_for(std::string_view endpoint) FLOTILLA_REQUIRES(mutex) {
+    for (const std::unique_ptr<LaneLines>& lines : by_endpoint) {
+      if (lines->endpoint == endpoint) {
+        return *lines;
+      }
+    }
+    return *by_endpoint.emplace_back(std::make_unique<LaneLines>(endpoint));
+  }
+
+  Mutex mutex;
+  std::vector<std::unique_ptr<LaneLines>> by_endpoint FLOTILLA_GUARDED_BY(mutex);
+};
+
 struct InferenceLog::OpenFile {
-  gzFile gz = nullptr;
+  std::unique_ptr<GzipFile> gz;
   std::string partial_path;
   std::string closed_path;
   int64_t period_start_s = 0;
   Clock::TimePoint last_flush{};
   bool dirty = false;
-  std::string pending;  // this batch's lines, written at once
 
   ~OpenFile() {
     if (gz == nullptr) {
       return;
     }
-    if (gzclose(gz) != Z_OK) {
+    if (!gz->finish()) {
       spdlog::error("inference table: cannot close {}", partial_path);
     }
+    gz.reset();
     std::error_code error;
     fs::rename(partial_path, closed_path, error);
     if (error) {
@@ -227,8 +430,12 @@ struct InferenceLog::OpenFile {
   }
 };
 
+namespace {
+std::atomic<uint64_t> next_log_id{1};
+}  // namespace
+
 InferenceLog::InferenceLog(Options options, const Clock& clock)
-    : options_(std::move(options)), clock_(clock) {
+    : options_(std::move(options)), clock_(clock), id_(next_log_id.fetch_add(1)) {
   writer_ = std::thread([this] { run(); });
 }
 
@@ -241,22 +448,46 @@ InferenceLog::~InferenceLog() {
   writer_.join();
 }
 
-bool InferenceLog::offer(InferenceRecord&& record) {
-  const size_t weight = record.weight();
-  bool wake = false;
-  {
+InferenceLog::Lane& InferenceLog::lane() {
+  // One log in a process is the rule (tests make more, one after another): the thread keeps
+  // the lane of the last log it wrote to.
+  thread_local struct {
+    uint64_t log_id = 0;
+    Lane* lane = nullptr;
+  } cached;
+  if (cached.log_id != id_) {
     MutexLock lock(mutex_);
-    if (queued_bytes_ + weight > options_.max_buffer_bytes) {
-      return false;
-    }
-    // The writer drains every kDrainInterval on its own: waking it for each record would cost
-    // a context switch per request. Only a buffer filling up wakes it early.
-    wake = queued_bytes_ < options_.max_buffer_bytes / 4 &&
-           queued_bytes_ + weight >= options_.max_buffer_bytes / 4;
-    queued_bytes_ += weight;
-    queue_.push_back(std::move(record));
+    lanes_.push_back(std::make_unique<Lane>());
+    cached.log_id = id_;
+    cached.lane = lanes_.back().get();
   }
-  if (wake) {
+  return *cached.lane;
+}
+
+bool InferenceLog::offer(const InferenceRecord& record) {
+  const size_t bound = inference_record_bound(record);
+  const size_t limit = options_.max_buffer_bytes;
+  if (queued_bytes_.load(std::memory_order_relaxed) + bound > limit) {
+    return false;
+  }
+  Lane& lane = this->lane();
+  size_t before = 0;
+  size_t written = 0;
+  {
+    MutexLock lock(lane.mutex);
+    LaneLines& lines = lane.lines_for(record.endpoint);
+    lines.retention_s = record.retention_s;
+    char* start = lines.lines.room(bound);
+    char* end = write_inference_record_json(record, start);
+    *end++ = '\n';
+    lines.lines.commit(end);
+    written = static_cast<size_t>(end - start);
+    // Counted under the lane's lock: the writer takes the lines and subtracts them only after.
+    before = queued_bytes_.fetch_add(written, std::memory_order_relaxed);
+  }
+  // The writer drains every kDrainInterval on its own: waking it for each record would cost
+  // a context switch per request. Only a buffer filling up wakes it early.
+  if (before < limit / 4 && before + written >= limit / 4) {
     wake_.notify_one();
   }
   return true;
@@ -272,7 +503,6 @@ void InferenceLog::flush() {
 }
 
 void InferenceLog::run() {
-  std::vector<InferenceRecord> batch;
   while (true) {
     uint64_t flush_target = 0;
     bool flush_asked = false;
@@ -282,15 +512,12 @@ void InferenceLog::run() {
       if (!stopping_ && flush_asked_ == flush_done_) {
         wake_.wait_for(mutex_, kDrainInterval);
       }
-      batch.swap(queue_);
-      queued_bytes_ = 0;
       flush_target = flush_asked_;
       flush_asked = flush_asked_ != flush_done_;
       stopping = stopping_;
     }
     close_due_files(/*all=*/false);  // a record of a new period starts a new file
-    write(batch);
-    batch.clear();
+    write(take());
     close_due_files(stopping);
     flush_files(/*all=*/flush_asked);
     if (clock_.now() - last_prune_ >= kPruneInterval) {
@@ -300,7 +527,9 @@ void InferenceLog::run() {
     {
       MutexLock lock(mutex_);
       flush_done_ = flush_target;
-      if (stopping && queue_.empty()) {
+      if (stopping) {
+        // Whatever was offered after the last take goes now: nothing is offered once the
+        // log is being destroyed.
         flush_done_ = flush_asked_;
         flushed_.notify_all();
         return;
@@ -310,56 +539,73 @@ void InferenceLog::run() {
   }
 }
 
-void InferenceLog::write(std::vector<InferenceRecord>& batch) {
+std::vector<InferenceLog::LaneLines*> InferenceLog::take() {
+  std::vector<LaneLines*> taken;
+  size_t bytes = 0;
+  MutexLock lock(mutex_);  // the list of lanes; only a thread's first record waits for it
+  for (const std::unique_ptr<Lane>& lane : lanes_) {
+    MutexLock lane_lock(lane->mutex);
+    for (const std::unique_ptr<LaneLines>& lines : lane->by_endpoint) {
+      if (!lines->lines.empty()) {
+        lines->taken.swap(lines->lines);  // `taken` was written and cleared: no copy
+        lines->taken_retention_s = lines->retention_s;
+        bytes += lines->taken.size();
+        taken.push_back(lines.get());
+      }
+    }
+  }
+  queued_bytes_.fetch_sub(bytes, std::memory_order_relaxed);
+  return taken;
+}
+
+InferenceLog::OpenFile* InferenceLog::file_for(const std::string& endpoint) {
+  std::unique_ptr<OpenFile>& file = files_[endpoint];
+  if (file != nullptr) {
+    return file.get();
+  }
+  files_.erase(endpoint);
+  if (!safe_directory_name(endpoint)) {
+    return nullptr;
+  }
   const int64_t now_s = clock_.unix_ms() / 1000;
   const int64_t period_s = std::max<int64_t>(1, options_.period.count());
-  for (InferenceRecord& record : batch) {
-    retention_s_[record.endpoint] = record.retention_s;
-    std::unique_ptr<OpenFile>& file = files_[record.endpoint];
-    if (file == nullptr) {
-      if (!safe_directory_name(record.endpoint)) {
-        continue;
-      }
-      const fs::path directory = fs::path(options_.dir) / record.endpoint;
-      std::error_code error;
-      fs::create_directories(directory, error);
-      auto opened = std::make_unique<OpenFile>();
-      opened->period_start_s = now_s / period_s * period_s;
-      const std::string stem =
-          (directory / (utc_stamp(opened->period_start_s) + "-" + std::to_string(::getpid())))
-              .string();
-      opened->partial_path = stem + std::string(kPartialSuffix);
-      opened->closed_path = stem + std::string(kClosedSuffix);
-      opened->gz = error ? nullptr
-                         : gzopen(opened->partial_path.c_str(),
-                                  getenv("FLOTILLA_GZ_MODE") ? getenv("FLOTILLA_GZ_MODE") : "ab1");
-      if (opened->gz == nullptr) {
-        if (!warned_) {
-          spdlog::error("inference table: cannot write {}: {}", opened->partial_path,
-                        error ? error.message() : std::strerror(errno));
-          warned_ = true;
-        }
-        files_.erase(record.endpoint);
-        continue;
-      }
-      opened->last_flush = clock_.now();
-      file = std::move(opened);
-    }
-    append_inference_record_json(record, file->pending);
-    file->pending += '\n';
+  const fs::path directory = fs::path(options_.dir) / endpoint;
+  std::error_code error;
+  fs::create_directories(directory, error);
+  auto opened = std::make_unique<OpenFile>();
+  opened->period_start_s = now_s / period_s * period_s;
+  const std::string stem =
+      (directory / (utc_stamp(opened->period_start_s) + "-" + std::to_string(::getpid()))).string();
+  opened->partial_path = stem + std::string(kPartialSuffix);
+  opened->closed_path = stem + std::string(kClosedSuffix);
+  if (!error) {
+    opened->gz = GzipFile::open(opened->partial_path);
   }
-  // One compressed write per file and batch.
-  for (auto& [endpoint, file] : files_) {
-    if (file->pending.empty()) {
-      continue;
-    }
-    if (gzwrite(file->gz, file->pending.data(), static_cast<unsigned>(file->pending.size())) <= 0 &&
-        !warned_) {
-      spdlog::error("inference table: cannot write {}", file->partial_path);
+  if (opened->gz == nullptr) {
+    if (!warned_) {
+      spdlog::error("inference table: cannot write {}: {}", opened->partial_path,
+                    error ? error.message() : std::strerror(errno));
       warned_ = true;
     }
-    file->pending.clear();
-    file->dirty = true;
+    return nullptr;  // tried again with the next batch
+  }
+  opened->last_flush = clock_.now();
+  return (files_[endpoint] = std::move(opened)).get();
+}
+
+void InferenceLog::write(const std::vector<LaneLines*>& batch) {
+  // One compressed write per lane, endpoint and batch. The lines of an endpoint that has no
+  // file (a name that cannot be a directory, a directory that cannot be made) go.
+  for (LaneLines* lines : batch) {
+    retention_s_[lines->endpoint] = lines->taken_retention_s;
+    if (OpenFile* file = file_for(lines->endpoint)) {
+      if (!file->gz->write(lines->taken.view()) && !warned_) {
+        spdlog::error("inference table: cannot write {}", file->partial_path);
+        warned_ = true;
+      }
+      file->dirty = true;
+    }
+    lines->taken.clear();
   }
 }
 
@@ -367,7 +613,7 @@ void InferenceLog::close_due_files(bool all) {
   const int64_t now_s = clock_.unix_ms() / 1000;
   const int64_t period_s = std::max<int64_t>(1, options_.period.count());
   std::erase_if(files_, [&](const auto& entry) {
-    return all || entry.second == nullptr || now_s >= entry.second->period_start_s + period_s;
+    return all || now_s >= entry.second->period_start_s + period_s;
   });
 }
 
@@ -376,7 +622,10 @@ void InferenceLog::flush_files(bool all) {
   for (auto& [endpoint, file] : files_) {
     // Every second, and at once when a flush() was asked.
     if (file->dirty && (all || now - file->last_flush >= kFlushInterval)) {
-      gzflush(file->gz, Z_SYNC_FLUSH);
+      if (!file->gz->sync() && !warned_) {
+        spdlog::error("inference table: cannot write {}", file->partial_path);
+        warned_ = true;
+      }
       file->dirty = false;
       file->last_flush = now;
     }

@@ -1,6 +1,7 @@
 // The endpoints' inference tables (docs/inference-tables.md): one record per sampled request,
-// gathered on the request path (InferenceCapture) and written off it by one writer thread to
-// gzip'd JSON Lines files under `dir`/<endpoint>/. The file of the current period is
+// gathered on the request path (InferenceCapture), its JSON line written there into the
+// thread's own buffer, and compressed and written off the request path by one writer thread
+// to gzip'd JSON Lines files under `dir`/<endpoint>/. The file of the current period is
 // "<start>-<pid>.jsonl.gz.partial" (flushed every second, so readers see it), renamed to
 // "<start>-<pid>.jsonl.gz" when the period ends: a closed file is never written again. Closed
 // files older than their endpoint's retention are deleted. offer() never waits for the disk:
@@ -9,6 +10,7 @@
 // Private to the gateway module.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <map>
@@ -30,12 +32,19 @@ struct InferenceCapture {
   void add_request(std::string_view body);
   // One whole response, or one piece of a stream (pieces add up to one record).
   void add_response(std::string_view piece);
+  // A whole response that the record is offered before it is sent (Proxy::respond): its body
+  // is viewed, not copied, and must outlive the offer.
+  void view_response(std::string_view body);
+  // The response's body as the record keeps it (up to the cap).
+  std::string_view kept_response() const { return response_viewed ? viewed : response; }
 
   size_t max_body_bytes;
   std::string_view protocol = "http";  // mlflow, oip, openai, http (a literal)
   std::string request;
   size_t request_bytes = 0;
   std::string response;
+  std::string_view viewed;  // view_response's, up to the cap
+  bool response_viewed = false;
   size_t response_bytes = 0;
   bool stream = false;
   int64_t stream_events = 0;  // "data:" lines but the closing [DONE]
@@ -44,29 +53,48 @@ struct InferenceCapture {
   Clock::TimePoint first_dispatch{};
 };
 
+// One call's record, viewed from the call: nothing is copied until offer() writes its line.
 struct InferenceRecord {
   int64_t unix_ms = 0;
-  std::string endpoint;
-  std::string version;
-  std::string replica;
-  std::string request_id;
-  std::string trace_id;
-  std::string method;
-  std::string path;
+  std::string_view endpoint;
+  std::string_view version;
+  std::string_view replica;
+  std::string_view request_id;
+  std::string_view trace_id;
+  std::string_view method;
+  std::string_view path;
   int status = 0;
   double latency_ms = 0;
   double queue_wait_ms = 0;  // arrival to the first send to a replica (all of it when none)
   int attempts = 0;
   int64_t retention_s = 0;  // the endpoint's, for the writer's pruning
-  std::unique_ptr<InferenceCapture> capture;
-
-  // Roughly the memory the record holds while it waits.
-  size_t weight() const;
+  const InferenceCapture* capture = nullptr;
 };
 
-// Appends the record as its JSON line (no newline): bodies as strings (invalid UTF-8
-// replaced), marked truncated when cut; token counts from the response's usage when it had one.
-void append_inference_record_json(const InferenceRecord& record, std::string& out);
+// The record's JSON line (no newline): bodies as strings (invalid UTF-8 replaced), marked
+// truncated when cut; token counts from the response's usage when it had one.
+std::string inference_record_json(const InferenceRecord& record);
+
+// Bytes appended through a cursor into room made first, so that a record is written without
+// std::string's zero-filling or a capacity check per field.
+class LineBuffer {
+ public:
+  // Room for `size` more bytes, at the returned position; valid until the next call.
+  char* room(size_t size);
+  // The bytes up to `end` (in the last room()) are written.
+  void commit(const char* end) { size_ = static_cast<size_t>(end - data_.get()); }
+  void append(std::string_view bytes);
+  std::string_view view() const { return {data_.get(), size_}; }
+  size_t size() const { return size_; }
+  bool empty() const { return size_ == 0; }
+  void clear() { size_ = 0; }  // keeps the memory for the next batch
+  void swap(LineBuffer& other) noexcept;
+
+ private:
+  std::unique_ptr<char[]> data_;
+  size_t size_ = 0;
+  size_t capacity_ = 0;
+};
 
 class InferenceLog {
  public:
@@ -83,15 +111,27 @@ class InferenceLog {
   InferenceLog(const InferenceLog&) = delete;
   InferenceLog& operator=(const InferenceLog&) = delete;
 
-  // Queues a record; false when the buffer is full (the record is dropped). Any thread.
-  bool offer(InferenceRecord&& record);
+  // Writes the record's line into the calling thread's own buffer (a lock no other thread
+  // takes but the writer, every 100 ms); false when the lines waiting would pass
+  // max_buffer_bytes (the record is dropped). Any thread. Lines reach a file in order per
+  // thread, not across threads.
+  bool offer(const InferenceRecord& record);
   // Returns once every record offered before the call is written and flushed to its file.
   void flush();
 
  private:
+  struct LaneLines;
+  struct Lane;
   struct OpenFile;
+  // The calling thread's lane, made on its first record.
+  Lane& lane();
   void run();
-  void write(std::vector<InferenceRecord>& batch);
+  // Takes every lane's lines (each swapped into its `taken`); the lines that had some.
+  std::vector<LaneLines*> take();
+  // The open file of `endpoint`, opened for the current period if needed; null when it cannot be.
+  OpenFile* file_for(const std::string& endpoint);
+  // Compresses and writes what take() took.
+  void write(const std::vector<LaneLines*>& batch);
   void close_due_files(bool all);
   void prune();
   // Flushes the files written to: those not flushed for a second, or all of them.
@@ -99,12 +139,15 @@ class InferenceLog {
 
   const Options options_;
   const Clock& clock_;
+  const uint64_t id_;  // this log among the process's, for the threads' cached lanes
+
+  // Lines waiting in the lanes: updated under each lane's lock, read without one.
+  std::atomic<size_t> queued_bytes_{0};
 
   Mutex mutex_;
   CondVar wake_;
   CondVar flushed_;
-  std::vector<InferenceRecord> queue_ FLOTILLA_GUARDED_BY(mutex_);
-  size_t queued_bytes_ FLOTILLA_GUARDED_BY(mutex_) = 0;
+  std::vector<std::unique_ptr<Lane>> lanes_ FLOTILLA_GUARDED_BY(mutex_);
   uint64_t flush_asked_ FLOTILLA_GUARDED_BY(mutex_) = 0;
   uint64_t flush_done_ FLOTILLA_GUARDED_BY(mutex_) = 0;
   bool stopping_ FLOTILLA_GUARDED_BY(mutex_) = false;

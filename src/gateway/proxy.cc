@@ -284,7 +284,7 @@ void Proxy::on_client_gone(const std::shared_ptr<ProxyCall>& call) {
 
 void Proxy::respond(ProxyCall& call, http::Response&& response) {
   if (call.capture && !call.answered) {
-    call.capture->add_response(response.body);
+    call.capture->view_response(response.body);  // account() offers the record: still here
   }
   if (!account(call, response.status)) {
     return;
@@ -356,7 +356,7 @@ void Proxy::record_inference(ProxyCall& call, int code, double total_seconds) {
   }
   record.request_id = call.request_id;
   record.trace_id = call.trace_id;
-  record.method = std::string(http::method_name(call.method));
+  record.method = http::method_name(call.method);
   record.path = call.path;
   record.status = code;
   record.latency_ms = total_seconds * 1e3;
@@ -365,8 +365,8 @@ void Proxy::record_inference(ProxyCall& call, int code, double total_seconds) {
       dispatched == TimePoint{} ? record.latency_ms : seconds_between(call.start, dispatched) * 1e3;
   record.attempts = call.attempts;
   record.retention_s = call.view->inference_table.retention_s;
-  record.capture = std::move(call.capture);
-  if (inference_log_->offer(std::move(record))) {
+  record.capture = &*call.capture;
+  if (inference_log_->offer(record)) {
     endpoint.inference_records.inc();
   } else {
     endpoint.inference_dropped.inc();

@@ -18,6 +18,7 @@
 #include <chrono>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <unordered_map>
@@ -367,7 +368,7 @@ struct ProxyCall : std::enable_shared_from_this<ProxyCall> {
   TimePoint upstream_start;
   SteadyClock::duration upstream_time{0};
   // Set when the call is sampled for its endpoint's inference table.
-  std::unique_ptr<InferenceCapture> capture;
+  std::optional<InferenceCapture> capture;
   // Set when the call's trace is sampled.
   std::unique_ptr<CallTrace> trace;
 };

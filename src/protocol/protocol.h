@@ -190,7 +190,15 @@ ParsedPath parse_path(std::string_view target);
 
 // ---- helpers shared by encoders ----------------------------------------------------------------
 
-// Appends `value` as a JSON string literal (quoted and escaped).
+// Appends `value` as a JSON string literal (quoted and escaped; invalid UTF-8 replaced).
 void append_json_string(std::string_view value, std::string& out);
+// The most bytes write_json_string writes for a value of `size` bytes: every byte escaped as
+// \u00XX, and the quotes.
+constexpr size_t json_string_bound(size_t size) {
+  return 6 * size + 2;
+}
+// append_json_string's text written at `out`, which has room for json_string_bound bytes;
+// returns the end of what it wrote. For writers that keep a buffer of their own.
+char* write_json_string(std::string_view value, char* out);
 
 }  // namespace flotilla::protocol

@@ -1356,6 +1356,27 @@ class InferenceTables(GatewayTestCase):
             return records if len(records) >= count else None
         return wait_until(read, 10, interval_s=0.1, what=f"{count} records of {endpoint}")
 
+    def test_flotilla_logs_orders_records_by_arrival_across_workers_and_gateways(self):
+        # A file holds each gateway worker's records in the order they were answered, and a
+        # period has a file per gateway: two files of one period, each out of arrival order.
+        data_dir = fresh_dir()
+        endpoint_dir = os.path.join(data_dir, "inference", "llm")
+        os.makedirs(endpoint_dir)
+        for pid, stamps in ((101, (5, 1, 4)), (102, (3, 6, 2))):
+            with gzip.open(os.path.join(endpoint_dir, f"20260101T000000Z-{pid}.jsonl.gz"),
+                           "wt") as f:
+                for ms in stamps:
+                    f.write(json.dumps({"timestamp_ms": 1767225600000 + ms,
+                                        "request_id": f"r{ms}", "status": 200}) + "\n")
+        p = run_to_exit([FLOTILLA_BIN, "logs", "llm", "--data-dir", data_dir, "-o", "json"])
+        self.assertEqual(p.returncode, 0, p.stderr)
+        self.assertEqual([json.loads(line)["request_id"] for line in p.stdout.splitlines()],
+                         ["r1", "r2", "r3", "r4", "r5", "r6"])
+        p = run_to_exit([FLOTILLA_BIN, "logs", "llm", "--data-dir", data_dir, "-o", "json",
+                         "--tail", "2"])
+        self.assertEqual([json.loads(line)["request_id"] for line in p.stdout.splitlines()],
+                         ["r5", "r6"])
+
     def test_records_requests_streams_and_errors_and_flotilla_logs_reads_them(self):
         echo = start_echo(self)
         data_dir = fresh_dir()
