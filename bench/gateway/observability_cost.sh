@@ -134,7 +134,9 @@ run_together() {
 
 start_backends
 echo "feature: $FEATURE"
-echo "| rep | off req/s | on req/s | on/off | off CPU-µs/req | on CPU-µs/req | records | dropped | bytes/record |"
+recorded_column="records"
+[[ $FEATURE == trace ]] && recorded_column="spans exported"
+echo "| rep | off req/s | on req/s | on/off | off CPU-µs/req | on CPU-µs/req | $recorded_column | dropped | bytes/record |"
 echo "|---|---|---|---|---|---|---|---|---|"
 ratios=()
 for rep in $(seq "$REPS"); do

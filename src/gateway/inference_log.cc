@@ -122,45 +122,21 @@ namespace {
 // the numbers (at most 20 characters each), the tokens.
 constexpr size_t kFixedLineBytes = 1024;
 
-// Writes a line through a cursor into room made for it (inference_record_bound): the gateway
-// writes one for every request it serves with a table on, so no field goes through a
-// std::string's growth checks, and every literal is a fixed-size copy.
-class LineWriter {
- public:
-  explicit LineWriter(char* at) : at_(at) {}
+using protocol::JsonCursor;
 
-  template <size_t N>
-  void literal(const char (&text)[N]) {
-    std::memcpy(at_, text, N - 1);
-    at_ += N - 1;
-  }
-  void string(std::string_view value) { at_ = protocol::write_json_string(value, at_); }
-  void integer(int64_t value) { at_ = std::to_chars(at_, at_ + 20, value).ptr; }
-  // Milliseconds with 3 decimals, from whole microseconds (std::to_chars of a double in fixed
-  // form cost a fifth of the line); anything not a sane duration (negative, NaN) as 0.
-  void millis(double value) {
-    value = value >= 0 ? std::min(value, 1e12) : 0;
-    const auto micros = static_cast<int64_t>(value * 1e3 + 0.5);
-    integer(micros / 1000);
-    const auto fraction = static_cast<int>(micros % 1000);
-    at_[0] = '.';
-    at_[1] = static_cast<char>('0' + fraction / 100);
-    at_[2] = static_cast<char>('0' + fraction / 10 % 10);
-    at_[3] = static_cast<char>('0' + fraction % 10);
-    at_ += 4;
-  }
-  void boolean(bool value) {
-    if (value) {
-      literal("true");
-    } else {
-      literal("false");
-    }
-  }
-  char* end() const { return at_; }
-
- private:
-  char* at_;
-};
+// Milliseconds with 3 decimals, from whole microseconds (std::to_chars of a double in fixed
+// form cost a fifth of the line); anything not a sane duration (negative, NaN) as 0. At most
+// kIntegerBound + 4 bytes.
+void write_millis(double value, JsonCursor& line) {
+  value = value >= 0 ? std::min(value, 1e12) : 0;
+  const auto micros = static_cast<int64_t>(value * 1e3 + 0.5);
+  line.integer(micros / 1000);
+  const auto fraction = static_cast<int>(micros % 1000);
+  const char digits[] = {'.', static_cast<char>('0' + fraction / 100),
+                         static_cast<char>('0' + fraction / 10 % 10),
+                         static_cast<char>('0' + fraction % 10)};
+  line.raw(std::string_view(digits, sizeof(digits)));
+}
 
 size_t inference_record_bound(const InferenceRecord& record) {
   size_t strings = record.request_id.size() + record.trace_id.size() + record.endpoint.size() +
@@ -175,7 +151,7 @@ size_t inference_record_bound(const InferenceRecord& record) {
 
 // The tokens of the response's usage ({"prompt_tokens": 5, ...}) as {"prompt":5,...}; nothing
 // when it has none. Only LLM responses carry a usage.
-void write_tokens(std::string_view usage_text, LineWriter& line) {
+void write_tokens(std::string_view usage_text, JsonCursor& line) {
   if (usage_text.empty()) {
     return;
   }
@@ -201,7 +177,7 @@ void write_tokens(std::string_view usage_text, LineWriter& line) {
   line.literal("}");
 }
 
-void write_body(std::string_view kept, size_t bytes, LineWriter& line) {
+void write_body(std::string_view kept, size_t bytes, JsonCursor& line) {
   line.literal("{\"body\":");
   line.string(kept);
   line.literal(",\"bytes\":");
@@ -212,7 +188,7 @@ void write_body(std::string_view kept, size_t bytes, LineWriter& line) {
 
 // The line, at `out` with room for inference_record_bound(record) bytes; returns its end.
 char* write_inference_record_json(const InferenceRecord& record, char* out) {
-  LineWriter line(out);
+  JsonCursor line(out);
   line.literal("{\"timestamp_ms\":");
   line.integer(record.unix_ms);
   line.literal(",\"request_id\":");
@@ -238,9 +214,9 @@ char* write_inference_record_json(const InferenceRecord& record, char* out) {
   line.literal(",\"status\":");
   line.integer(record.status);
   line.literal(",\"latency_ms\":");
-  line.millis(record.latency_ms);
+  write_millis(record.latency_ms, line);
   line.literal(",\"queue_wait_ms\":");
-  line.millis(record.queue_wait_ms);
+  write_millis(record.queue_wait_ms, line);
   line.literal(",\"attempts\":");
   line.integer(record.attempts);
   if (const InferenceCapture* capture = record.capture) {
@@ -264,36 +240,9 @@ char* write_inference_record_json(const InferenceRecord& record, char* out) {
 }  // namespace
 
 std::string inference_record_json(const InferenceRecord& record) {
-  LineBuffer buffer;
+  protocol::ByteBuffer buffer;
   buffer.commit(write_inference_record_json(record, buffer.room(inference_record_bound(record))));
   return std::string(buffer.view());
-}
-
-char* LineBuffer::room(size_t size) {
-  if (capacity_ - size_ < size) {
-    const size_t capacity = std::max({size_ + size, 2 * capacity_, size_t{64 * 1024}});
-    auto data = std::make_unique_for_overwrite<char[]>(capacity);
-    if (size_ > 0) {
-      std::memcpy(data.get(), data_.get(), size_);
-    }
-    data_ = std::move(data);
-    capacity_ = capacity;
-  }
-  return data_.get() + size_;
-}
-
-void LineBuffer::append(std::string_view bytes) {
-  char* at = room(bytes.size());
-  if (!bytes.empty()) {
-    std::memcpy(at, bytes.data(), bytes.size());
-  }
-  commit(at + bytes.size());
-}
-
-void LineBuffer::swap(LineBuffer& other) noexcept {
-  std::swap(data_, other.data_);
-  std::swap(size_, other.size_);
-  std::swap(capacity_, other.capacity_);
 }
 
 // ---- Writing, on the writer thread ------------------------------------------------------------
@@ -382,10 +331,10 @@ struct InferenceLog::LaneLines {
   const std::string endpoint;
   // Under the lane's mutex.
   int64_t retention_s = 0;  // as the last record said
-  LineBuffer lines;
+  protocol::ByteBuffer lines;
   // The writer's: the lines it took last, written to the file after the lock. Swapped with
   // `lines`, so that neither side copies and both keep their memory for the next batch.
-  LineBuffer taken;
+  protocol::ByteBuffer taken;
   int64_t taken_retention_s = 0;
 };
 

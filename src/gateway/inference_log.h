@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "common/common.h"
+#include "protocol/protocol_json_cursor.h"
 
 namespace flotilla::gateway {
 
@@ -74,27 +75,6 @@ struct InferenceRecord {
 // The record's JSON line (no newline): bodies as strings (invalid UTF-8 replaced), marked
 // truncated when cut; token counts from the response's usage when it had one.
 std::string inference_record_json(const InferenceRecord& record);
-
-// Bytes appended through a cursor into room made first, so that a record is written without
-// std::string's zero-filling or a capacity check per field.
-class LineBuffer {
- public:
-  // Room for `size` more bytes, at the returned position; valid until the next call.
-  char* room(size_t size);
-  // The bytes up to `end` (in the last room()) are written.
-  void commit(const char* end) { size_ = static_cast<size_t>(end - data_.get()); }
-  void append(std::string_view bytes);
-  std::string_view view() const { return {data_.get(), size_}; }
-  size_t size() const { return size_; }
-  bool empty() const { return size_ == 0; }
-  void clear() { size_ = 0; }  // keeps the memory for the next batch
-  void swap(LineBuffer& other) noexcept;
-
- private:
-  std::unique_ptr<char[]> data_;
-  size_t size_ = 0;
-  size_t capacity_ = 0;
-};
 
 class InferenceLog {
  public:

@@ -11,6 +11,7 @@
 #endif
 
 #include "protocol/protocol.h"
+#include "protocol/protocol_json_cursor.h"
 
 namespace flotilla::protocol {
 namespace detail {
@@ -393,6 +394,33 @@ char* write_json_string(std::string_view value, char* out) {
   });
   *out++ = '"';
   return out;
+}
+
+char* ByteBuffer::room(size_t size) {
+  if (capacity_ - size_ < size) {
+    const size_t capacity = std::max({size_ + size, 2 * capacity_, size_t{64 * 1024}});
+    auto data = std::make_unique_for_overwrite<char[]>(capacity);
+    if (size_ > 0) {
+      std::memcpy(data.get(), data_.get(), size_);
+    }
+    data_ = std::move(data);
+    capacity_ = capacity;
+  }
+  return data_.get() + size_;
+}
+
+void ByteBuffer::append(std::string_view bytes) {
+  char* at = room(bytes.size());
+  if (!bytes.empty()) {
+    std::memcpy(at, bytes.data(), bytes.size());
+  }
+  commit(at + bytes.size());
+}
+
+void ByteBuffer::swap(ByteBuffer& other) noexcept {
+  std::swap(data_, other.data_);
+  std::swap(size_, other.size_);
+  std::swap(capacity_, other.capacity_);
 }
 
 }  // namespace flotilla::protocol
