@@ -23,3 +23,20 @@ start_backends() {
   for _ in $(seq 50); do grep -q "serving:" "$WORK/serve.log" 2>/dev/null && break; sleep 0.2; done
   grep -q "serving:" "$WORK/serve.log" || { cat "$WORK/serve.log"; exit 1; }
 }
+
+# MODE FEATURE (observability_cost.sh, observability_instructions.sh): a gateway config of one
+# endpoint over the 4 backends, its inference table on (every request, bodies kept) when MODE
+# is `on` and FEATURE is `table`.
+observability_config() {
+  local table=""
+  [[ $1 == on && $2 == table ]] && table="    inference_table: {enabled: true, sample_rate: 1, max_body_bytes: 65536}"
+  cat <<EOF
+endpoints:
+  - name: default
+$table
+    versions:
+      - name: v1
+        replicas:
+$(for p in 18081 18082 18083 18084; do echo "          - {id: r$p, address: \"127.0.0.1:$p\"}"; done)
+EOF
+}

@@ -26,20 +26,6 @@ for tool in wrk nginx taskset; do
   command -v $tool >/dev/null || { echo "needs $tool (bash scripts/setup.sh)" >&2; exit 1; }
 done
 
-config() {  # on|off
-  local table=""
-  [[ $1 == on && $FEATURE == table ]] && table="    inference_table: {enabled: true, sample_rate: 1, max_body_bytes: 65536}"
-  cat <<EOF
-endpoints:
-  - name: default
-$table
-    versions:
-      - name: v1
-        replicas:
-$(for p in 18081 18082 18083 18084; do echo "          - {id: r$p, address: \"127.0.0.1:$p\"}"; done)
-EOF
-}
-
 cpu_ticks() {  # PID: utime + stime of every thread
   awk '{print $14 + $15}' "/proc/$1/stat"
 }
@@ -49,7 +35,7 @@ cpu_ticks() {  # PID: utime + stime of every thread
 start_gateway() {
   local mode=$1 port=$2 dir="$WORK/$1-$rep"
   mkdir -p "$dir"
-  config "$mode" >"$dir/gateway.yaml"
+  observability_config "$mode" "$FEATURE" >"$dir/gateway.yaml"
   local tracing=()
   [[ $mode == on && $FEATURE == trace ]] && tracing=(--otlp-endpoint http://127.0.0.1:18081/v1/traces)
   setsid taskset -c 1 "$BIN" gateway --listen "127.0.0.1:$port" --config "$dir/gateway.yaml" \

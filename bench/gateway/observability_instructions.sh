@@ -21,20 +21,6 @@ for tool in valgrind callgrind_control hey nginx; do
 done
 URL=http://127.0.0.1:$PORT/serving-endpoints/default/invocations
 
-config() {  # on|off
-  local table=""
-  [[ $1 == on && $FEATURE == table ]] && table="    inference_table: {enabled: true, sample_rate: 1, max_body_bytes: 65536}"
-  cat <<EOF
-endpoints:
-  - name: default
-$table
-    versions:
-      - name: v1
-        replicas:
-$(for p in 18081 18082 18083 18084; do echo "          - {id: r$p, address: \"127.0.0.1:$p\"}"; done)
-EOF
-}
-
 load() {
   hey -n "$1" -c "$CONNS" -m POST -T application/json -D "$PEERS_DIR/body.json" "$URL" |
     awk '/\[200\]/ {print $2}'
@@ -44,7 +30,7 @@ load() {
 measure() {
   local mode=$1 dir="$WORK/$1"
   mkdir -p "$dir"
-  config "$mode" >"$dir/gateway.yaml"
+  observability_config "$mode" "$FEATURE" >"$dir/gateway.yaml"
   local tracing=()
   [[ $mode == on && $FEATURE == trace ]] && tracing=(--otlp-endpoint http://127.0.0.1:18081/v1/traces)
   setsid valgrind --tool=callgrind --callgrind-out-file="$dir/callgrind.%p" \

@@ -266,7 +266,15 @@ class GzipFile {
   GzipFile& operator=(const GzipFile&) = delete;
 
   // Compresses `data`; it may stay in the compressor until the next sync() or finish().
-  bool write(std::string_view data) { return deflate(data, NO_FLUSH, false); }
+  bool write(std::string_view data) {
+    constexpr size_t kMaxPiece = size_t{1} << 30;  // igzip counts its input in 32 bits
+    for (size_t at = 0; at < data.size(); at += kMaxPiece) {
+      if (!deflate(data.substr(at, kMaxPiece), NO_FLUSH, false)) {
+        return false;
+      }
+    }
+    return true;
+  }
   // Ends the deflate block: a reader sees every byte written so far.
   bool sync() { return deflate({}, SYNC_FLUSH, false); }
   // Ends the member with gzip's trailer. Nothing is written after.
@@ -283,7 +291,7 @@ class GzipFile {
 
   bool deflate(std::string_view data, uint16_t flush, bool end) {
     stream_.next_in = reinterpret_cast<uint8_t*>(const_cast<char*>(data.data()));
-    stream_.avail_in = static_cast<uint32_t>(data.size());  // a batch is far below 4 GiB
+    stream_.avail_in = static_cast<uint32_t>(data.size());
     stream_.flush = flush;
     stream_.end_of_stream = end ? 1 : 0;
     // Done when the input is taken and the output did not fill (igzip's rule for a flush),

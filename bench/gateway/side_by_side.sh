@@ -1,0 +1,85 @@
+#!/usr/bin/env bash
+# CPU per proxied request, flotilla's gateway against HAProxy (leastconn), counted so that the
+# VM's drift cancels: both proxies run at once, each with 1 worker (thread), pinned to the same
+# core (cpu1) and each in its own session, so each is its own scheduler group and gets half
+# the core; each is driven to saturation by its own wrk (-c CONNS, the peers' small JSON POST)
+# on cpu0 in front of the same 4 static nginx backends of ../shared/bench/peers. With the core
+# split evenly, the ratio of their req/s is the inverse ratio of their CPU per request
+# (user and kernel), measured at the same moment. (Latency is not comparable this way: each
+# proxy waits for the other's time slices. run-peers.sh measures p99.)
+# Usage: bash bench/gateway/side_by_side.sh     Environment: REPS (5), DURATION (6),
+# CONNS ("64 256"), FLOTILLA_BIN. About 2 minutes per connection count.
+set -euo pipefail
+
+source "$(dirname "${BASH_SOURCE[0]}")/backends.sh"
+REPS=${REPS:-5}
+DURATION=${DURATION:-6}
+CONNS=${CONNS:-64 256}
+FLOTILLA_PORT=18090
+HAPROXY_PORT=18091
+for tool in wrk nginx haproxy taskset; do
+  command -v $tool >/dev/null || { echo "needs $tool (bash scripts/setup.sh)" >&2; exit 1; }
+done
+
+# ../shared/bench/peers' template, filled in as run-peers.sh does (@KEY@ -> VALUE).
+mkdir -p "$WORK/haproxy"
+cp "$PEERS_DIR/conf/haproxy.cfg.tmpl" "$WORK/haproxy/haproxy.cfg"
+servers=$(for i in 1 2 3 4; do printf '    server s%d 127.0.0.1:1808%d\n' "$i" "$i"; done)
+for kv in "RUN=$WORK/haproxy" "THREADS=1" "BALANCE=leastconn" "SERVERS=$servers" \
+  "LISTEN=127.0.0.1:$HAPROXY_PORT"; do
+  K="@${kv%%=*}@" V="${kv#*=}" perl -0pi -e 's/\Q$ENV{K}\E/$ENV{V}/g' "$WORK/haproxy/haproxy.cfg"
+done
+
+wait_ready() {  # PORT
+  for _ in $(seq 100); do
+    curl -sf -o /dev/null -X POST -d '{}' "http://127.0.0.1:$1/" && return
+    sleep 0.1
+  done
+  echo "nothing answers on port $1" >&2
+  exit 1
+}
+
+# PORT CONNS SECONDS: req/s (wrk's RESULT line), non-2xx and socket errors refused.
+load() {
+  local result
+  result=$(taskset -c 0 wrk -t1 -c"$2" -d"$3s" -s "$PEERS_DIR/post.lua" "http://127.0.0.1:$1/" |
+    grep '^RESULT')
+  grep -q 'sockerr=0 non2xx=0' <<<"$result" || { echo "errors: $result" >&2; exit 1; }
+  sed -E 's/.*rps=([0-9.]+).*/\1/' <<<"$result"
+}
+
+start_backends
+setsid taskset -c 1 "$BIN" gateway --listen 127.0.0.1:$FLOTILLA_PORT --workers 1 \
+  --log-level warn --balancer p2c --upstreams "$UPSTREAMS" >"$WORK/flotilla.log" 2>&1 &
+pids+=($!)
+setsid taskset -c 1 haproxy -db -f "$WORK/haproxy/haproxy.cfg" >"$WORK/haproxy.log" 2>&1 &
+pids+=($!)
+wait_ready $FLOTILLA_PORT
+wait_ready $HAPROXY_PORT
+
+echo "| conns | rep | flotilla req/s | HAProxy req/s | CPU per request, flotilla / HAProxy |"
+echo "|---|---|---|---|---|"
+summary=()
+for conns in $CONNS; do
+  ratios=()
+  for rep in $(seq "$REPS"); do
+    load $FLOTILLA_PORT "$conns" 1 >"$WORK/warm" &
+    warm=$!
+    load $HAPROXY_PORT "$conns" 1 >/dev/null
+    wait "$warm"
+    load $FLOTILLA_PORT "$conns" "$DURATION" >"$WORK/flotilla.rps" &
+    flotilla_load=$!
+    haproxy_rps=$(load $HAPROXY_PORT "$conns" "$DURATION")
+    wait "$flotilla_load"
+    flotilla_rps=$(cat "$WORK/flotilla.rps")
+    # Half the core each: CPU per request is 0.5 s / req/s, so the ratio inverts.
+    ratio=$(awk -v f="$flotilla_rps" -v h="$haproxy_rps" 'BEGIN {printf "%.3f", h / f}')
+    ratios+=("$ratio")
+    echo "| $conns | $rep | $flotilla_rps | $haproxy_rps | $ratio |"
+  done
+  median=$(printf '%s\n' "${ratios[@]}" | sort -n |
+    awk '{a[NR] = $1} END {print (NR % 2) ? a[(NR + 1) / 2] : (a[NR / 2] + a[NR / 2 + 1]) / 2}')
+  summary+=("c=$conns: $median")
+done
+echo
+echo "median CPU per request, flotilla / HAProxy leastconn (side by side on one core, $REPS reps of ${DURATION}s): ${summary[*]}"
