@@ -369,8 +369,10 @@ void write_escaped(std::string_view value, Put&& put) {
   const char* const end = at + value.size();
   while (true) {
     const size_t run = plain_run(at, end);
-    put(at, run);
-    at += run;
+    if (run > 0) {  // an empty view may have no data pointer at all
+      put(at, run);
+      at += run;
+    }
     if (at == end) {
       return;
     }

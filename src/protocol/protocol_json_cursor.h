@@ -50,8 +50,10 @@ class JsonCursor {
   }
   // Copied as it is (JSON already, or text known to need no escaping).
   void raw(std::string_view text) {
-    std::memcpy(at_, text.data(), text.size());
-    at_ += text.size();
+    if (!text.empty()) {  // an empty view may have no data pointer at all
+      std::memcpy(at_, text.data(), text.size());
+      at_ += text.size();
+    }
   }
   // Quoted and escaped: at most json_string_bound(value.size()) bytes.
   void string(std::string_view value) { at_ = write_json_string(value, at_); }
