@@ -111,7 +111,6 @@ Result<int64_t> env_positive_ms(const char* name, int64_t fallback) {
   return static_cast<int64_t>(value);
 }
 
-// One OTLP KeyValue: {"key":...,"value":{"<type>Value":...}}.
 // Room for an attribute but its key and text: the punctuation, the type's name and a number.
 constexpr size_t kAttributeBytes = 96;
 // Room for a span but its strings and attributes: ids, times, kind, flags and the keys.
@@ -122,23 +121,14 @@ size_t attribute_bound(std::string_view key, std::string_view text) {
          protocol::json_string_bound(text.size());
 }
 
-void write_string_attribute(std::string_view key, std::string_view value, JsonCursor& out) {
-  out.literal("{\"key\":");
-  out.string(key);
-  out.literal(",\"value\":{\"stringValue\":");
-  out.string(value);
-  out.literal("}}");
-}
-
+// One OTLP KeyValue: {"key":...,"value":{"<type>Value":...}}.
 void write_attribute(const Attribute& attribute, JsonCursor& out) {
-  if (attribute.type == Attribute::Type::kString) {
-    write_string_attribute(attribute.key, attribute.text, out);
-    return;
-  }
   out.literal("{\"key\":");
   out.string(attribute.key);
   switch (attribute.type) {
     case Attribute::Type::kString:
+      out.literal(",\"value\":{\"stringValue\":");
+      out.string(attribute.text);
       break;
     case Attribute::Type::kInt:  // int64 is a string in protobuf-JSON
       out.literal(",\"value\":{\"intValue\":\"");
@@ -162,6 +152,15 @@ void write_attribute(const Attribute& attribute, JsonCursor& out) {
       out.boolean(attribute.integer != 0);
       break;
   }
+  out.literal("}}");
+}
+
+// A resource attribute: a string KeyValue from the options.
+void write_string_attribute(std::string_view key, std::string_view value, JsonCursor& out) {
+  out.literal("{\"key\":");
+  out.string(key);
+  out.literal(",\"value\":{\"stringValue\":");
+  out.string(value);
   out.literal("}}");
 }
 
