@@ -40,3 +40,21 @@ $table
 $(for p in 18081 18082 18083 18084; do echo "          - {id: r$p, address: \"127.0.0.1:$p\"}"; done)
 EOF
 }
+
+# TEMPLATE OUT KEY=VALUE...: ../shared/bench/peers' templates, filled in as run-peers.sh does
+# (@KEY@ -> VALUE).
+render() {
+  local out=$2 kv
+  cp "$1" "$out"
+  shift 2
+  for kv in "$@"; do K="@${kv%%=*}@" V="${kv#*=}" perl -0pi -e 's/\Q$ENV{K}\E/$ENV{V}/g' "$out"; done
+}
+
+cpu_ticks() {  # PID: utime + stime of every thread
+  awk '{print $14 + $15}' "/proc/$1/stat"
+}
+
+median() {  # VALUE...: their median
+  printf '%s\n' "$@" | sort -n |
+    awk '{a[NR] = $1} END {print (NR % 2) ? a[(NR + 1) / 2] : (a[NR / 2] + a[NR / 2 + 1]) / 2}'
+}

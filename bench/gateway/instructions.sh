@@ -18,13 +18,6 @@ for tool in valgrind callgrind_control hey nginx haproxy; do
   command -v $tool >/dev/null || { echo "needs $tool (bash scripts/setup.sh)" >&2; exit 1; }
 done
 
-# ../shared/bench/peers' templates, filled in as run-peers.sh does (@KEY@ -> VALUE).
-render() {
-  local out=$2 kv
-  cp "$1" "$out"
-  shift 2
-  for kv in "$@"; do K="@${kv%%=*}@" V="${kv#*=}" perl -0pi -e 's/\Q$ENV{K}\E/$ENV{V}/g' "$out"; done
-}
 ports=(18081 18082 18083 18084)
 servers_haproxy=$(for i in 0 1 2 3; do printf '    server s%d 127.0.0.1:%s\n' $((i + 1)) "${ports[i]}"; done)
 servers_nginx=$(for p in "${ports[@]}"; do printf '        server 127.0.0.1:%s max_fails=0;\n' "$p"; done)

@@ -26,10 +26,6 @@ for tool in wrk nginx taskset; do
   command -v $tool >/dev/null || { echo "needs $tool (bash scripts/setup.sh)" >&2; exit 1; }
 done
 
-cpu_ticks() {  # PID: utime + stime of every thread
-  awk '{print $14 + $15}' "/proc/$1/stat"
-}
-
 # MODE PORT: starts a gateway with FEATURE off or on (its own session, so its own scheduler
 # group) and waits for it; sets `gw` to its pid.
 start_gateway() {
@@ -143,7 +139,7 @@ for rep in $(seq "$REPS"); do
   echo "| $rep | $off_rps | $on_rps | $ratio | $off_cpu | $on_cpu | $records | $dropped | $per_record |"
   unset got
 done
-median=$(printf '%s\n' "${ratios[@]}" | sort -n | awk '{a[NR] = $1} END {print (NR % 2) ? a[(NR + 1) / 2] : (a[NR / 2] + a[NR / 2 + 1]) / 2}')
+median=$(median "${ratios[@]}")
 echo
 how="one after the other"
 [[ $TOGETHER == 1 ]] && how="side by side on one core"

@@ -22,14 +22,10 @@ for tool in wrk nginx haproxy taskset; do
   command -v $tool >/dev/null || { echo "needs $tool (bash scripts/setup.sh)" >&2; exit 1; }
 done
 
-# ../shared/bench/peers' template, filled in as run-peers.sh does (@KEY@ -> VALUE).
 mkdir -p "$WORK/haproxy"
-cp "$PEERS_DIR/conf/haproxy.cfg.tmpl" "$WORK/haproxy/haproxy.cfg"
 servers=$(for i in 1 2 3 4; do printf '    server s%d 127.0.0.1:1808%d\n' "$i" "$i"; done)
-for kv in "RUN=$WORK/haproxy" "THREADS=1" "BALANCE=leastconn" "SERVERS=$servers" \
-  "LISTEN=127.0.0.1:$HAPROXY_PORT"; do
-  K="@${kv%%=*}@" V="${kv#*=}" perl -0pi -e 's/\Q$ENV{K}\E/$ENV{V}/g' "$WORK/haproxy/haproxy.cfg"
-done
+render "$PEERS_DIR/conf/haproxy.cfg.tmpl" "$WORK/haproxy/haproxy.cfg" "RUN=$WORK/haproxy" \
+  "THREADS=1" "BALANCE=leastconn" "SERVERS=$servers" "LISTEN=127.0.0.1:$HAPROXY_PORT"
 
 wait_ready() {  # PORT
   for _ in $(seq 100); do
@@ -49,9 +45,6 @@ load() {
   sed -E 's/.*rps=([0-9.]+).*/\1/' <<<"$result"
 }
 
-cpu_ticks() {  # PID: utime + stime of every thread
-  awk '{print $14 + $15}' "/proc/$1/stat"
-}
 cpu1_ticks() {  # busy and total ticks of cpu1
   awk '$1 == "cpu1" {print $2 + $3 + $4 + $7 + $8, $2 + $3 + $4 + $5 + $6 + $7 + $8}' /proc/stat
 }
@@ -99,9 +92,7 @@ for conns in $CONNS; do
     ratios+=("$ratio")
     echo "| $conns | $rep | $flotilla_rps | $haproxy_rps | $flotilla_us | $haproxy_us | $busy | $ratio |"
   done
-  median=$(printf '%s\n' "${ratios[@]}" | sort -n |
-    awk '{a[NR] = $1} END {print (NR % 2) ? a[(NR + 1) / 2] : (a[NR / 2] + a[NR / 2 + 1]) / 2}')
-  summary+=("c=$conns: $median")
+  summary+=("c=$conns: $(median "${ratios[@]}")")
 done
 echo
 echo "median CPU per request, flotilla / HAProxy leastconn (side by side on one core, $REPS reps of ${DURATION}s): ${summary[*]}"
