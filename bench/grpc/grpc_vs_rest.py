@@ -22,8 +22,14 @@ and concurrency the median req/s, p50 and p99 (from h2load's per-request log), t
 processes' CPU-µs per request (/proc utime + stime), and the ratio gRPC / REST per pair and its
 median. Nothing is pinned; the client shares the machine with the servers.
 
-Usage: bench/grpc/grpc_vs_rest.py [--reps 3] [--seconds 5] [--conns 1,16]
-       (needs build/release/flotilla or FLOTILLA_BIN, and h2load: bash scripts/setup.sh)
+With --instructions N, instead: the replica alone under valgrind's callgrind, and the
+user-space instructions per call (every thread of the replica) over N calls of each protocol at
+the first C of --conns, after 1,000 unrecorded ones. Unlike CPU time on a shared VM the count
+does not drift with the machine; it leaves out the kernel, so thread hand-offs do not show.
+
+Usage: bench/grpc/grpc_vs_rest.py [--reps 3] [--seconds 5] [--conns 1,16] [--instructions N]
+       (needs build/release/flotilla or FLOTILLA_BIN, and h2load: bash scripts/setup.sh;
+       valgrind for --instructions)
 """
 import argparse
 import json
@@ -97,8 +103,10 @@ def start(argv):
     return process, json.loads(line)
 
 
-def h2load(kind, port, conns, seconds, data_file, log_file):
-    common = ["h2load", "-t", "1", "-D", str(seconds), "-d", data_file, "--log-file", log_file]
+def h2load(kind, port, conns, seconds, data_file, log_file, requests=None):
+    """For `seconds`, or `requests` calls when given."""
+    amount = ["-n", str(requests)] if requests else ["-D", str(seconds)]
+    common = ["h2load", "-t", "1", *amount, "-d", data_file, "--log-file", log_file]
     if kind == "rest":
         argv = common + ["--h1", "-c", str(conns), "-m", "1",
                          "-H", "content-type: application/json",
@@ -106,7 +114,7 @@ def h2load(kind, port, conns, seconds, data_file, log_file):
     else:
         argv = common + ["-c", "1", "-m", str(conns), "-H", "content-type: application/grpc",
                          "-H", "te: trailers", f"http://127.0.0.1:{port}{GRPC_PATH}"]
-    out = subprocess.run(argv, capture_output=True, text=True, timeout=seconds + 60).stdout
+    out = subprocess.run(argv, capture_output=True, text=True, timeout=seconds + 600).stdout
     m = re.search(r"requests: \d+ total, \d+ started, \d+ done, (\d+) succeeded, (\d+) failed",
                   out)
     if not m:
@@ -123,8 +131,70 @@ def h2load(kind, port, conns, seconds, data_file, log_file):
     def quantile(q):
         return latencies[min(len(latencies) - 1, int(q * len(latencies)))] / 1000.0
 
-    return {"succeeded": succeeded, "failed": failed, "rps": succeeded / seconds,
+    return {"succeeded": succeeded, "failed": failed,
+            "rps": succeeded / seconds if seconds else None,
             "p50_ms": quantile(0.50), "p99_ms": quantile(0.99)}
+
+
+def load_files(workdir, client_python, servers):
+    """Checks that every (REST port, gRPC port) gives the same answer both ways, and writes the
+    bodies h2load sends: {"rest": the JSON file, "grpc": the framed message file}."""
+    probed = subprocess.run([client_python, "-c", CLIENT_SCRIPT] +
+                            [str(grpc_port) for _, grpc_port in servers],
+                            capture_output=True, text=True)
+    if probed.returncode != 0:
+        raise RuntimeError("the tritonclient probe failed:\n" + probed.stderr)
+    probe = json.loads(probed.stdout)
+    for port, _ in servers:
+        request = urllib.request.Request(f"http://127.0.0.1:{port}{REST_PATH}",
+                                         REST_BODY.encode(), {"Content-Type": "application/json"})
+        rest = json.loads(urllib.request.urlopen(request, timeout=30).read())
+        predict = next(o for o in rest["outputs"] if o["name"] == "predict")["data"]
+        for answer in probe["answers"]:
+            flat = [p for row in answer for p in row]
+            assert all(abs(a - b) < 1e-6 for a, b in zip(flat, predict, strict=True)), \
+                (flat, predict)
+    message = bytes.fromhex(probe["message"])
+    data = {"rest": os.path.join(workdir, "body.json"),
+            "grpc": os.path.join(workdir, "message.bin")}
+    with open(data["rest"], "w") as f:
+        f.write(REST_BODY)
+    with open(data["grpc"], "wb") as f:
+        f.write(b"\x00" + struct.pack(">I", len(message)) + message)  # gRPC framing
+    return data
+
+
+def count_instructions(args, workdir, client_python, model, conns):
+    """Prints the replica's instructions per call of each protocol under callgrind."""
+    if not shutil.which("valgrind"):
+        sys.exit("valgrind not found: bash scripts/setup.sh installs it")
+    out = os.path.join(workdir, "callgrind")
+    replica, listening = start(["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}.%p",
+                                FLOTILLA, "replica", "--model", model, "--name", "iris",
+                                "--port", "0", "--grpc-port", "0", "--log-level", "warn"])
+    try:
+        data = load_files(workdir, client_python, [(listening["port"], listening["grpc_port"])])
+        log_file = os.path.join(workdir, "h2load.log")
+        print(f"# the replica under callgrind, C={conns}, {args.instructions} calls each")
+        for kind in ("rest", "grpc"):
+            port = listening[{"rest": "port", "grpc": "grpc_port"}[kind]]
+            h2load(kind, port, conns, 0, data[kind], log_file, requests=1000)
+            subprocess.run(["callgrind_control", "-z", str(replica.pid)], check=True,
+                           capture_output=True)
+            run = h2load(kind, port, conns, 0, data[kind], log_file, requests=args.instructions)
+            subprocess.run(["callgrind_control", "-d", str(replica.pid)], check=True,
+                           capture_output=True)
+            # The newest dump (callgrind.PID.N, N counting up) holds exactly the counted calls.
+            dump = max((f for f in os.listdir(workdir) if f.startswith("callgrind.")),
+                       key=lambda f: int(f.rsplit(".", 1)[1]) if f.count(".") == 2 else 0)
+            with open(os.path.join(workdir, dump)) as f:
+                total = next(int(line.split()[1]) for line in f if line.startswith("summary:"))
+            if run["failed"] or run["succeeded"] != args.instructions:
+                raise RuntimeError(f"{kind}: h2load {run}")
+            print(f"{kind:5} {total / run['succeeded']:9.0f} instructions a call", flush=True)
+    finally:
+        replica.terminate()
+        replica.wait(timeout=60)
 
 
 def main():
@@ -132,6 +202,7 @@ def main():
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--seconds", type=int, default=5)
     parser.add_argument("--conns", default="1,16")
+    parser.add_argument("--instructions", type=int, default=0)
     args = parser.parse_args()
     conns = [int(c) for c in args.conns.split(",")]
     if not shutil.which("h2load"):
@@ -146,8 +217,11 @@ def main():
     try:
         subprocess.run(["/usr/bin/python3", os.path.join(ROOT, "tests/fixtures/make_models.py"),
                         workdir], check=True, stdout=subprocess.DEVNULL)
-        replica, listening = start([FLOTILLA, "replica", "--model",
-                                    os.path.join(workdir, "multiclass.ubj"), "--name", "iris",
+        model = os.path.join(workdir, "multiclass.ubj")
+        if args.instructions:
+            count_instructions(args, workdir, client_python, model, conns[0])
+            return
+        replica, listening = start([FLOTILLA, "replica", "--model", model, "--name", "iris",
                                     "--port", "0", "--grpc-port", "0", "--log-level", "warn"])
         processes.append(replica)
         table = os.path.join(workdir, "table.yaml")
@@ -166,30 +240,9 @@ def main():
                         "pids": [gateway.pid, replica.pid]},
         }
 
-        # The same answer every way, and the message h2load sends.
-        probed = subprocess.run(
-            [client_python, "-c", CLIENT_SCRIPT, str(listening["grpc_port"]),
-             str(gateway_listening["grpc_port"])], capture_output=True, text=True)
-        if probed.returncode != 0:
-            raise RuntimeError("the tritonclient probe failed:\n" + probed.stderr)
-        probe = json.loads(probed.stdout)
-        for port in (listening["port"], gateway_listening["port"]):
-            request = urllib.request.Request(f"http://127.0.0.1:{port}{REST_PATH}",
-                                             REST_BODY.encode(),
-                                             {"Content-Type": "application/json"})
-            rest = json.loads(urllib.request.urlopen(request, timeout=10).read())
-            predict = next(o for o in rest["outputs"] if o["name"] == "predict")["data"]
-            for answer in probe["answers"]:
-                flat = [p for row in answer for p in row]
-                assert all(abs(a - b) < 1e-6 for a, b in zip(flat, predict, strict=True)), \
-                    (flat, predict)
-        message = bytes.fromhex(probe["message"])
-        data = {"rest": os.path.join(workdir, "body.json"),
-                "grpc": os.path.join(workdir, "message.bin")}
-        with open(data["rest"], "w") as f:
-            f.write(REST_BODY)
-        with open(data["grpc"], "wb") as f:
-            f.write(b"\x00" + struct.pack(">I", len(message)) + message)  # gRPC framing
+        data = load_files(workdir, client_python, [(listening["port"], listening["grpc_port"]),
+                                                   (gateway_listening["port"],
+                                                    gateway_listening["grpc_port"])])
         log_file = os.path.join(workdir, "h2load.log")
 
         print(f"# iris (xgboost, 4 features, 1 row), h2load -t1, {args.seconds} s a run, "

@@ -341,7 +341,9 @@ class MlflowFlavors(ExternalTestCase):
     def setUpClass(cls):
         python = harness.venv_python(_SkipClass(), "mlflow_venv.sh", "mlflow-venv", "MLflow")
         cls.models = control_test.fresh_dir("mlflow-models")
-        subprocess.run([python, "-c", MAKE_MLFLOW_MODELS, cls.models], check=True, timeout=180)
+        # In the models' directory: MLflow makes its ./mlruns store where it runs.
+        subprocess.run([python, "-c", MAKE_MLFLOW_MODELS, cls.models], check=True, timeout=180,
+                       cwd=cls.models)
         with open(os.path.join(cls.models, "expected.json")) as f:
             cls.expected = json.load(f)
         bin_dir = os.path.dirname(python)
@@ -482,7 +484,8 @@ class MlflowDeployments(ExternalTestCase):
         p = subprocess.run([self.python, "-c", MLFLOW_DEPLOYMENTS_PROBE,
                             f"http://127.0.0.1:{self.up.gateway_port}",
                             f"http://127.0.0.1:{self.up.api_port}", token["token"], "iris"],
-                           capture_output=True, timeout=120)
+                           capture_output=True, timeout=120,
+                           cwd=control_test.fresh_dir("mlflow-deployments"))
         self.assertEqual(p.returncode, 0, p.stderr.decode(errors="replace"))
         got = json.loads(p.stdout)
         rest = self.up.invoke("iris", rows=([5.1, 3.5, 1.4, 0.2], [6.7, 3.1, 4.4, 1.4])).json()
