@@ -44,6 +44,7 @@ API = [
     ("v1", "serviceaccounts", "ServiceAccount", True, []),
     ("v1", "services", "Service", True, ["status"]),
     ("v1", "secrets", "Secret", True, []),
+    ("v1", "configmaps", "ConfigMap", True, []),
     ("v1", "pods", "Pod", True, ["status", "log", "eviction"]),
     ("v1", "events", "Event", True, []),
     ("apps/v1", "deployments", "Deployment", True, ["status", "scale"]),

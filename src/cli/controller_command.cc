@@ -180,6 +180,9 @@ int run_controller(const ControllerFlags& flags) {
                                                     "kubectl get secret " +
                                                         std::string(cluster::kAdminTokenSecret) +
                                                         " -o jsonpath='{.data.token}' | base64 -d");
+  if (Status moved = api_service->move_token_secrets(); !moved.is_ok()) {
+    spdlog::warn("token Secrets: {}", moved.message());
+  }
   if (Status minted = api_service->ensure_admin_token(); !minted.is_ok()) {
     // The API server may not answer yet; a later start (or another replica) mints it.
     spdlog::warn("admin token: {}", minted.message());

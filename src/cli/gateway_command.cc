@@ -1,6 +1,6 @@
 // `flotilla gateway`: the gateway as its own process, fronting the replicas of a YAML endpoint
 // table (--config, reloaded when it changes), a plain list of upstreams (--upstreams), or what a
-// Kubernetes API server says (--kubernetes: ServingEndpoints, EndpointSlices, token Secrets).
+// Kubernetes API server says (--kubernetes: ServingEndpoints, EndpointSlices, token ConfigMaps).
 #include <iostream>
 #include <memory>
 #include <optional>
@@ -127,7 +127,7 @@ int run_gateway(const GatewayFlags& flags) {
     table = std::move(config->table);
     auth = std::move(config->auth);
   } else if (flags.kubernetes) {
-    auth.enabled = true;  // closed until the token Secrets are read
+    auth.enabled = true;  // closed until the token ConfigMaps are read
   } else {
     auto parsed = table_from_upstreams(flags.upstreams, flags.max_in_flight);
     if (!parsed.is_ok()) {
@@ -265,7 +265,7 @@ std::function<int()> add_gateway_command(CLI::App& app) {
                   "Comma-separated host:port list served as endpoint 'default' on every path");
   cmd->add_flag("--kubernetes", flags->kubernetes,
                 "Serve the ServingEndpoints of a Kubernetes namespace: their replicas from the "
-                "EndpointSlices of their versions' Services, tokens from Secrets labelled "
+                "EndpointSlices of their versions' Services, tokens from ConfigMaps labelled "
                 "flotilla.dev/token=true (docs/kubernetes.md)");
   cmd->add_option("--kubeconfig", flags->kubeconfig,
                   "With --kubernetes: the kubeconfig to use (default: in-cluster when in a pod, "

@@ -31,9 +31,12 @@ namespace flotilla::cluster {
 // pods, Service; EndpointSlices inherit the Service's labels).
 inline constexpr std::string_view kEndpointLabel = "flotilla.dev/endpoint";
 inline constexpr std::string_view kVersionLabel = "flotilla.dev/version";
-// Set to "true" on a Secret that holds one API token: data keys id, salt, sha256 (as
-// auth::TokenRecord), optionally endpoints (comma-separated; absent: all) and admin ("true":
-// it may call the control plane's API too). See TokenSecret.
+// Set to "true" on a ConfigMap that holds one API token's salted hash: data keys id, salt,
+// sha256 (as auth::TokenRecord), optionally endpoints (comma-separated; absent: all) and admin
+// ("true": it may call the control plane's API too). See TokenObject. ConfigMaps, not Secrets:
+// a Role cannot narrow list + watch to labelled Secrets, so a gateway that read token Secrets
+// could read every Secret of the namespace, the admin token's plaintext included; a salted
+// hash of a random token is no secret.
 inline constexpr std::string_view kTokenLabel = "flotilla.dev/token";
 // On a version's Deployment: what its pods run (control::deployment_key), and a digest of the
 // pod template the controller wrote (the API server adds defaults to the stored one).
@@ -56,19 +59,19 @@ gateway::EndpointTable table_from_objects(const kube::Reflector::Objects& servin
                                           const kube::Reflector::Objects& endpoint_slices,
                                           std::vector<std::string>* problems);
 
-// The gateway's tokens from the mirror of token Secrets (kTokenLabel). Auth is enabled (closed:
-// no Secret, no request through). A Secret that does not hold a valid token is left out and
-// named in `problems`.
-gateway::AuthConfig auth_from_secrets(const kube::Reflector::Objects& secrets,
-                                      std::vector<std::string> open_routes,
-                                      std::vector<std::string>* problems);
+// The gateway's tokens from the mirror of token ConfigMaps (kTokenLabel). Auth is enabled
+// (closed: no token, no request through). A ConfigMap that does not hold a valid token is left
+// out and named in `problems`.
+gateway::AuthConfig auth_from_config_maps(const kube::Reflector::Objects& config_maps,
+                                          std::vector<std::string> open_routes,
+                                          std::vector<std::string>* problems);
 
-// ---- Tokens as Secrets ------------------------------------------------------------------------
+// ---- Tokens as ConfigMaps ---------------------------------------------------------------------
 
-// One token Secret (kTokenLabel) as the API shows it. Data: id, salt, sha256, endpoints, admin;
-// annotations kCommentAnnotation and kCreatedAnnotation (unix ms).
-struct TokenSecret {
-  std::string name;  // the Secret's
+// One token ConfigMap (kTokenLabel) as the API shows it. Data: id, salt, sha256, endpoints,
+// admin; annotations kCommentAnnotation and kCreatedAnnotation (unix ms).
+struct TokenObject {
+  std::string name;  // the ConfigMap's
   auth::TokenRecord record;
   bool admin = false;
   std::string comment;
@@ -76,18 +79,21 @@ struct TokenSecret {
 };
 inline constexpr std::string_view kCommentAnnotation = "flotilla.dev/comment";
 inline constexpr std::string_view kCreatedAnnotation = "flotilla.dev/created-unix-ms";
-// The Secret that the first controller to start mints the admin token into: a token Secret
-// whose data.token also holds the token itself, for the operator to read with kubectl.
+// The admin token the first controller to start mints: its token ConfigMap, and a Secret of the
+// same name whose data.token holds the token itself, for the operator to read with kubectl
+// (the gateways cannot read Secrets).
 inline constexpr std::string_view kAdminTokenSecret = "flotilla-admin-token";
 
-// Errors: kInvalidArgument naming the Secret and the data key.
-Result<TokenSecret> token_from_secret(const std::string& name, const nlohmann::json& secret);
-// The Secret (in the client's namespace) that holds `token`; `plaintext` ("" for none) under
-// data.token.
-nlohmann::json token_secret_object(const TokenSecret& token, const std::string& plaintext = "");
+// Errors: kInvalidArgument naming the ConfigMap and the data key.
+Result<TokenObject> token_from_config_map(const std::string& name,
+                                          const nlohmann::json& config_map);
+// The ConfigMap (in the client's namespace) that holds `token`'s hash.
+nlohmann::json token_config_map_object(const TokenObject& token);
+// The Secret kAdminTokenSecret holding the admin token `plaintext` under data.token.
+nlohmann::json admin_token_secret_object(const std::string& plaintext);
 
 // Keeps a gateway's table and tokens in step with the API server: one Reflector each for
-// ServingEndpoints, EndpointSlices (those labelled kEndpointLabel) and token Secrets, on threads
+// ServingEndpoints, EndpointSlices (those labelled kEndpointLabel) and token ConfigMaps, on threads
 // of their own; after each change, the table (once both of its mirrors have listed) and the
 // tokens are pushed to `gateway`. A broken watch keeps the last table: the gateway serves on
 // while the reflectors reconnect.
@@ -241,11 +247,17 @@ class ClusterApi : public control::ApiService {
   // `client` must outlive it.
   ClusterApi(kube::Client& client, Options options);
 
-  // When no token Secret is an admin one, mints the admin token into kAdminTokenSecret; a
-  // controller that loses the race to create it finds it made. Called at start and by every
-  // admin check, so an admin token exists again soon after the last one is revoked or the API
-  // server was away at start. Errors: kUnavailable (the API server), or the token's.
+  // When no token ConfigMap is an admin one, mints the admin token: its ConfigMap, then its
+  // plaintext into the Secret kAdminTokenSecret. A controller that loses the race to create the
+  // ConfigMap finds it made and writes no Secret. Called at start and by every admin check, so
+  // an admin token exists again soon after the last one is revoked or the API server was away
+  // at start. Errors: kUnavailable (the API server), or the token's.
   Status ensure_admin_token();
+  // Moves tokens kept as Secrets (kTokenLabel, base64 data: before tokens were ConfigMaps) into
+  // token ConfigMaps, deletes those Secrets, and keeps kAdminTokenSecret's plaintext in a Secret
+  // without the label. Called at start, before ensure_admin_token. A Secret that holds no valid
+  // token is left as it is, logged. Errors: kUnavailable (the API server).
+  Status move_token_secrets();
 
   Result<auth::AuthResult> check_admin(std::string_view authorization,
                                        std::string* token_id) override;
@@ -271,10 +283,10 @@ class ClusterApi : public control::ApiService {
   Result<nlohmann::json> list_tokens() override;
 
  private:
-  // The token Secrets that hold valid tokens (the others are skipped, as the gateways skip
-  // them); with `first_of_each_id`, only the one of each id the gateways use (by Secret name).
-  Result<std::vector<TokenSecret>> token_secrets(bool first_of_each_id = true);
-  Status ensure_admin_token(const std::vector<TokenSecret>& tokens);
+  // The token ConfigMaps that hold valid tokens (the others are skipped, as the gateways skip
+  // them); with `first_of_each_id`, only the one of each id the gateways use (by name).
+  Result<std::vector<TokenObject>> token_objects(bool first_of_each_id = true);
+  Status ensure_admin_token(const std::vector<TokenObject>& tokens);
   Result<nlohmann::json> get_endpoint(const std::string& name);
 
   kube::Client& client_;

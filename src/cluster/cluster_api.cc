@@ -1,5 +1,5 @@
 // Kubernetes mode's REST API: the routes of `flotilla up` (control::ApiRoutes) over
-// ServingEndpoint objects and token Secrets in the API server.
+// ServingEndpoint objects and token ConfigMaps in the API server.
 #include <algorithm>
 #include <cctype>
 #include <charconv>
@@ -79,13 +79,13 @@ json replica_view(const json& pod) {
           {"reason", reason}};
 }
 
-json token_view(const TokenSecret& token) {
+json token_view(const TokenObject& token) {
   return {{"id", token.record.id},
           {"endpoints", token.record.endpoints},
           {"admin", token.admin},
           {"comment", token.comment},
           {"creation_timestamp", token.created_unix_ms},
-          {"secret", token.name}};
+          {"config_map", token.name}};
 }
 
 // A reply as a Status for the API's callers: the API server refusing the controller itself
@@ -120,10 +120,10 @@ Result<kube::Reflector::Objects> list_objects(kube::Client& client, const kube::
   return objects;
 }
 
-// A Secret name for a token id: DNS-1123 (lower case; ends with a letter or digit). An id that
+// A ConfigMap name for a token id: DNS-1123 (lower case; ends with a letter or digit). An id that
 // lower-casing would change (or that ends with '-') gets a digest of itself appended, so that
-// ids differing only in case name different Secrets.
-std::string token_secret_name(const std::string& id) {
+// ids differing only in case name different ConfigMaps.
+std::string token_object_name(const std::string& id) {
   std::string name = "flotilla-token-";
   bool changed = id.empty() || id.back() == '-';
   for (char c : id) {
@@ -234,17 +234,17 @@ json endpoint_view_of(const json& serving_endpoint, const kube::Reflector::Objec
 ClusterApi::ClusterApi(kube::Client& client, Options options)
     : client_(client), options_(std::move(options)) {}
 
-Result<std::vector<TokenSecret>> ClusterApi::token_secrets(bool first_of_each_id) {
-  // As the gateways read them: by Secret name, the first of a duplicated id wins.
+Result<std::vector<TokenObject>> ClusterApi::token_objects(bool first_of_each_id) {
+  // As the gateways read them: by name, the first of a duplicated id wins.
   FLOTILLA_ASSIGN_OR_RETURN(
-      kube::Reflector::Objects secrets,
-      list_objects(client_, kube::kSecrets, std::string(kTokenLabel) + "=true"));
-  std::vector<TokenSecret> tokens;
-  for (const auto& [name, secret] : secrets) {
-    Result<TokenSecret> token = token_from_secret(name, secret);
+      kube::Reflector::Objects config_maps,
+      list_objects(client_, kube::kConfigMaps, std::string(kTokenLabel) + "=true"));
+  std::vector<TokenObject> tokens;
+  for (const auto& [name, config_map] : config_maps) {
+    Result<TokenObject> token = token_from_config_map(name, config_map);
     const bool taken =
         token.is_ok() && first_of_each_id &&
-        std::any_of(tokens.begin(), tokens.end(), [&token](const TokenSecret& other) {
+        std::any_of(tokens.begin(), tokens.end(), [&token](const TokenObject& other) {
           return other.record.id == token->record.id;
         });
     if (token.is_ok() && !taken) {
@@ -255,41 +255,110 @@ Result<std::vector<TokenSecret>> ClusterApi::token_secrets(bool first_of_each_id
 }
 
 Status ClusterApi::ensure_admin_token() {
-  FLOTILLA_ASSIGN_OR_RETURN(std::vector<TokenSecret> tokens, token_secrets());
+  FLOTILLA_ASSIGN_OR_RETURN(std::vector<TokenObject> tokens, token_objects());
   return ensure_admin_token(tokens);
 }
 
-Status ClusterApi::ensure_admin_token(const std::vector<TokenSecret>& tokens) {
-  if (std::any_of(tokens.begin(), tokens.end(), [](const TokenSecret& t) { return t.admin; })) {
+Status ClusterApi::ensure_admin_token(const std::vector<TokenObject>& tokens) {
+  if (std::any_of(tokens.begin(), tokens.end(), [](const TokenObject& t) { return t.admin; })) {
     return Status::ok();
   }
   FLOTILLA_ASSIGN_OR_RETURN(auth::NewToken minted, auth::generate_token("admin", {}));
-  TokenSecret token{std::string(kAdminTokenSecret), minted.record, true,
+  TokenObject token{std::string(kAdminTokenSecret), minted.record, true,
                     "minted by the first start of flotilla controller", unix_time_ms()};
+  const std::string& ns = client_.config().namespace_name;
   FLOTILLA_ASSIGN_OR_RETURN(
       kube::Reply reply,
-      client_.create(kube::collection_path(kube::kSecrets, client_.config().namespace_name),
-                     token_secret_object(token, minted.token)));
+      client_.create(kube::collection_path(kube::kConfigMaps, ns), token_config_map_object(token)));
   if (reply.reason() == "AlreadyExists") {
     return Status::ok();  // another controller made it first
   }
   FLOTILLA_RETURN_IF_ERROR(api_server_status(reply));
+  // The winner of the ConfigMap writes the plaintext, over a Secret left by an earlier admin
+  // token (deleting the ConfigMap is how an operator resets it).
+  const json secret = admin_token_secret_object(minted.token);
+  FLOTILLA_ASSIGN_OR_RETURN(reply,
+                            client_.create(kube::collection_path(kube::kSecrets, ns), secret));
+  if (reply.reason() == "AlreadyExists") {
+    FLOTILLA_ASSIGN_OR_RETURN(
+        reply, client_.replace(kube::object_path(kube::kSecrets, ns, token.name), secret));
+  }
+  if (Status written = api_server_status(reply); !written.is_ok()) {
+    // Nobody can learn this token: take its ConfigMap back so that the next check mints anew.
+    (void)client_.remove(kube::object_path(kube::kConfigMaps, ns, token.name));
+    return written.with_context("writing the admin token's Secret");
+  }
   spdlog::info("minted the admin token into the Secret {} (data.token)", kAdminTokenSecret);
+  return Status::ok();
+}
+
+Status ClusterApi::move_token_secrets() {
+  const std::string& ns = client_.config().namespace_name;
+  FLOTILLA_ASSIGN_OR_RETURN(
+      kube::Reflector::Objects secrets,
+      list_objects(client_, kube::kSecrets, std::string(kTokenLabel) + "=true"));
+  for (const auto& [name, secret] : secrets) {
+    // Its data as a ConfigMap holds it (text, not base64), but the plaintext.
+    json config_map = {
+        {"metadata", {{"annotations", field(field(secret, "metadata"), "annotations")}}},
+        {"data", json::object()}};
+    std::string plaintext;
+    Status readable = Status::ok();
+    const json& data = field(secret, "data");
+    for (const auto& [key, value] : data.items()) {  // none unless an object
+      if (!value.is_string()) {
+        continue;  // read as missing
+      }
+      Result<std::string> text =
+          kube::decode_base64(value.get<std::string>(), "Secret '" + name + "': data." + key);
+      if (!text.is_ok()) {
+        readable = text.status();
+        break;
+      }
+      if (key == "token") {
+        plaintext = std::move(text).value();
+      } else {
+        config_map["data"][key] = std::move(text).value();
+      }
+    }
+    Result<TokenObject> token =
+        readable.is_ok() ? token_from_config_map(name, config_map) : Result<TokenObject>(readable);
+    if (!token.is_ok()) {
+      spdlog::warn("token Secret {} left as it is: {}", name, token.status().message());
+      continue;
+    }
+    FLOTILLA_ASSIGN_OR_RETURN(kube::Reply reply,
+                              client_.create(kube::collection_path(kube::kConfigMaps, ns),
+                                             token_config_map_object(*token)));
+    if (reply.reason() != "AlreadyExists") {
+      FLOTILLA_RETURN_IF_ERROR(api_server_status(reply));
+    }
+    // The admin token's plaintext stays, in a Secret the gateways do not watch; the rest goes.
+    const std::string path = kube::object_path(kube::kSecrets, ns, name);
+    const bool keep = name == kAdminTokenSecret && !plaintext.empty();
+    FLOTILLA_ASSIGN_OR_RETURN(
+        reply,
+        keep ? client_.replace(path, admin_token_secret_object(plaintext)) : client_.remove(path));
+    if (reply.status != 404) {
+      FLOTILLA_RETURN_IF_ERROR(api_server_status(reply));
+    }
+    spdlog::info("moved token {} from the Secret {} to a ConfigMap", token->record.id, name);
+  }
   return Status::ok();
 }
 
 Result<auth::AuthResult> ClusterApi::check_admin(std::string_view authorization,
                                                  std::string* token_id) {
-  Result<std::vector<TokenSecret>> tokens = token_secrets();
+  Result<std::vector<TokenObject>> tokens = token_objects();
   if (!tokens.is_ok()) {
-    return tokens.status().with_context("reading the token Secrets");
+    return tokens.status().with_context("reading the token ConfigMaps");
   }
   if (Status minted = ensure_admin_token(*tokens); !minted.is_ok()) {
     spdlog::warn("api: no admin token, and minting one failed: {}", minted.message());
   }
   std::vector<auth::TokenRecord> admins;
   std::vector<auth::TokenRecord> all;
-  for (const TokenSecret& token : *tokens) {
+  for (const TokenObject& token : *tokens) {
     all.push_back(token.record);
     if (token.admin) {
       admins.push_back(token.record);
@@ -308,12 +377,12 @@ Result<auth::AuthResult> ClusterApi::check_admin(std::string_view authorization,
 
 Result<auth::AuthResult> ClusterApi::check_token(std::string_view authorization,
                                                  std::vector<std::string>* scope) {
-  Result<std::vector<TokenSecret>> tokens = token_secrets();
+  Result<std::vector<TokenObject>> tokens = token_objects();
   if (!tokens.is_ok()) {
-    return tokens.status().with_context("reading the token Secrets");
+    return tokens.status().with_context("reading the token ConfigMaps");
   }
   std::vector<auth::TokenRecord> records;
-  for (const TokenSecret& token : *tokens) {
+  for (const TokenObject& token : *tokens) {
     records.push_back(token.record);
   }
   return auth::Authenticator(std::move(records)).check_scope(authorization, scope);
@@ -494,50 +563,50 @@ Result<json> ClusterApi::create_token(const std::string& id, std::vector<std::st
                                       bool admin, const std::string& comment,
                                       const std::string& actor) {
   FLOTILLA_ASSIGN_OR_RETURN(auth::NewToken minted, auth::generate_token(id, std::move(endpoints)));
-  FLOTILLA_ASSIGN_OR_RETURN(std::vector<TokenSecret> tokens, token_secrets());
+  FLOTILLA_ASSIGN_OR_RETURN(std::vector<TokenObject> tokens, token_objects());
   if (std::any_of(tokens.begin(), tokens.end(),
-                  [&id](const TokenSecret& token) { return token.record.id == id; })) {
+                  [&id](const TokenObject& token) { return token.record.id == id; })) {
     return Status(StatusCode::kFailedPrecondition, "token '" + id + "' already exists");
   }
-  const TokenSecret token{token_secret_name(id), minted.record, admin, comment, unix_time_ms()};
+  const TokenObject token{token_object_name(id), minted.record, admin, comment, unix_time_ms()};
   FLOTILLA_ASSIGN_OR_RETURN(
       kube::Reply reply,
-      client_.create(kube::collection_path(kube::kSecrets, client_.config().namespace_name),
-                     token_secret_object(token)));
+      client_.create(kube::collection_path(kube::kConfigMaps, client_.config().namespace_name),
+                     token_config_map_object(token)));
   if (reply.reason() == "AlreadyExists") {
     return Status(StatusCode::kFailedPrecondition,
-                  "token '" + id + "': the Secret " + token.name + " already exists");
+                  "token '" + id + "': the ConfigMap " + token.name + " already exists");
   }
   FLOTILLA_RETURN_IF_ERROR(api_server_status(reply));
-  spdlog::info("api: {} created token {} (Secret {})", actor, id, token.name);
+  spdlog::info("api: {} created token {} (ConfigMap {})", actor, id, token.name);
   return json{{"token", minted.token}, {"token_info", token_view(token)}};
 }
 
 Status ClusterApi::revoke_token(const std::string& id, const std::string& actor) {
-  // Every Secret holding the id, not only the one the gateways use now: a second one would
+  // Every ConfigMap holding the id, not only the one the gateways use now: a second one would
   // take its place.
-  FLOTILLA_ASSIGN_OR_RETURN(std::vector<TokenSecret> holding,
-                            token_secrets(/*first_of_each_id=*/false));
-  std::erase_if(holding, [&id](const TokenSecret& token) { return token.record.id != id; });
+  FLOTILLA_ASSIGN_OR_RETURN(std::vector<TokenObject> holding,
+                            token_objects(/*first_of_each_id=*/false));
+  std::erase_if(holding, [&id](const TokenObject& token) { return token.record.id != id; });
   if (holding.empty()) {
     return not_found("token '" + id + "' does not exist");
   }
-  for (const TokenSecret& token : holding) {
+  for (const TokenObject& token : holding) {
     FLOTILLA_ASSIGN_OR_RETURN(kube::Reply reply,
                               client_.remove(kube::object_path(
-                                  kube::kSecrets, client_.config().namespace_name, token.name)));
+                                  kube::kConfigMaps, client_.config().namespace_name, token.name)));
     if (reply.status != 404) {
       FLOTILLA_RETURN_IF_ERROR(api_server_status(reply));
     }
-    spdlog::info("api: {} revoked token {} (Secret {})", actor, id, token.name);
+    spdlog::info("api: {} revoked token {} (ConfigMap {})", actor, id, token.name);
   }
   return Status::ok();
 }
 
 Result<json> ClusterApi::list_tokens() {
-  FLOTILLA_ASSIGN_OR_RETURN(std::vector<TokenSecret> tokens, token_secrets());
+  FLOTILLA_ASSIGN_OR_RETURN(std::vector<TokenObject> tokens, token_objects());
   json list = json::array();
-  for (const TokenSecret& token : tokens) {
+  for (const TokenObject& token : tokens) {
     list.push_back(token_view(token));
   }
   return list;

@@ -164,13 +164,14 @@ gateway::EndpointTable table_from_objects(const Objects& serving_endpoints,
   return table;
 }
 
-gateway::AuthConfig auth_from_secrets(const Objects& secrets, std::vector<std::string> open_routes,
-                                      std::vector<std::string>* problems) {
+gateway::AuthConfig auth_from_config_maps(const Objects& config_maps,
+                                          std::vector<std::string> open_routes,
+                                          std::vector<std::string>* problems) {
   gateway::AuthConfig auth;
   auth.enabled = true;
   auth.open_routes = std::move(open_routes);
-  for (const auto& [name, secret] : secrets) {
-    Result<TokenSecret> record = token_from_secret(name, secret);
+  for (const auto& [name, config_map] : config_maps) {
+    Result<TokenObject> record = token_from_config_map(name, config_map);
     if (!record.is_ok()) {
       if (problems != nullptr) {
         problems->push_back(record.status().message());
@@ -183,7 +184,7 @@ gateway::AuthConfig auth_from_secrets(const Objects& secrets, std::vector<std::s
                     [&id](const auth::TokenRecord& token) { return token.id == id; });
     if (duplicate) {
       if (problems != nullptr) {
-        problems->push_back("Secret '" + name + "': token id '" + id + "' is already used");
+        problems->push_back("ConfigMap '" + name + "': token id '" + id + "' is already used");
       }
       continue;
     }
@@ -222,9 +223,9 @@ GatewayDiscovery::GatewayDiscovery(kube::Client& client, gateway::GatewaySink& g
     }
     publish_table();
   });
-  make(kube::kSecrets, std::string(kTokenLabel) + "=true", [this](const Objects& objects) {
+  make(kube::kConfigMaps, std::string(kTokenLabel) + "=true", [this](const Objects& objects) {
     std::vector<std::string> problems;
-    gateway_.update_auth(auth_from_secrets(objects, options_.open_routes, &problems));
+    gateway_.update_auth(auth_from_config_maps(objects, options_.open_routes, &problems));
     for (const std::string& problem : problems) {
       spdlog::warn("token ignored: {}", problem);
     }

@@ -1,4 +1,5 @@
-// API tokens as Secrets: what the gateways read and the controller's API writes.
+// API tokens as ConfigMaps of salted hashes (what the gateways read and the controller's API
+// writes), and the admin token's plaintext as a Secret only the controller writes.
 #include <charconv>
 #include <sstream>
 
@@ -12,19 +13,19 @@ using nlohmann::json;
 
 }  // namespace
 
-Result<TokenSecret> token_from_secret(const std::string& name, const json& secret) {
-  const std::string where = "Secret '" + name + "'";
+Result<TokenObject> token_from_config_map(const std::string& name, const json& config_map) {
+  const std::string where = "ConfigMap '" + name + "'";
   auto read = [&](const char* key, bool required) -> Result<std::string> {
-    const json& value = field(field(secret, "data"), key);
+    const json& value = field(field(config_map, "data"), key);
     if (!value.is_string()) {
       if (required) {
         return invalid_argument(where + ": data." + key + " is missing");
       }
       return std::string();
     }
-    return kube::decode_base64(value.get<std::string>(), where + ": data." + key);
+    return value.get<std::string>();
   };
-  TokenSecret token;
+  TokenObject token;
   token.name = name;
   FLOTILLA_ASSIGN_OR_RETURN(token.record.id, read("id", true));
   FLOTILLA_RETURN_IF_ERROR(auth::check_token_id(token.record.id, where + ": id"));
@@ -51,7 +52,7 @@ Result<TokenSecret> token_from_secret(const std::string& name, const json& secre
     return invalid_argument(where +
                             ": an admin token may call every endpoint; drop data.endpoints");
   }
-  const json& annotations = field(field(secret, "metadata"), "annotations");
+  const json& annotations = field(field(config_map, "metadata"), "annotations");
   token.comment = kube::string_field(annotations, kCommentAnnotation);
   const std::string created = kube::string_field(annotations, kCreatedAnnotation);
   // An unreadable creation time is only a display: 0.
@@ -59,31 +60,35 @@ Result<TokenSecret> token_from_secret(const std::string& name, const json& secre
   return token;
 }
 
-json token_secret_object(const TokenSecret& token, const std::string& plaintext) {
+json token_config_map_object(const TokenObject& token) {
   std::string scope;
   for (const std::string& endpoint : token.record.endpoints) {
     scope += (scope.empty() ? "" : ",") + endpoint;
   }
-  json data = {{"id", kube::encode_base64(token.record.id)},
-               {"salt", kube::encode_base64(token.record.salt)},
-               {"sha256", kube::encode_base64(token.record.sha256)},
-               {"admin", kube::encode_base64(token.admin ? "true" : "false")}};
+  json data = {{"id", token.record.id},
+               {"salt", token.record.salt},
+               {"sha256", token.record.sha256},
+               {"admin", token.admin ? "true" : "false"}};
   if (!scope.empty()) {
-    data["endpoints"] = kube::encode_base64(scope);
-  }
-  if (!plaintext.empty()) {
-    data["token"] = kube::encode_base64(plaintext);
+    data["endpoints"] = scope;
   }
   return {{"apiVersion", "v1"},
-          {"kind", "Secret"},
+          {"kind", "ConfigMap"},
           {"metadata",
            {{"name", token.name},
             {"labels", {{std::string(kTokenLabel), "true"}}},
             {"annotations",
              {{std::string(kCommentAnnotation), token.comment},
               {std::string(kCreatedAnnotation), std::to_string(token.created_unix_ms)}}}}},
-          {"type", "Opaque"},
           {"data", std::move(data)}};
+}
+
+json admin_token_secret_object(const std::string& plaintext) {
+  return {{"apiVersion", "v1"},
+          {"kind", "Secret"},
+          {"metadata", {{"name", std::string(kAdminTokenSecret)}}},
+          {"type", "Opaque"},
+          {"data", {{"token", kube::encode_base64(plaintext)}}}};
 }
 
 }  // namespace flotilla::cluster

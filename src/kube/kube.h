@@ -73,6 +73,7 @@ inline const Resource kDeployments{"apps", "v1", "deployments"};
 inline const Resource kServices{"", "v1", "services"};
 inline const Resource kPods{"", "v1", "pods"};
 inline const Resource kSecrets{"", "v1", "secrets"};
+inline const Resource kConfigMaps{"", "v1", "configmaps"};
 inline const Resource kEndpointSlices{"discovery.k8s.io", "v1", "endpointslices"};
 inline const Resource kLeases{"coordination.k8s.io", "v1", "leases"};
 

@@ -1,4 +1,4 @@
-// Kubernetes mode's REST API, as pure functions: token Secrets written and read back, and the
+// Kubernetes mode's REST API, as pure functions: token ConfigMaps written and read back, and the
 // view of a ServingEndpoint and its pods in the shape `flotilla up`'s API gives.
 #include <gtest/gtest.h>
 
@@ -10,38 +10,44 @@ namespace {
 
 using nlohmann::json;
 
-TEST(TokenSecretTest, WhatIsWrittenReadsBackWithThePlaintextOnlyWhereAsked) {
+TEST(TokenObjectTest, WhatIsWrittenReadsBackAndThePlaintextGoesOnlyToTheAdminSecret) {
   Result<auth::NewToken> minted = auth::generate_token("ci", {"fraud", "llm"});
   ASSERT_TRUE(minted.is_ok());
-  const TokenSecret token{"flotilla-token-ci", minted->record, false, "the CI job", 1234};
-  const json secret = token_secret_object(token);
-  EXPECT_EQ(secret["metadata"]["labels"]["flotilla.dev/token"], "true");
-  EXPECT_FALSE(secret["data"].contains("token"));
-  Result<TokenSecret> back = token_from_secret("flotilla-token-ci", secret);
+  const TokenObject token{"flotilla-token-ci", minted->record, false, "the CI job", 1234};
+  const json config_map = token_config_map_object(token);
+  EXPECT_EQ(config_map["kind"], "ConfigMap");
+  EXPECT_EQ(config_map["metadata"]["labels"]["flotilla.dev/token"], "true");
+  EXPECT_EQ(config_map["data"]["endpoints"], "fraud,llm");  // text, as kubectl shows it
+  EXPECT_FALSE(config_map["data"].contains("token"));
+  Result<TokenObject> back = token_from_config_map("flotilla-token-ci", config_map);
   ASSERT_TRUE(back.is_ok()) << back.status().message();
   EXPECT_EQ(back->record, minted->record);
   EXPECT_FALSE(back->admin);
   EXPECT_EQ(back->comment, "the CI job");
   EXPECT_EQ(back->created_unix_ms, 1234);
 
-  const json with_plaintext = token_secret_object(token, minted->token);
+  const json secret = admin_token_secret_object(minted->token);
+  EXPECT_EQ(secret["kind"], "Secret");
+  EXPECT_EQ(secret["metadata"]["name"], kAdminTokenSecret);
+  // Not a token object: the gateways neither watch nor may read it.
+  EXPECT_FALSE(secret["metadata"].contains("labels"));
   Result<std::string> plaintext =
-      kube::decode_base64(with_plaintext["data"]["token"].get<std::string>(), "data.token");
+      kube::decode_base64(secret["data"]["token"].get<std::string>(), "data.token");
   ASSERT_TRUE(plaintext.is_ok());
   EXPECT_EQ(*plaintext, minted->token);
 }
 
-TEST(TokenSecretTest, RefusesAnAdminFlagThatIsNotOneAndAnAdminWithAScope) {
+TEST(TokenObjectTest, RefusesAnAdminFlagThatIsNotOneAndAnAdminWithAScope) {
   Result<auth::NewToken> minted = auth::generate_token("ci", {"fraud"});
   ASSERT_TRUE(minted.is_ok());
-  json secret = token_secret_object({"s", minted->record, true, "", 0});
-  Result<TokenSecret> scoped_admin = token_from_secret("s", secret);
+  json config_map = token_config_map_object({"s", minted->record, true, "", 0});
+  Result<TokenObject> scoped_admin = token_from_config_map("s", config_map);
   ASSERT_FALSE(scoped_admin.is_ok());
   EXPECT_NE(scoped_admin.status().message().find("drop data.endpoints"), std::string::npos);
-  secret["data"]["admin"] = kube::encode_base64("yes");
-  Result<TokenSecret> bad = token_from_secret("s", secret);
+  config_map["data"]["admin"] = "yes";
+  Result<TokenObject> bad = token_from_config_map("s", config_map);
   ASSERT_FALSE(bad.is_ok());
-  EXPECT_NE(bad.status().message().find("Secret 's': data.admin"), std::string::npos);
+  EXPECT_NE(bad.status().message().find("ConfigMap 's': data.admin"), std::string::npos);
 }
 
 json served(const std::string& name, int traffic) {

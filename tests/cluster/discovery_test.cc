@@ -132,52 +132,33 @@ TEST(TableFromObjectsTest, ObjectsOfTheWrongShapeAreSkippedNotFatal) {
   EXPECT_EQ(problems.size(), 1u);  // "odd": no versions
 }
 
-std::string base64(const std::string& text) {
-  static constexpr char kAlphabet[] =
-      "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-  std::string out;
-  for (size_t i = 0; i < text.size(); i += 3) {
-    uint32_t group = static_cast<uint8_t>(text[i]) << 16;
-    if (i + 1 < text.size())
-      group |= static_cast<uint8_t>(text[i + 1]) << 8;
-    if (i + 2 < text.size())
-      group |= static_cast<uint8_t>(text[i + 2]);
-    out += kAlphabet[(group >> 18) & 63];
-    out += kAlphabet[(group >> 12) & 63];
-    out += i + 1 < text.size() ? kAlphabet[(group >> 6) & 63] : '=';
-    out += i + 2 < text.size() ? kAlphabet[group & 63] : '=';
-  }
-  return out;
-}
-
-json token_secret(const std::string& name, const auth::TokenRecord& record,
-                  const std::string& endpoints = "") {
-  json data = {
-      {"id", base64(record.id)}, {"salt", base64(record.salt)}, {"sha256", base64(record.sha256)}};
+// A token ConfigMap as written by hand (kubectl apply) from `flotilla gateway mint-token`.
+json token_config_map(const std::string& name, const auth::TokenRecord& record,
+                      const std::string& endpoints = "") {
+  json data = {{"id", record.id}, {"salt", record.salt}, {"sha256", record.sha256}};
   if (!endpoints.empty()) {
-    data["endpoints"] = base64(endpoints);
+    data["endpoints"] = endpoints;
   }
   return {{"apiVersion", "v1"},
-          {"kind", "Secret"},
+          {"kind", "ConfigMap"},
           {"metadata", {{"name", name}, {"labels", {{"flotilla.dev/token", "true"}}}}},
-          {"type", "Opaque"},
           {"data", std::move(data)}};
 }
 
-TEST(AuthFromSecretsTest, TokensFromSecretsCheckAsTheirSecretsDoAndBadOnesAreNamed) {
+TEST(AuthFromConfigMapsTest, TokensCheckAsTheirConfigMapsSayAndBadOnesAreNamed) {
   Result<auth::NewToken> ci = auth::generate_token("ci", {"fraud", "llm"});
   Result<auth::NewToken> admin = auth::generate_token("admin", {});
   ASSERT_TRUE(ci.is_ok() && admin.is_ok());
-  json bad_salt = token_secret("bad", ci->record);
-  bad_salt["data"]["salt"] = base64("xyz");
-  const kube::Reflector::Objects secrets = {
-      {"token-ci", token_secret("token-ci", ci->record, "fraud,llm")},
-      {"token-admin", token_secret("token-admin", admin->record)},
+  json bad_salt = token_config_map("bad", ci->record);
+  bad_salt["data"]["salt"] = "xyz";
+  const kube::Reflector::Objects config_maps = {
+      {"token-ci", token_config_map("token-ci", ci->record, "fraud,llm")},
+      {"token-admin", token_config_map("token-admin", admin->record)},
       {"token-bad", bad_salt},
-      {"token-ci-again", token_secret("token-ci-again", ci->record)},
+      {"token-ci-again", token_config_map("token-ci-again", ci->record)},
       {"token-empty", {{"metadata", {{"name", "token-empty"}}}}}};
   std::vector<std::string> problems;
-  const gateway::AuthConfig auth = auth_from_secrets(secrets, {"health"}, &problems);
+  const gateway::AuthConfig auth = auth_from_config_maps(config_maps, {"health"}, &problems);
   EXPECT_TRUE(auth.enabled);
   EXPECT_EQ(auth.open_routes, std::vector<std::string>{"health"});
   ASSERT_EQ(auth.tokens.size(), 2u);
@@ -185,21 +166,21 @@ TEST(AuthFromSecretsTest, TokensFromSecretsCheckAsTheirSecretsDoAndBadOnesAreNam
   EXPECT_EQ(auth.tokens[1], ci->record);
   EXPECT_EQ(auth.tokens[1].endpoints, (std::vector<std::string>{"fraud", "llm"}));
   ASSERT_EQ(problems.size(), 3u) << ::testing::PrintToString(problems);
-  EXPECT_NE(problems[0].find("Secret 'token-bad': salt"), std::string::npos) << problems[0];
+  EXPECT_NE(problems[0].find("ConfigMap 'token-bad': salt"), std::string::npos) << problems[0];
   EXPECT_NE(problems[1].find("'token-ci-again': token id 'ci' is already used"), std::string::npos)
       << problems[1];
   EXPECT_NE(problems[2].find("'token-empty': data.id is missing"), std::string::npos)
       << problems[2];
 
-  // The tokens the Secrets describe let their holders in, each within its scope.
+  // The tokens the ConfigMaps describe let their holders in, each within its scope.
   const auth::Authenticator authenticator(auth.tokens);
   EXPECT_EQ(authenticator.check("Bearer " + ci->token, "fraud"), auth::AuthResult::kAllowed);
   EXPECT_EQ(authenticator.check("Bearer " + ci->token, "other"), auth::AuthResult::kForbidden);
   EXPECT_EQ(authenticator.check("Bearer " + admin->token, "other"), auth::AuthResult::kAllowed);
 }
 
-TEST(AuthFromSecretsTest, NoSecretMeansNoRequestPasses) {
-  const gateway::AuthConfig auth = auth_from_secrets({}, {}, nullptr);
+TEST(AuthFromConfigMapsTest, NoTokenMeansNoRequestPasses) {
+  const gateway::AuthConfig auth = auth_from_config_maps({}, {}, nullptr);
   EXPECT_TRUE(auth.enabled);
   EXPECT_TRUE(auth.tokens.empty());
 }

@@ -590,8 +590,8 @@ def label_of(body):
     return None
 
 
-def mint_token_secret(apiserver, namespace, token_id, endpoints=None, name=None):
-    """Mints a token with `flotilla gateway mint-token` and stores it as a token Secret (its
+def mint_token_config_map(apiserver, namespace, token_id, endpoints=None, name=None):
+    """Mints a token with `flotilla gateway mint-token` and stores it as a token ConfigMap (its
     salted hash, as the gateways read it) in the fake API server `apiserver`; returns the
     token."""
     argv = [FLOTILLA_BIN, "gateway", "mint-token", "--id", token_id]
@@ -600,14 +600,13 @@ def mint_token_secret(apiserver, namespace, token_id, endpoints=None, name=None)
     minted = run_to_exit(argv)
     assert minted.returncode == 0, minted
     out = minted.stdout.decode()
-    b64 = lambda text: base64.b64encode(text.encode()).decode()  # noqa: E731
-    data = {"id": b64(token_id),
-            "salt": b64(re.search(r'salt: "([0-9a-f]+)"', out).group(1)),
-            "sha256": b64(re.search(r'sha256: "([0-9a-f]+)"', out).group(1))}
+    data = {"id": token_id,
+            "salt": re.search(r'salt: "([0-9a-f]+)"', out).group(1),
+            "sha256": re.search(r'sha256: "([0-9a-f]+)"', out).group(1)}
     if endpoints:
-        data["endpoints"] = b64(",".join(endpoints))
-    apiserver.create({"apiVersion": "v1", "kind": "Secret",
+        data["endpoints"] = ",".join(endpoints)
+    apiserver.create({"apiVersion": "v1", "kind": "ConfigMap",
                       "metadata": {"name": name or f"token-{token_id}", "namespace": namespace,
                                    "labels": {"flotilla.dev/token": "true"}},
-                      "type": "Opaque", "data": data})
+                      "data": data})
     return re.search(r"token: (\S+)", out).group(1)

@@ -10,6 +10,7 @@ second takes over a rollout the first left half done.
 import base64
 import json
 import os
+import re
 import sys
 import tempfile
 import types
@@ -166,14 +167,18 @@ class ControllerTest(FakeClusterCase):
 
 class ApiTest(FakeClusterCase):
     """The REST API of `flotilla up`, served by the controller over ServingEndpoints and token
-    Secrets: `flotilla deploy` and the API write the objects `kubectl apply` would, tokens
-    are Secrets holding salted hashes, bad input changes nothing. The test plays the
-    Deployment controller."""
+    ConfigMaps: `flotilla deploy` and the API write the objects `kubectl apply` would, tokens
+    are ConfigMaps holding salted hashes (the gateways may read no Secret), bad input changes
+    nothing. The test plays the Deployment controller."""
 
     def admin_token(self):
+        record = self.api.get("configmaps", NS, "flotilla-admin-token")
+        self.assertIsNotNone(record, "no admin token minted")
+        self.assertEqual(record["metadata"]["labels"]["flotilla.dev/token"], "true")
+        self.assertEqual(record["data"]["admin"], "true")
         secret = self.api.get("secrets", NS, "flotilla-admin-token")
-        self.assertIsNotNone(secret, "no admin token Secret minted")
-        self.assertEqual(secret["metadata"]["labels"]["flotilla.dev/token"], "true")
+        self.assertIsNotNone(secret, "no Secret holds the admin token")
+        self.assertNotIn("labels", secret["metadata"])  # not a token object: no gateway reads it
         return base64.b64decode(secret["data"]["token"]).decode()
 
     def call(self, method, path, body=None, token=None):
@@ -253,7 +258,7 @@ served_models:
         self.assertEqual(self.call("GET", "/api/2.0/serving-endpoints",
                                    token="flt_admin_" + "0" * 64).status, 401)
         # The API server failing the token list: a 503 to retry, not a verdict on the token.
-        self.api.fail_next(1, code=503, match=r"/secrets")
+        self.api.fail_next(1, code=503, match=r"/configmaps")
         unavailable = self.call("GET", "/api/2.0/serving-endpoints")
         self.assertEqual(unavailable.status, 503, unavailable.body)
         self.assertEqual(unavailable.json()["error_code"], "TEMPORARILY_UNAVAILABLE")
@@ -291,22 +296,23 @@ served_models:
         self.assertEqual(self.call("PUT", "/api/2.0/serving-endpoints/nope/config",
                                    spec("v1")).status, 404)
 
-    def test_tokens_are_secrets_of_hashes_that_scope_and_revoke(self):
+    def test_tokens_are_config_maps_of_hashes_that_scope_and_revoke(self):
         made = self.call("POST", "/api/2.0/tokens", {"id": "ci", "endpoints": ["fraud"],
                                                      "comment": "the CI job"})
         self.assertEqual(made.status, 200, made.body)
         token = made.json()["token"]
-        secret = self.api.get("secrets", NS, "flotilla-token-ci")
-        data = {k: base64.b64decode(v).decode() for k, v in secret["data"].items()}
+        record = self.api.get("configmaps", NS, "flotilla-token-ci")
+        data = record["data"]
         self.assertEqual((data["id"], data["endpoints"], data["admin"]), ("ci", "fraud", "false"))
         self.assertNotIn("token", data)
-        self.assertNotIn(token.split("_")[-1], json.dumps(secret))
-        self.assertEqual(secret["metadata"]["annotations"]["flotilla.dev/comment"], "the CI job")
+        self.assertNotIn(token.split("_")[-1], json.dumps(record))
+        self.assertEqual(record["metadata"]["annotations"]["flotilla.dev/comment"], "the CI job")
+        self.assertIsNone(self.api.get("secrets", NS, "flotilla-token-ci"))
         self.assertEqual(self.call("POST", "/api/2.0/tokens", {"id": "ci"}).status, 409)
-        # Another id that differs only in case is another token, in a Secret of its own.
+        # Another id that differs only in case is another token, in a ConfigMap of its own.
         other = self.call("POST", "/api/2.0/tokens", {"id": "CI"})
         self.assertEqual(other.status, 200, other.body)
-        self.assertNotEqual(other.json()["token_info"]["secret"], "flotilla-token-ci")
+        self.assertNotEqual(other.json()["token_info"]["config_map"], "flotilla-token-ci")
         self.assertEqual(self.call("DELETE", "/api/2.0/tokens/CI").status, 200)
         self.assertEqual(self.call("POST", "/api/2.0/tokens", {"id": "bad id!"}).status, 400)
 
@@ -327,15 +333,63 @@ served_models:
         ids = sorted(t["id"] for t in self.call("GET", "/api/2.0/tokens").json()["tokens"])
         self.assertEqual(ids, ["admin", "ci"])
         self.assertEqual(self.call("DELETE", "/api/2.0/tokens/ci").status, 200)
-        self.assertIsNone(self.api.get("secrets", NS, "flotilla-token-ci"))
+        self.assertIsNone(self.api.get("configmaps", NS, "flotilla-token-ci"))
         self.assertEqual(self.call("DELETE", "/api/2.0/tokens/ci").status, 404)
         self.assertEqual(self.call("GET", "/metrics", token=token).status, 401)
-        # The admin cannot revoke itself; once no admin token is left one is minted again.
+        # The admin cannot revoke itself; once no admin token is left one is minted again, its
+        # plaintext written over the old one's Secret.
         self.assertEqual(self.call("DELETE", "/api/2.0/tokens/admin").status, 400)
-        self.api.delete("secrets", NS, "flotilla-admin-token")
+        old = self.token
+        self.api.delete("configmaps", NS, "flotilla-admin-token")
         self.assertEqual(self.call("GET", "/api/2.0/tokens").status, 401)
         self.token = self.admin_token()
+        self.assertNotEqual(self.token, old)
         self.assertEqual(self.call("GET", "/api/2.0/tokens").status, 200)
+
+    def test_token_secrets_of_an_earlier_release_move_to_config_maps_at_start(self):
+        # Written as releases before ConfigMaps did: base64 data, the admin one with its
+        # plaintext. A Secret that holds no valid token is left alone.
+        self.controller.stop()
+        made = harness.run_to_exit([FLOTILLA_BIN, "gateway", "mint-token", "--id", "old"])
+        out = made.stdout.decode()
+        b64 = lambda text: base64.b64encode(text.encode()).decode()  # noqa: E731
+        old_token = re.search(r"token: (\S+)", out).group(1)
+        self.api.create({"apiVersion": "v1", "kind": "Secret",
+                         "metadata": {"name": "token-old", "namespace": NS,
+                                      "labels": {"flotilla.dev/token": "true"}},
+                         "data": {"id": b64("old"), "endpoints": b64("fraud"),
+                                  "salt": b64(re.search(r'salt: "([0-9a-f]+)"', out).group(1)),
+                                  "sha256": b64(re.search(r'sha256: "([0-9a-f]+)"',
+                                                          out).group(1))}})
+        self.api.create({"apiVersion": "v1", "kind": "Secret",
+                         "metadata": {"name": "token-broken", "namespace": NS,
+                                      "labels": {"flotilla.dev/token": "true"}},
+                         "data": {"id": b64("broken")}})
+        admin = self.api.get("configmaps", NS, "flotilla-admin-token")
+        secret = self.api.get("secrets", NS, "flotilla-admin-token")
+        self.api.delete("configmaps", NS, "flotilla-admin-token")
+        self.api.delete("secrets", NS, "flotilla-admin-token")
+        self.api.create({"apiVersion": "v1", "kind": "Secret",
+                         "metadata": {"name": "flotilla-admin-token", "namespace": NS,
+                                      "labels": {"flotilla.dev/token": "true"}},
+                         "data": {**{k: b64(v) for k, v in admin["data"].items()},
+                                  "token": secret["data"]["token"]}})
+        self.controller = self.start_controller("controller-b")
+        wait_until(lambda: self.api.get("configmaps", NS, "token-old") is not None, DEADLINE_S,
+                   what="the old token's ConfigMap")
+        self.assertEqual(self.api.get("configmaps", NS, "token-old")["data"]["endpoints"],
+                         "fraud")
+        self.assertIsNone(self.api.get("secrets", NS, "token-old"))
+        self.assertIsNotNone(self.api.get("secrets", NS, "token-broken"))
+        self.assertIsNone(self.api.get("configmaps", NS, "token-broken"))
+        # The same admin token, its hash moved, its plaintext kept where the operator reads it.
+        self.assertEqual(self.admin_token(), self.token)
+        wait_until(lambda: self.leading(self.controller), DEADLINE_S, what="leading")
+        self.assertEqual(self.call("GET", "/api/2.0/tokens").status, 200)
+        ids = sorted(t["id"] for t in self.call("GET", "/api/2.0/tokens").json()["tokens"])
+        self.assertEqual(ids, ["admin", "old"])
+        self.assertEqual(self.call("GET", "/api/2.0/serving-endpoints", token=old_token).status,
+                         403)
 
 
 class EndToEndTest(FakeClusterCase):
@@ -352,7 +406,7 @@ class EndToEndTest(FakeClusterCase):
                                                 log_dir=os.path.join(self.tmp, "pods"))
         self.kubelet.start()
         self.addCleanup(self.kubelet.stop)
-        self.token = harness.mint_token_secret(self.api, NS, "ci")
+        self.token = harness.mint_token_config_map(self.api, NS, "ci")
         self.model = harness.write_yaml(self.tmp, "model.yaml",
                                         "service_time: {dist: fixed, mean_ms: 50}\ncpu_us: 0\n"
                                         "saturation: 100000\nseed: 1\n")

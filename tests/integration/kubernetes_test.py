@@ -109,7 +109,7 @@ class GatewayKubernetesTest(unittest.TestCase):
                                         "--port", "0", "--workers", "1"], cls_level=True)
             for _ in range(2)]
 
-        cls.token = harness.mint_token_secret(cls.apiserver, NS, "ci", endpoints=["fraud"])
+        cls.token = harness.mint_token_config_map(cls.apiserver, NS, "ci", endpoints=["fraud"])
         kubeconfig = cls.apiserver.write_kubeconfig(os.path.join(cls.tmp, "kubeconfig"), NS)
         cls.gateway = harness.start_process(
             cls, [FLOTILLA_BIN, "gateway", "--kubernetes", "--kubeconfig", kubeconfig,
