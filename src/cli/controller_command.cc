@@ -100,6 +100,7 @@ int run_controller(const ControllerFlags& flags) {
   // so that a slow call does not hold up the gateways' reports and /health. ClusterApi keeps
   // no state of its own and the controller's report intake locks.
   server_options.workers = 4;
+  cluster::ReportKeyCheck report_key(client);
   auto server = http::Server::create(server_options, [&](http::Request&& request,
                                                          http::Responder&& responder) {
     const std::string path = request.target.substr(0, request.target.find('?'));
@@ -112,6 +113,13 @@ int run_controller(const ControllerFlags& flags) {
       return;
     }
     if (path == "/v1/samples" && request.method == http::Method::kPost) {
+      if (!report_key.allows(http::find_header(request.headers, "authorization"))) {
+        responder.send(
+            json_response(401, {{"error_code", "UNAUTHENTICATED"},
+                                {"message", "a report needs the key of the Secret " +
+                                                std::string(cluster::kReportKeySecret)}}));
+        return;
+      }
       Result<cluster::SampleReport> report = cluster::parse_sample_report(request.body);
       if (!report.is_ok()) {
         responder.send(json_response(400, {{"error_code", "INVALID_PARAMETER_VALUE"},
@@ -186,6 +194,10 @@ int run_controller(const ControllerFlags& flags) {
   if (Status minted = api_service->ensure_admin_token(); !minted.is_ok()) {
     // The API server may not answer yet; a later start (or another replica) mints it.
     spdlog::warn("admin token: {}", minted.message());
+  }
+  if (Result<std::string> key = cluster::read_report_key(client, /*mint=*/true); !key.is_ok()) {
+    // Minted later, when a gateway's report finds none.
+    spdlog::warn("the gateways' report key: {}", key.status().message());
   }
 
   std::thread api([&] { (*server)->run(); });

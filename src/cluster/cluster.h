@@ -186,6 +186,35 @@ class FleetSamples {
 // there; a capacity request (an endpoint with no replica has a request waiting) goes out at
 // once. A controller that cannot be reached costs the samples of that report only: the next
 // one carries them again. Runs on a thread of its own.
+// The Secret holding the key a gateway sends with its reports to the leading controller
+// (`Authorization: Bearer KEY` on POST /v1/samples): the first controller to need it mints it.
+// A gateway's Role may get this Secret and no other. Deleting it rotates the key: a controller
+// mints a new one when a report does not match, and the gateways read it again on a 401.
+inline constexpr std::string_view kReportKeySecret = "flotilla-report-key";
+
+// The report key from its Secret; with `mint`, made first when the Secret is missing (a
+// controller losing the race to another reads the winner's). Errors: kNotFound (no Secret and
+// not `mint`), kInvalidArgument (no data.key), kUnavailable (the API server).
+Result<std::string> read_report_key(kube::Client& client, bool mint);
+
+// The controller's check of a report's Authorization header against the report key. Thread-safe.
+class ReportKeyCheck {
+ public:
+  explicit ReportKeyCheck(kube::Client& client);  // `client` must outlive it
+  // True for "Bearer KEY" with the key (compared in constant time). A header that does not
+  // match reads the Secret again (minting it when missing), at most once a second.
+  bool allows(std::string_view authorization) FLOTILLA_EXCLUDES(mu_);
+
+ private:
+  bool matches(std::string_view presented) const FLOTILLA_REQUIRES(mu_);
+
+  kube::Client& client_;
+  Mutex mu_;
+  std::string key_ FLOTILLA_GUARDED_BY(mu_);
+  bool read_once_ FLOTILLA_GUARDED_BY(mu_) = false;
+  std::chrono::steady_clock::time_point last_read_ FLOTILLA_GUARDED_BY(mu_);
+};
+
 class SampleReporter : public gateway::CapacityRequester {
  public:
   struct Options {
@@ -215,8 +244,10 @@ class SampleReporter : public gateway::CapacityRequester {
   GatewayDiscovery& discovery_;
   const Options options_;
   // The reporter thread's own: the leader's "host:port" as last read (empty: read the Lease),
-  // and capacity requests not yet delivered (sent again with the next report).
+  // the report key (empty: read its Secret), and capacity requests not yet delivered (sent
+  // again with the next report).
   std::string controller_;
+  std::string key_;
   std::vector<std::string> unsent_capacity_;
   Mutex mu_;
   CondVar wake_;

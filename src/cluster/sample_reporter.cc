@@ -91,6 +91,16 @@ bool SampleReporter::report(const std::vector<std::string>& capacity) {
     controller_.clear();
     return false;
   }
+  if (key_.empty()) {
+    Result<std::string> key = read_report_key(client_, /*mint=*/false);
+    if (key.is_ok()) {
+      key_ = std::move(key).value();
+    } else if (key.status().code() != StatusCode::kNotFound) {
+      spdlog::debug("the report key: {}", key.status().message());
+      return false;
+    }
+    // No Secret: the report goes without a key, so that the controller, refusing it, mints one.
+  }
   SampleReport report{options_.gateway, {}, capacity};
   for (const std::string& endpoint : discovery_.endpoint_names()) {
     report.endpoints[endpoint] = gateway_.samples(endpoint, options_.seconds);
@@ -99,6 +109,9 @@ bool SampleReporter::report(const std::vector<std::string>& capacity) {
   request.method = http::Method::kPost;
   request.target = "/v1/samples";
   request.headers.push_back({"Content-Type", "application/json"});
+  if (!key_.empty()) {
+    request.headers.push_back({"Authorization", "Bearer " + key_});
+  }
   request.body = sample_report_to_json(report);
   const http::ClientResponse response =
       http::fetch(controller_.substr(0, colon), port, std::move(request), options_.timeout);
@@ -109,6 +122,9 @@ bool SampleReporter::report(const std::vector<std::string>& capacity) {
                       ? response.error
                       : "HTTP " + std::to_string(response.status));
     controller_.clear();
+    if (response.status == 401) {
+      key_.clear();  // rotated: read its Secret again
+    }
     return false;
   }
   return true;

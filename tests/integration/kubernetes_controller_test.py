@@ -346,6 +346,32 @@ served_models:
         self.assertNotEqual(self.token, old)
         self.assertEqual(self.call("GET", "/api/2.0/tokens").status, 200)
 
+    def test_load_reports_need_the_gateways_key_which_deleting_its_secret_rotates(self):
+        def report(key=None):
+            headers = {"Authorization": f"Bearer {key}"} if key else {}
+            return req(self.controller.port, "POST", "/v1/samples",
+                       body={"gateway": "gw-test", "capacity": ["nope"]}, headers=headers)
+
+        def key():
+            secret = self.api.get("secrets", NS, "flotilla-report-key")
+            return secret and base64.b64decode(secret["data"]["key"]).decode()
+
+        first = key()
+        self.assertTrue(first, "no report key minted at start")
+        self.assertEqual(report().status, 401)
+        self.assertEqual(report(self.token).status, 401)  # not an API token's business
+        self.assertEqual(report(first + "x").status, 401)
+        self.assertEqual(report(first).status, 200)
+        # Rotated: a report without a key (what a gateway sends when it finds no Secret) is
+        # refused, and the controller, reading the Secret again (at most once a second), mints
+        # a new key; the old one is refused from then on.
+        self.api.delete("secrets", NS, "flotilla-report-key")
+        wait_until(lambda: report().status == 401 and key() not in (None, first), DEADLINE_S,
+                   what="a new report key")
+        second = key()
+        self.assertEqual(report(first).status, 401)
+        self.assertEqual(report(second).status, 200)
+
     def test_token_secrets_of_an_earlier_release_move_to_config_maps_at_start(self):
         # Written as releases before ConfigMaps did: base64 data, the admin one with its
         # plaintext. A Secret that holds no valid token is left alone.
