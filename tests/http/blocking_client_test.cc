@@ -355,21 +355,22 @@ TEST(BlockingConnectionTest, ADripFeedingServerKeepsTheIoTimeoutButNotTheDeadlin
   }
 }
 
+// A port just freed: nothing listens there.
+uint16_t free_port() {
+  const int probe = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ::bind(probe, reinterpret_cast<sockaddr*>(&address), sizeof(address));
+  socklen_t length = sizeof(address);
+  ::getsockname(probe, reinterpret_cast<sockaddr*>(&address), &length);
+  ::close(probe);
+  return ntohs(address.sin_port);
+}
+
 TEST(BlockingConnectionTest, ConnectAndResolveFailuresSayWhere) {
-  int port = 0;
-  {
-    // A port just freed: nothing listens there.
-    const int probe = ::socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in address{};
-    address.sin_family = AF_INET;
-    address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    ::bind(probe, reinterpret_cast<sockaddr*>(&address), sizeof(address));
-    socklen_t length = sizeof(address);
-    ::getsockname(probe, reinterpret_cast<sockaddr*>(&address), &length);
-    port = ntohs(address.sin_port);
-    ::close(probe);
-  }
-  BlockingConnection refused(Origin{"127.0.0.1", static_cast<uint16_t>(port), false}, 2s);
+  const uint16_t port = free_port();
+  BlockingConnection refused(Origin{"127.0.0.1", port, false}, 2s);
   const Status status =
       refused.get("/x", std::nullopt, accept_any, [](const char*, size_t) { return Status::ok(); });
   EXPECT_EQ(status.code(), StatusCode::kUnavailable);
@@ -407,6 +408,46 @@ TEST(FetchTest, ReturnsTheWholeResponseAndClassifiesATimeout) {
   EXPECT_EQ(timed_out.failure, UpstreamFailure::kTimeout) << timed_out.error;
   EXPECT_EQ(timed_out.status, 0);
   EXPECT_LT(std::chrono::steady_clock::now() - start, 5s);
+}
+
+// fetch_each: every origin's answer in the origins' order, and one deadline for the whole call.
+TEST(FetchEachTest, AnswersInOrderAndAHungOriginCostsTheDeadlineOnce) {
+  auto named = [](std::string name) {
+    return [name](Request&& request, Responder&& responder) {
+      responder.send(Response{200, "text/plain", name + request.target, {}});
+    };
+  };
+  RunningServer first(named("first"));
+  RunningServer second(named("second"));
+  ScriptedPeer hung({}, 0ms);  // takes the connection, never answers
+  ScriptedPeer also_hung({}, 0ms);
+  const std::vector<std::pair<std::string, uint16_t>> origins = {{"127.0.0.1", first.port()},
+                                                                 {"127.0.0.1", hung.port()},
+                                                                 {"127.0.0.1", free_port()},
+                                                                 {"127.0.0.1", second.port()},
+                                                                 {"127.0.0.1", also_hung.port()}};
+
+  const std::vector<ClientResponse> together = fetch_each(origins, "/metrics", 500ms);
+  ASSERT_EQ(together.size(), origins.size());
+  EXPECT_EQ(together[0].body, "first/metrics");
+  EXPECT_EQ(together[1].failure, UpstreamFailure::kTimeout) << together[1].error;
+  EXPECT_EQ(together[2].failure, UpstreamFailure::kConnect) << together[2].error;
+  EXPECT_EQ(together[3].body, "second/metrics");
+  EXPECT_EQ(together[4].failure, UpstreamFailure::kTimeout) << together[4].error;
+
+  // One at a time: the first hung origin spends the deadline, and every origin after it is
+  // answered at once as past it (not each given a deadline of its own).
+  const std::vector<ClientResponse> in_turn = fetch_each(origins, "/metrics", 500ms, 1);
+  ASSERT_EQ(in_turn.size(), origins.size());
+  EXPECT_EQ(in_turn[0].body, "first/metrics");
+  EXPECT_EQ(in_turn[1].failure, UpstreamFailure::kTimeout);
+  for (size_t i = 2; i < in_turn.size(); ++i) {
+    EXPECT_EQ(in_turn[i].failure, UpstreamFailure::kTimeout) << i;
+    EXPECT_NE(in_turn[i].error.find("the deadline passed before this fetch's turn"),
+              std::string::npos)
+        << i << ": " << in_turn[i].error;
+  }
+  EXPECT_TRUE(fetch_each({}, "/metrics", 500ms).empty());
 }
 
 }  // namespace
