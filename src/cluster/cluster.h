@@ -303,7 +303,8 @@ class ClusterApi : public control::ApiService {
                                          const std::string& actor) override;
   Status delete_endpoint(const std::string& name, const std::string& actor) override;
   Result<nlohmann::json> endpoint_view(const std::string& name) override;
-  Result<std::vector<std::string>> endpoint_names() override;
+  // Two API calls: the ServingEndpoints, and the pods of every endpoint.
+  Result<std::vector<nlohmann::json>> endpoint_views() override;
   Result<std::vector<control::EventRow>> list_events(const std::string& endpoint,
                                                      size_t limit) override;
   Result<nlohmann::json> endpoint_metrics(const std::string& name, int64_t seconds) override;
@@ -319,6 +320,8 @@ class ClusterApi : public control::ApiService {
   Result<std::vector<TokenObject>> token_objects(bool first_of_each_id = true);
   Status ensure_admin_token(const std::vector<TokenObject>& tokens);
   Result<nlohmann::json> get_endpoint(const std::string& name);
+  // The replica pods `label_selector` picks, by name; none when they cannot be listed.
+  kube::Reflector::Objects replica_pods(const std::string& label_selector);
 
   kube::Client& client_;
   const Options options_;

@@ -505,28 +505,24 @@ Status ClusterApi::delete_endpoint(const std::string& name, const std::string& a
 
 Result<json> ClusterApi::endpoint_view(const std::string& name) {
   FLOTILLA_ASSIGN_OR_RETURN(json object, get_endpoint(name));
-  FLOTILLA_ASSIGN_OR_RETURN(
-      kube::Reply reply,
-      client_.get(kube::collection_path(kube::kPods, client_.config().namespace_name),
-                  "labelSelector=" + kube::query_escape(std::string(kEndpointLabel) + "=" + name)));
-  kube::Reflector::Objects pods;
-  const json& items = reply.ok() ? field(reply.body, "items") : json();
-  if (items.is_array()) {
-    for (const json& pod : items) {
-      pods[kube::string_field(field(pod, "metadata"), "name")] = pod;
-    }
-  }
-  return endpoint_view_of(object, pods);
+  return endpoint_view_of(object, replica_pods(std::string(kEndpointLabel) + "=" + name));
 }
 
-Result<std::vector<std::string>> ClusterApi::endpoint_names() {
+Result<std::vector<json>> ClusterApi::endpoint_views() {
   FLOTILLA_ASSIGN_OR_RETURN(kube::Reflector::Objects endpoints,
                             list_objects(client_, kube::kServingEndpoints));
-  std::vector<std::string> names;  // in order: the map's
+  const kube::Reflector::Objects pods = replica_pods(std::string(kEndpointLabel));
+  std::vector<json> views;  // in order: the map's
   for (const auto& [name, endpoint] : endpoints) {
-    names.push_back(name);
+    views.push_back(endpoint_view_of(endpoint, pods));
   }
-  return names;
+  return views;
+}
+
+kube::Reflector::Objects ClusterApi::replica_pods(const std::string& label_selector) {
+  // The view without its pods when they cannot be read: the endpoint still shows.
+  Result<kube::Reflector::Objects> pods = list_objects(client_, kube::kPods, label_selector);
+  return pods.is_ok() ? std::move(pods).value() : kube::Reflector::Objects();
 }
 
 Result<json> ClusterApi::endpoint_metrics(const std::string& name, int64_t seconds) {

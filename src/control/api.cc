@@ -232,17 +232,11 @@ http::Response ApiRoutes::handle_endpoints(const http::Request& request, std::st
   rest = rest.substr(0, question);
   if (rest.empty() || rest == "/") {
     if (request.method == http::Method::kGet) {
-      Result<std::vector<std::string>> names = service_.endpoint_names();
-      if (!names.is_ok()) {
-        return error_response(names.status());
+      Result<std::vector<nlohmann::json>> views = service_.endpoint_views();
+      if (!views.is_ok()) {
+        return error_response(views.status());
       }
-      nlohmann::json list = nlohmann::json::array();
-      for (const std::string& name : *names) {
-        if (Result<nlohmann::json> view = service_.endpoint_view(name); view.is_ok()) {
-          list.push_back(std::move(view).value());
-        }
-      }
-      return json_response(200, {{"endpoints", std::move(list)}});
+      return json_response(200, {{"endpoints", std::move(views).value()}});
     }
     if (request.method == http::Method::kPost) {
       Result<nlohmann::json> view = service_.create_endpoint(request.body, actor);

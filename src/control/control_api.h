@@ -61,7 +61,9 @@ class ApiService {
                                                  const std::string& actor) = 0;
   virtual Status delete_endpoint(const std::string& name, const std::string& actor) = 0;
   virtual Result<nlohmann::json> endpoint_view(const std::string& name) = 0;
-  virtual Result<std::vector<std::string>> endpoint_names() = 0;
+  // Every endpoint's view, by name (GET /api/2.0/serving-endpoints): one read of what it needs,
+  // not one per endpoint.
+  virtual Result<std::vector<nlohmann::json>> endpoint_views() = 0;
   // The newest `limit` events of `endpoint`, newest first; those of a deleted endpoint too.
   virtual Result<std::vector<EventRow>> list_events(const std::string& endpoint, size_t limit) = 0;
   // GET .../{name}/metrics: the endpoint's 1 s history over the last `seconds`, as

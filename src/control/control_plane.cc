@@ -637,8 +637,7 @@ void ControlPlaneImpl::reconcile_once() {
   const std::vector<orchestrator::Replica> replicas = orchestrator_.list();
   // Each endpoint's last seconds from the gateway, read once for the autoscaler and the history.
   std::map<std::string, std::vector<LoadSample>> samples;
-  const Result<std::vector<std::string>> names = endpoint_names();
-  for (const std::string& name : names.value()) {
+  for (const std::string& name : endpoint_names()) {
     samples[name] = gateway_.samples(name, 30);
   }
   autoscale(replicas, samples);
@@ -905,13 +904,24 @@ Result<nlohmann::json> ControlPlaneImpl::endpoint_metrics(const std::string& nam
                                 metrics_history_.window(name, clock_.unix_ms(), seconds));
 }
 
-Result<std::vector<std::string>> ControlPlaneImpl::endpoint_names() {
+std::vector<std::string> ControlPlaneImpl::endpoint_names() {
   MutexLock lock(mu_);
   std::vector<std::string> names;
   for (const auto& [name, stored] : endpoints_) {
     names.push_back(name);
   }
   return names;
+}
+
+Result<std::vector<nlohmann::json>> ControlPlaneImpl::endpoint_views() {
+  std::vector<nlohmann::json> views;
+  for (const std::string& name : endpoint_names()) {
+    // One deleted since the names were read is left out.
+    if (Result<nlohmann::json> view = endpoint_view(name); view.is_ok()) {
+      views.push_back(std::move(view).value());
+    }
+  }
+  return views;
 }
 
 // ---- Tokens ------------------------------------------------------------------------------------

@@ -72,7 +72,8 @@ class ControlPlaneImpl final : public ControlPlane,
                                          const std::string& actor) override;
   Status delete_endpoint(const std::string& name, const std::string& actor) override;
   Result<nlohmann::json> endpoint_view(const std::string& name) override;
-  Result<std::vector<std::string>> endpoint_names() override;
+  Result<std::vector<nlohmann::json>> endpoint_views() override;
+  std::vector<std::string> endpoint_names() FLOTILLA_EXCLUDES(mu_);
   Result<std::vector<EventRow>> list_events(const std::string& endpoint, size_t limit) override {
     return store_->list_events(endpoint, limit);
   }

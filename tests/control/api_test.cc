@@ -80,12 +80,12 @@ class FakeService final : public ApiService {
     }
     return it->second;
   }
-  Result<std::vector<std::string>> endpoint_names() override {
-    std::vector<std::string> names;
+  Result<std::vector<nlohmann::json>> endpoint_views() override {
+    std::vector<nlohmann::json> views;
     for (const auto& [name, view] : endpoints_) {
-      names.push_back(name);
+      views.push_back(view);
     }
-    return names;
+    return views;
   }
   Result<std::vector<EventRow>> list_events(const std::string& endpoint, size_t limit) override {
     last_events_limit_ = limit;

@@ -226,6 +226,10 @@ served_models:
         self.assertEqual(self.flotilla("deploy", "-f", spec_file).returncode, 0)
         listed = self.call("GET", "/api/2.0/serving-endpoints").json()
         self.assertEqual([e["name"] for e in listed["endpoints"]], ["fraud"])
+        # The list (two API calls, whatever the number of endpoints) shows what GET of each does.
+        one = self.call("GET", "/api/2.0/serving-endpoints/fraud").json()
+        for key in ("state", "versions", "replicas", "config"):
+            self.assertEqual(listed["endpoints"][0][key], one[key], key)
 
         # An update is a new generation of the same object; the old version serves meanwhile.
         updated = self.call("PUT", "/api/2.0/serving-endpoints/fraud/config", spec("v2"))
