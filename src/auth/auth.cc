@@ -137,6 +137,19 @@ std::string token_id_of(std::string_view authorization) {
   return std::string(authorization.substr(start + 4, end - start - 4));
 }
 
+AuthResult check_admin(const Authenticator& admins, std::string_view authorization,
+                       const std::function<bool(std::string_view)>& any_token,
+                       std::string* token_id) {
+  const AuthResult result = admins.check(authorization, "");
+  if (result == AuthResult::kInvalid && any_token(authorization)) {
+    return AuthResult::kForbidden;
+  }
+  if (result == AuthResult::kAllowed && token_id != nullptr) {
+    *token_id = token_id_of(authorization);
+  }
+  return result;
+}
+
 Status check_token_id(const std::string& id, const std::string& where) {
   if (!is_valid_id(id)) {
     return invalid_argument(where + ": '" + id + "' must be 1 to 64 letters, digits or '-'");

@@ -114,6 +114,14 @@ std::string scope_metrics(std::string_view exposition, const std::vector<std::st
 // "" when the header holds no token of that shape. Says nothing of whether the token is valid.
 std::string token_id_of(std::string_view authorization);
 
+// The control plane API's check (`flotilla up`'s and Kubernetes mode's): kAllowed for a token of
+// `admins`; kForbidden for one that `any_token` (every token, admin or not; asked only then)
+// finds valid, so its holder learns that the API wants an admin token; else what `admins` said.
+// On kAllowed, `*token_id` (when given) is the caller's id, the actor the event log names.
+AuthResult check_admin(const Authenticator& admins, std::string_view authorization,
+                       const std::function<bool(std::string_view)>& any_token,
+                       std::string* token_id);
+
 // The rules a token record's fields follow, for readers of stored records (the gateway config's
 // `auth:` section). Each error is kInvalidArgument naming `where`. Thread-safe.
 // `id`: 1 to 64 letters, digits or '-'.

@@ -364,15 +364,13 @@ Result<auth::AuthResult> ClusterApi::check_admin(std::string_view authorization,
       admins.push_back(token.record);
     }
   }
-  const auth::AuthResult result = auth::Authenticator(std::move(admins)).check(authorization, "");
-  if (result == auth::AuthResult::kInvalid &&
-      auth::Authenticator(std::move(all)).check(authorization, "") == auth::AuthResult::kAllowed) {
-    return auth::AuthResult::kForbidden;
-  }
-  if (result == auth::AuthResult::kAllowed && token_id != nullptr) {
-    *token_id = auth::token_id_of(authorization);
-  }
-  return result;
+  return auth::check_admin(
+      auth::Authenticator(std::move(admins)), authorization,
+      [&all](std::string_view presented) {
+        return auth::Authenticator(std::move(all)).check(presented, "") ==
+               auth::AuthResult::kAllowed;
+      },
+      token_id);
 }
 
 Result<auth::AuthResult> ClusterApi::check_token(std::string_view authorization,

@@ -995,24 +995,20 @@ Result<auth::AuthResult> ControlPlaneImpl::check_admin(std::string_view authoriz
     MutexLock lock(mu_);
     admins = admin_auth_;
   }
-  const auth::AuthResult result = admins->check(authorization, "");
-  if (result == auth::AuthResult::kInvalid) {
-    // A valid non-admin token says so, rather than "invalid".
-    MutexLock lock(mu_);
-    std::vector<auth::TokenRecord> records;
-    for (const TokenRow& row : tokens_) {
-      records.push_back(row.record);
-    }
-    auth::Authenticator all(std::move(records));
-    if (all.check(authorization, "") == auth::AuthResult::kAllowed) {
-      return auth::AuthResult::kForbidden;
-    }
-  }
-  if (result == auth::AuthResult::kAllowed && token_id != nullptr) {
-    // "Bearer flt_<id>_<secret>": the id names the actor in the event log.
-    *token_id = auth::token_id_of(authorization);
-  }
-  return result;
+  return auth::check_admin(
+      *admins, authorization,
+      [this](std::string_view presented) {
+        std::vector<auth::TokenRecord> records;
+        {
+          MutexLock lock(mu_);
+          for (const TokenRow& row : tokens_) {
+            records.push_back(row.record);
+          }
+        }
+        return auth::Authenticator(std::move(records)).check(presented, "") ==
+               auth::AuthResult::kAllowed;
+      },
+      token_id);
 }
 
 }  // namespace flotilla::control

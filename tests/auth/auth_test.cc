@@ -368,5 +368,28 @@ TEST(ScopeMetricsTest, KeepsOnlyTheScopedEndpointsSeriesUnderTheirFamilies) {
             "");
 }
 
+TEST(CheckAdminTest, AnAdminPassesAValidOtherTokenIsForbiddenTheRestInvalid) {
+  Result<NewToken> admin = generate_token("root", {});
+  Result<NewToken> user = generate_token("ci", {"fraud"});
+  ASSERT_TRUE(admin.is_ok() && user.is_ok());
+  const Authenticator admins({admin->record});
+  const Authenticator everyone({admin->record, user->record});
+  int asked = 0;
+  const auto any_token = [&](std::string_view presented) {
+    ++asked;
+    return everyone.check(presented, "") == AuthResult::kAllowed;
+  };
+  std::string id;
+  EXPECT_EQ(check_admin(admins, "Bearer " + admin->token, any_token, &id), AuthResult::kAllowed);
+  EXPECT_EQ(id, "root");
+  EXPECT_EQ(asked, 0);  // every token is read only when the admin check fails
+  id.clear();
+  EXPECT_EQ(check_admin(admins, "Bearer " + user->token, any_token, &id), AuthResult::kForbidden);
+  EXPECT_EQ(id, "");
+  EXPECT_EQ(check_admin(admins, "Bearer flt_ci_" + std::string(64, '0'), any_token, &id),
+            AuthResult::kInvalid);
+  EXPECT_EQ(check_admin(admins, "", any_token, nullptr), AuthResult::kMissing);
+}
+
 }  // namespace
 }  // namespace flotilla::auth
