@@ -502,6 +502,13 @@ def check_rbac(objects, api):
                     for resource in rule.get("resources", []):
                         if resource not in resources.get(group, set()):
                             problem(where, f"no resource '{resource}' in group '{group}'")
+                # The gateway faces the network: it may read named Secrets only (the report
+                # key), never list or watch them (that would be every Secret of the namespace,
+                # the admin token's plaintext included).
+                if obj["metadata"]["name"] == "flotilla-gateway" and \
+                        "secrets" in rule.get("resources", []) and \
+                        (set(rule.get("verbs", [])) - {"get"} or not rule.get("resourceNames")):
+                    problem(where, f"rule {rule}: the gateway may only get named Secrets")
         if obj["kind"] == "RoleBinding":
             ref = obj.get("roleRef", {})
             if ref.get("kind") != "Role" or ref.get("name") not in roles:
