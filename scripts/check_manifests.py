@@ -16,7 +16,8 @@ first. Three parts:
    the sample, the spec seeds in tests/data/fuzz/spec and a few specs spec.cc refuses are checked
    against it.
 3. Consistency kubectl does not check: selectors match pod template labels, Services' target
-   ports exist, RBAC names real resources with real verbs and nothing cluster-wide, the
+   ports exist, RBAC names real resources with real verbs and nothing cluster-wide (and lets
+   the gateway get only named Secrets), the
    NetworkPolicy and the replica PodDisruptionBudget select the labels the controller gives
    replica pods and nothing else, containers run locked down as the Dockerfile's user.
 
