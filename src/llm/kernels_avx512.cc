@@ -7,7 +7,7 @@
 //   products go into one instruction, with no widening. vpdpbusd multiplies unsigned by signed
 //   bytes: the weights are made unsigned by flipping their sign bit (w + 128), and 128 x the
 //   scaled sums of the activation codes are taken off the result.
-// - BF16 (vdpbf16ps), for up to 4 activation rows: they are rounded to bf16 once a matmul, and 32
+// - BF16 (vdpbf16ps): the activation rows are rounded to bf16 once a matmul, and 32
 //   products of bf16 pairs accumulate in fp32 in one instruction, again with no widening.
 // - AMX (tdpbssd, tdpbf16ps; also compiled here), for int8 and bf16 weights by 4 or more
 //   activation rows: the same roundings, 16 x 16 x 32 products an instruction.
@@ -81,23 +81,49 @@ struct Avx512 {
   }
 };
 
-// step(c, mask) over [0, cols) in steps of N elements, the last step's mask ending at cols.
-template <int N, typename Mask, typename Step>
-inline void masked_steps(int cols, Step&& step) {
-  int c = 0;
-  for (; c + N <= cols; c += N) {
-    step(c, static_cast<Mask>(~Mask{0}));
-  }
-  if (c < cols) {
-    step(c, static_cast<Mask>(~Mask{0} >> (N - (cols - c))));
-  }
+// The mask of a step of N elements at column c: all N, or those before cols in the last step.
+template <int N, typename Mask>
+inline Mask step_mask(int c, int cols) {
+  return c + N <= cols ? static_cast<Mask>(~Mask{0})
+                       : static_cast<Mask>(~Mask{0} >> (N - (cols - c)));
 }
 
+// Two vectors' lanes summed pairwise within each 128-bit chunk q: [x(q), y(q), x'(q), y'(q)],
+// where x(q) + x'(q) is x's sum over chunk q.
+inline __m512 add_pairs(__m512 x, __m512 y) {
+  return _mm512_add_ps(_mm512_unpacklo_ps(x, y), _mm512_unpackhi_ps(x, y));
+}
+
+// out[a][b] = the sum of acc[a][b]'s lanes. Every loop here is unrolled: one indexed access to
+// acc made GCC 12 keep the whole tile in memory, storing every accumulator after every product
+// in the tile's loop (the bf16 and VNNI tiles ran at half their speed, or less). A full 4 x 4
+// tile is summed as a transpose: the 16 vectors fold into one whose lane 4a + b is out[a][b],
+// 45 instructions where 16 reductions take about 130.
 template <int WR, int XR>
 inline void sum_lanes(const __m512 (&acc)[WR][XR], float (&out)[kTileW][kTileX]) {
-  for (int a = 0; a < WR; ++a) {
-    for (int b = 0; b < XR; ++b) {
-      out[a][b] = _mm512_reduce_add_ps(acc[a][b]);
+  if constexpr (WR == 4 && XR == 4 && kTileW == 4 && kTileX == 4) {
+    __m512 rows[4];  // rows[a]: chunk q holds acc[a][0..3]'s sums over chunk q
+#pragma GCC unroll 4
+    for (int a = 0; a < 4; ++a) {
+      __m512 p01 = add_pairs(acc[a][0], acc[a][1]), p23 = add_pairs(acc[a][2], acc[a][3]);
+      rows[a] = _mm512_add_ps(
+          _mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(p01), _mm512_castps_pd(p23))),
+          _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(p01), _mm512_castps_pd(p23))));
+    }
+    // Chunks of two rows, even with odd: [r0 q0+q1, r0 q2+q3, r1 q0+q1, r1 q2+q3].
+    auto fold = [](__m512 x, __m512 y) {
+      return _mm512_add_ps(_mm512_shuffle_f32x4(x, y, 0b10001000),
+                           _mm512_shuffle_f32x4(x, y, 0b11011101));
+    };
+    __m512 r01 = fold(rows[0], rows[1]), r23 = fold(rows[2], rows[3]);
+    _mm512_storeu_ps(&out[0][0], fold(r01, r23));
+  } else {
+#pragma GCC unroll 4
+    for (int a = 0; a < WR; ++a) {
+#pragma GCC unroll 4
+      for (int b = 0; b < XR; ++b) {
+        out[a][b] = _mm512_reduce_add_ps(acc[a][b]);
+      }
     }
   }
 }
@@ -192,7 +218,8 @@ inline void tile_vnni(const int8_t* const* wrows, const int8_t* const* qrows,
     }
   }
   const __m512i flip = _mm512_set1_epi8(static_cast<char>(0x80));
-  auto step = [&](int c, __mmask64 mask) {
+  for (int c = 0; c < cols; c += 64) {
+    const auto mask = step_mask<64, __mmask64>(c, cols);
     __m512i wv[WR];
 #pragma GCC unroll 4
     for (int a = 0; a < WR; ++a) {
@@ -213,8 +240,7 @@ inline void tile_vnni(const int8_t* const* wrows, const int8_t* const* qrows,
         acc[a][b] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sums), scales, acc[a][b]);
       }
     }
-  };
-  masked_steps<64, __mmask64>(cols, step);
+  }
   sum_lanes(acc, out);
 }
 
@@ -288,7 +314,8 @@ inline void tile_bf16(const uint16_t* const* wrows, const uint16_t* const* xrows
       acc[a][b] = _mm512_setzero_ps();
     }
   }
-  auto step = [&](int c, __mmask32 mask) {
+  for (int c = 0; c < cols; c += 32) {
+    const auto mask = step_mask<32, __mmask32>(c, cols);
     __m512i wv[WR];
 #pragma GCC unroll 4
     for (int a = 0; a < WR; ++a) {
@@ -302,8 +329,7 @@ inline void tile_bf16(const uint16_t* const* wrows, const uint16_t* const* xrows
         acc[a][b] = _mm512_dpbf16_ps(acc[a][b], as_bf16(wv[a]), as_bf16(xv));
       }
     }
-  };
-  masked_steps<32, __mmask32>(cols, step);
+  }
   sum_lanes(acc, out);
 }
 
@@ -612,14 +638,14 @@ void matmul_bf16_amx(const AmxBf16Rows& a, int m, const WeightMatrix& w, int row
 
 // ---- The tables ---------------------------------------------------------------------------
 
-// vdpbf16ps pays where the widening is not shared: a tile of activation rows or fewer (decode of
-// a few sequences: 1.4-1.5x the widened path's bytes/s at one row); with more rows the widened
-// weights, converted once into L1, run 10-15% faster (bench/llm/kernel_paths.py).
+// vdpbf16ps at any number of activation rows: with its accumulators kept in registers (see
+// sum_lanes) it runs 2x the widened path's GFLOP/s at 4-64 rows on an AVX-512 BF16 host without
+// AMX (bench/llm/kernel_paths.py; 1.1x at one row). With AMX, 4 rows or more take the tiles.
 bool uses_int8_dot(bool vnni, const WeightMatrix& w) {
   return vnni && w.format == WeightFormat::kInt8;
 }
-bool uses_bf16_dot(bool bf16, int m, const WeightMatrix& w) {
-  return bf16 && w.format == WeightFormat::kBF16 && m <= kTileX;
+bool uses_bf16_dot(bool bf16, const WeightMatrix& w) {
+  return bf16 && w.format == WeightFormat::kBF16;
 }
 
 template <bool kVnni, bool kBf16>
@@ -629,7 +655,7 @@ const void* avx512_prepare(const float* x, int m, const WeightMatrix& w) {
     quantized = quantize_rows(x, m, w.cols);
     return &quantized;
   }
-  if (uses_bf16_dot(kBf16, m, w)) {
+  if (uses_bf16_dot(kBf16, w)) {
     thread_local Bf16Rows rounded;
     rounded = round_rows_to_bf16(x, m, w.cols);
     return &rounded;
@@ -640,7 +666,7 @@ const void* avx512_prepare(const float* x, int m, const WeightMatrix& w) {
 template <bool kVnni, bool kBf16>
 void avx512_matmul(const float* x, int m, const WeightMatrix& w, int row_begin, int row_end,
                    float* y, int ldy, bool accumulate, const void* prepared) {
-  if (uses_int8_dot(kVnni, w) || uses_bf16_dot(kBf16, m, w)) {
+  if (uses_int8_dot(kVnni, w) || uses_bf16_dot(kBf16, w)) {
     if (prepared == nullptr) {
       prepared = avx512_prepare<kVnni, kBf16>(x, m, w);
     }
