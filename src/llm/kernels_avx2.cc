@@ -117,18 +117,10 @@ Int16Rows quantize_rows_int16(const float* x, int m, int cols) {
   return q;
 }
 
-// A matrix-vector product (one activation row) streams its weights once, bound by memory: a
-// prefetch this far ahead of each weight row, into rows the next tiles read, keeps more lines
-// in flight than the hardware prefetcher does over rows of 1-3 KiB. On a 2-core AVX2 EPYC
-// (19 GB/s), decoding one sequence in bf16: 1 KiB ahead +3%, 4 KiB +12%, 16 KiB +18%, 32 KiB
-// +12% (bench/RESULTS.md, "Prefetching the weights"). An address, not a pointer: it may lie
-// past the matrix, which a prefetch never faults on.
+// How far ahead of each weight row the one-row tiles prefetch (prefetch_ahead). On a 2-core
+// AVX2 EPYC (19 GB/s), decoding one sequence in bf16: 1 KiB ahead +3%, 4 KiB +12%, 16 KiB +18%,
+// 32 KiB +12% (bench/RESULTS.md, "Prefetching the weights").
 constexpr uintptr_t kPrefetchBytes = 16 * 1024;
-
-inline void prefetch_ahead(const void* at) {
-  _mm_prefetch(reinterpret_cast<const char*>(reinterpret_cast<uintptr_t>(at) + kPrefetchBytes),
-               _MM_HINT_T0);
-}
 
 // 3 x 3 accumulators: with 3 x 4 (as the fp32 tiles) the products' temporaries pushed
 // accumulators out of the 16 registers.
@@ -158,7 +150,7 @@ inline void tile_int8_madd(const int8_t* const* wrows, const int16_t* const* xro
 #pragma GCC unroll 4
     for (int a = 0; a < WR; ++a) {
       if constexpr (XR <= 2) {
-        prefetch_ahead(wrows[a] + c);
+        prefetch_ahead<kPrefetchBytes>(wrows[a] + c);
       }
       wv[a] = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(wrows[a] + c)));
     }
@@ -250,7 +242,7 @@ inline void tile_bf16_row(const uint16_t* const* wrows, const float* x, int cols
     const __m256 x_even = _mm256_loadu_ps(x + c), x_odd = _mm256_loadu_ps(x + c + 8);
 #pragma GCC unroll 4
     for (int a = 0; a < WR; ++a) {
-      prefetch_ahead(wrows[a] + c);
+      prefetch_ahead<kPrefetchBytes>(wrows[a] + c);
       const __m256i pairs = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wrows[a] + c));
       even[a] = _mm256_fmadd_ps(_mm256_castsi256_ps(_mm256_slli_epi32(pairs, 16)), x_even, even[a]);
       odd[a] = _mm256_fmadd_ps(_mm256_castsi256_ps(_mm256_and_si256(pairs, upper)), x_odd, odd[a]);

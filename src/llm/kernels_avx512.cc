@@ -81,18 +81,11 @@ struct Avx512 {
   }
 };
 
-// One or two activation rows stream the weights once, bound by memory: a prefetch this far ahead
-// of each weight row keeps more lines in flight than the hardware prefetcher does over rows of
-// 0.5-3 KiB (as kernels_avx2.cc's). On an AVX-512 EPYC without AMX, one client of the benchmark
-// model, paired runs: 4 KiB ahead +6% req/s in bf16 (none before) and +26% in int8 (1 KiB
-// before); 16 KiB, best on AVX2, read less in llm_matmul_bench. An address, not a pointer: it
-// may lie past the matrix, which a prefetch never faults on.
+// How far ahead of each weight row the one- and two-row tiles prefetch (prefetch_ahead). On an
+// AVX-512 EPYC without AMX, one client of the benchmark model, paired runs: 4 KiB ahead +6%
+// req/s in bf16 (none before) and +26% in int8 (1 KiB before); 16 KiB, best on AVX2, read less
+// in llm_matmul_bench.
 constexpr uintptr_t kPrefetchBytes = 4 * 1024;
-
-inline void prefetch_ahead(const void* at) {
-  _mm_prefetch(reinterpret_cast<const char*>(reinterpret_cast<uintptr_t>(at) + kPrefetchBytes),
-               _MM_HINT_T0);
-}
 
 // The mask of a step of N elements at column c: all N, or those before cols in the last step.
 template <int N, typename Mask>
@@ -237,7 +230,7 @@ inline void tile_vnni(const int8_t* const* wrows, const int8_t* const* qrows,
 #pragma GCC unroll 4
     for (int a = 0; a < WR; ++a) {
       if constexpr (XR <= 2) {
-        prefetch_ahead(wrows[a] + c);
+        prefetch_ahead<kPrefetchBytes>(wrows[a] + c);
       }
       // Beyond the row (masked off) the weight reads 0, then 128 once flipped; the activation
       // codes there are 0.
@@ -333,7 +326,7 @@ inline void tile_bf16(const uint16_t* const* wrows, const uint16_t* const* xrows
 #pragma GCC unroll 4
     for (int a = 0; a < WR; ++a) {
       if constexpr (XR <= 2) {
-        prefetch_ahead(wrows[a] + c);
+        prefetch_ahead<kPrefetchBytes>(wrows[a] + c);
       }
       wv[a] = _mm512_maskz_loadu_epi16(mask, wrows[a] + c);  // zeros beyond the row
     }
