@@ -1,8 +1,13 @@
 #include "llm/sampler.h"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <numeric>
+
+#if defined(__SSE2__)
+#include <immintrin.h>
+#endif
 
 namespace flotilla::llm {
 namespace {
@@ -10,8 +15,43 @@ namespace {
 // A guard against overflow, far above what anyone uses (1.0-1.5).
 constexpr double kMaxRepetitionPenalty = 100;
 
+// The first index of the largest logit, as std::max_element gives it. Its one pass carries a
+// compare-and-select chain through every element: on 32,000 logits that was 4% of a 16-client
+// bf16 replica's time, all of it on the engine's thread between steps. Here the largest value
+// comes from 16 lanes of SSE maxima (GCC 12 at -O2 leaves the plain loop scalar), then its
+// first occurrence from a search.
 int32_t argmax(std::span<const float> logits) {
-  return static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
+  const auto largest_first = [&] {
+    return std::max_element(logits.begin(), logits.end()) - logits.begin();
+  };
+#if defined(__SSE2__)
+  const size_t n = logits.size();
+  if (n < 16) {
+    return static_cast<int32_t>(largest_first());
+  }
+  const float* p = logits.data();
+  __m128 m0 = _mm_loadu_ps(p), m1 = _mm_loadu_ps(p + 4), m2 = _mm_loadu_ps(p + 8),
+         m3 = _mm_loadu_ps(p + 12);
+  size_t i = 16;
+  for (; i + 16 <= n; i += 16) {
+    m0 = _mm_max_ps(m0, _mm_loadu_ps(p + i));
+    m1 = _mm_max_ps(m1, _mm_loadu_ps(p + i + 4));
+    m2 = _mm_max_ps(m2, _mm_loadu_ps(p + i + 8));
+    m3 = _mm_max_ps(m3, _mm_loadu_ps(p + i + 12));
+  }
+  alignas(16) float lanes[4];
+  _mm_store_ps(lanes, _mm_max_ps(_mm_max_ps(m0, m1), _mm_max_ps(m2, m3)));
+  float largest = std::max({lanes[0], lanes[1], lanes[2], lanes[3]});
+  for (; i < n; ++i) {
+    largest = std::max(largest, p[i]);
+  }
+  const auto first = std::find(logits.begin(), logits.end(), largest);
+  if (first != logits.end()) {
+    return static_cast<int32_t>(first - logits.begin());
+  }
+  // Not found only with a NaN among the logits (maxps passes its second operand on a NaN).
+#endif
+  return static_cast<int32_t>(largest_first());
 }
 
 void fill_logprobs(std::span<const float> logits, int32_t token, int top, TokenLogprob& out,

@@ -2,7 +2,9 @@
 // measured with fixed seeds, so each check is deterministic.
 #include "llm/sampler.h"
 
+#include <algorithm>
 #include <cmath>
+#include <random>
 
 #include <gtest/gtest.h>
 
@@ -29,6 +31,32 @@ TEST(SamplerTest, GreedyTakesTheLargestLogit) {
   params.temperature = 1;
   params.top_k = 1;
   EXPECT_EQ(histogram(params, 100), (std::vector<int>{100, 0, 0, 0}));
+}
+
+// Greedy is the first index of the largest logit wherever it lies: in the vectorized body, in
+// the tail past the last 16, tied with a later equal value, or below 16 logits; and with a NaN
+// among them it answers as std::max_element does.
+TEST(SamplerTest, GreedyTakesTheFirstLargestLogitAtAnyPositionAndLength) {
+  SamplingParams params;
+  params.temperature = 0;
+  Sampler sampler;
+  std::mt19937_64 rng(1);
+  for (int vocab : {1, 5, 15, 16, 17, 31, 32, 33, 1000, 32000}) {
+    for (int at : {0, vocab / 3, vocab - 1}) {
+      std::vector<float> logits(vocab);
+      for (int i = 0; i < vocab; ++i) {
+        logits[i] = -static_cast<float>((i * 7919) % 1009) / 100.0f;  // all <= 0
+      }
+      logits[at] = 3.0f;
+      if (at + 5 < vocab) {
+        logits[at + 5] = 3.0f;  // a tie: the first wins
+      }
+      EXPECT_EQ(sampler.sample(logits, params, rng, nullptr), at) << vocab << " " << at;
+      logits[vocab / 2] = std::nanf("");
+      const auto expected = std::max_element(logits.begin(), logits.end()) - logits.begin();
+      EXPECT_EQ(sampler.sample(logits, params, rng, nullptr), expected) << vocab << " " << at;
+    }
+  }
 }
 
 TEST(SamplerTest, TemperatureOneFollowsTheDistribution) {
