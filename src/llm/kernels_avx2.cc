@@ -118,8 +118,10 @@ Int16Rows quantize_rows_int16(const float* x, int m, int cols) {
 }
 
 // How far ahead of each weight row the one-row tiles prefetch (prefetch_ahead). On a 2-core
-// AVX2 EPYC (19 GB/s), decoding one sequence in bf16: 1 KiB ahead +3%, 4 KiB +12%, 16 KiB +18%,
-// 32 KiB +12% (bench/RESULTS.md, "Prefetching the weights").
+// AVX2 EPYC (19 GB/s), decoding one sequence in bf16 with the rows then read interleaved: 1 KiB
+// ahead +3%, 4 KiB +12%, 16 KiB +18%, 32 KiB +12% (bench/RESULTS.md, "Prefetching the
+// weights"). With the rows in sequence, this path on an AVX-512 EPYC (FLOTILLA_LLM_KERNELS=avx2,
+// one client, against the same order without it): bf16 +6-24%, int8 within noise.
 constexpr uintptr_t kPrefetchBytes = 16 * 1024;
 
 // 3 x 3 accumulators: with 3 x 4 (as the fp32 tiles) the products' temporaries pushed
@@ -145,21 +147,37 @@ inline void tile_int8_madd(const int8_t* const* wrows, const int16_t* const* xro
     }
   }
   int c = 0;
-  for (; c + 16 <= cols; c += 16) {
-    __m256i wv[WR];
+  if constexpr (XR <= 2) {
+    // Bound by memory: one weight row after another, a single stream (see kStreamRows in
+    // kernels_avx512.cc).
 #pragma GCC unroll 4
     for (int a = 0; a < WR; ++a) {
-      if constexpr (XR <= 2) {
+      for (c = 0; c + 16 <= cols; c += 16) {
         prefetch_ahead<kPrefetchBytes>(wrows[a] + c);
+        const __m256i wv =
+            _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(wrows[a] + c)));
+#pragma GCC unroll 2
+        for (int b = 0; b < XR; ++b) {
+          const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xrows[b] + c));
+          acc[a][b] = _mm256_add_epi32(acc[a][b], _mm256_madd_epi16(wv, xv));
+        }
       }
-      wv[a] = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(wrows[a] + c)));
     }
-#pragma GCC unroll 4
-    for (int b = 0; b < XR; ++b) {
-      const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xrows[b] + c));
+  } else {
+    for (; c + 16 <= cols; c += 16) {
+      __m256i wv[WR];
 #pragma GCC unroll 4
       for (int a = 0; a < WR; ++a) {
-        acc[a][b] = _mm256_add_epi32(acc[a][b], _mm256_madd_epi16(wv[a], xv));
+        wv[a] =
+            _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(wrows[a] + c)));
+      }
+#pragma GCC unroll 4
+      for (int b = 0; b < XR; ++b) {
+        const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xrows[b] + c));
+#pragma GCC unroll 4
+        for (int a = 0; a < WR; ++a) {
+          acc[a][b] = _mm256_add_epi32(acc[a][b], _mm256_madd_epi16(wv[a], xv));
+        }
       }
     }
   }
@@ -238,14 +256,16 @@ inline void tile_bf16_row(const uint16_t* const* wrows, const float* x, int cols
   }
   const __m256i upper = _mm256_set1_epi32(static_cast<int>(0xffff0000u));
   int c = 0;
-  for (; c + kPairBlock <= cols; c += kPairBlock) {
-    const __m256 x_even = _mm256_loadu_ps(x + c), x_odd = _mm256_loadu_ps(x + c + 8);
+  // One weight row after another: a single stream (see kStreamRows in kernels_avx512.cc).
 #pragma GCC unroll 4
-    for (int a = 0; a < WR; ++a) {
+  for (int a = 0; a < WR; ++a) {
+    for (c = 0; c + kPairBlock <= cols; c += kPairBlock) {
       prefetch_ahead<kPrefetchBytes>(wrows[a] + c);
       const __m256i pairs = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wrows[a] + c));
-      even[a] = _mm256_fmadd_ps(_mm256_castsi256_ps(_mm256_slli_epi32(pairs, 16)), x_even, even[a]);
-      odd[a] = _mm256_fmadd_ps(_mm256_castsi256_ps(_mm256_and_si256(pairs, upper)), x_odd, odd[a]);
+      even[a] = _mm256_fmadd_ps(_mm256_castsi256_ps(_mm256_slli_epi32(pairs, 16)),
+                                _mm256_loadu_ps(x + c), even[a]);
+      odd[a] = _mm256_fmadd_ps(_mm256_castsi256_ps(_mm256_and_si256(pairs, upper)),
+                               _mm256_loadu_ps(x + c + 8), odd[a]);
     }
   }
   for (int a = 0; a < WR; ++a) {

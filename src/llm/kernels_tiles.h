@@ -145,23 +145,38 @@ inline void tile_widened(const std::byte* const* wrows, const float* const* xrow
     }
   }
   int c = 0;
-  for (; c + kLanes <= cols; c += kLanes) {
-    typename Isa::V wv[WR];
+  if constexpr (XR <= 2) {
+    // Bound by memory: one weight row after another, a single stream the hardware prefetcher
+    // follows (interleaved, the rows made WR short streams that broke off at every tile).
 #pragma GCC unroll 4
     for (int a = 0; a < WR; ++a) {
-      if constexpr (XR <= 2 && kElementBytes<F> == 1) {
-        // Few activation rows of int8/fp8 weights: the loop waits on memory. 1 KiB ahead:
-        // +50-75% at one row on AVX2 (llm_matmul_bench); no gain for bf16, a loss for fp32.
-        prefetch_ahead<1024>(wrows[a] + c * kElementBytes<F>);
+      for (c = 0; c + kLanes <= cols; c += kLanes) {
+        if constexpr (kElementBytes<F> == 1) {
+          // int8/fp8 weights, 1 KiB ahead: +50-75% at one row on AVX2 (llm_matmul_bench,
+          // rows then interleaved); no gain for bf16, a loss for fp32.
+          prefetch_ahead<1024>(wrows[a] + c * kElementBytes<F>);
+        }
+        const typename Isa::V wv = Isa::template widen<F>(wrows[a] + c * kElementBytes<F>);
+#pragma GCC unroll 2
+        for (int b = 0; b < XR; ++b) {
+          acc[a][b] = Isa::fmadd(wv, Isa::load(xrows[b] + c), acc[a][b]);
+        }
       }
-      wv[a] = Isa::template widen<F>(wrows[a] + c * kElementBytes<F>);
     }
-#pragma GCC unroll 4
-    for (int b = 0; b < XR; ++b) {
-      const typename Isa::V xv = Isa::load(xrows[b] + c);
+  } else {
+    for (; c + kLanes <= cols; c += kLanes) {
+      typename Isa::V wv[WR];
 #pragma GCC unroll 4
       for (int a = 0; a < WR; ++a) {
-        acc[a][b] = Isa::fmadd(wv[a], xv, acc[a][b]);
+        wv[a] = Isa::template widen<F>(wrows[a] + c * kElementBytes<F>);
+      }
+#pragma GCC unroll 4
+      for (int b = 0; b < XR; ++b) {
+        const typename Isa::V xv = Isa::load(xrows[b] + c);
+#pragma GCC unroll 4
+        for (int a = 0; a < WR; ++a) {
+          acc[a][b] = Isa::fmadd(wv[a], xv, acc[a][b]);
+        }
       }
     }
   }
