@@ -206,5 +206,22 @@ TEST(ThreadPoolTest, CoversEveryIndexOnceInAlignedChunks) {
   }
 }
 
+// Weight buffers of 2 MiB or more start on a 2 MiB boundary (where a huge page can back them),
+// smaller ones come from the ordinary heap; either way they hold what was written.
+TEST(KernelsTest, LargeWeightBuffersStartOnAHugePageBoundary) {
+  constexpr uintptr_t kHugePage = uintptr_t{2} << 20;
+  for (size_t bytes : {size_t{100}, size_t{2} << 20, (size_t{5} << 20) + 3}) {
+    std::vector<std::byte, HugePageBytes> buffer(bytes, std::byte{7});
+    if (bytes >= kHugePage) {
+      EXPECT_EQ(reinterpret_cast<uintptr_t>(buffer.data()) % kHugePage, 0u) << bytes;
+    }
+    EXPECT_EQ(buffer.front(), std::byte{7});
+    EXPECT_EQ(buffer.back(), std::byte{7});
+  }
+  std::vector<float> values(600 * 1024, 0.5f);
+  WeightMatrix w = make_weight_matrix(WeightFormat::kF32, 1024, 600, values.data());
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(w.data) % kHugePage, 0u);  // 2.4 MB of fp32
+}
+
 }  // namespace
 }  // namespace flotilla::llm
