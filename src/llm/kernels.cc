@@ -6,16 +6,11 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
-#include <new>
 
 #if defined(__x86_64__) && defined(__linux__)
 #include <cpuid.h>
 #include <sys/syscall.h>
 #include <unistd.h>
-#endif
-
-#if defined(__linux__)
-#include <sys/mman.h>
 #endif
 
 #include <spdlog/spdlog.h>
@@ -162,35 +157,6 @@ uint8_t float_to_fp8_e4m3(float value) {
     }
   }
   return static_cast<uint8_t>(code | (std::signbit(value) && code != 0 ? 0x80 : 0));
-}
-
-namespace {
-constexpr size_t kHugePage = size_t{2} << 20;
-}  // namespace
-
-std::byte* HugePageBytes::allocate(size_t n) {
-  if (n < kHugePage) {
-    return static_cast<std::byte*>(::operator new(n));
-  }
-  // Address space to the next 2 MiB (aligned_alloc wants a multiple of the alignment), but only
-  // the whole 2 MiB pieces are advised: the rest stays on 4 KiB pages, so no page is filled
-  // beyond the buffer.
-  void* p = std::aligned_alloc(kHugePage, (n + kHugePage - 1) / kHugePage * kHugePage);
-  if (p == nullptr) {
-    throw std::bad_alloc();
-  }
-#if defined(MADV_HUGEPAGE)
-  ::madvise(p, n / kHugePage * kHugePage, MADV_HUGEPAGE);  // advice: without THP, no worse
-#endif
-  return static_cast<std::byte*>(p);
-}
-
-void HugePageBytes::deallocate(std::byte* p, size_t n) noexcept {
-  if (n < kHugePage) {
-    ::operator delete(p);
-  } else {
-    std::free(p);
-  }
 }
 
 WeightMatrix make_weight_matrix(WeightFormat format, int rows, int cols, const float* values) {

@@ -11,25 +11,10 @@
 #include <string_view>
 #include <vector>
 
+#include "llm/huge_pages.h"
 #include "llm/llm.h"
 
 namespace flotilla::llm {
-
-// Storage for weights: a buffer of 2 MiB or more starts on a 2 MiB boundary, and its whole
-// 2 MiB pieces are offered to the kernel's transparent huge pages (madvise mode, Debian's
-// default) before they are first touched. A decode step streams every weight once, 60-110 MB
-// for the benchmark model, a TLB miss every 4 KiB page without them. On an AVX-512 EPYC, one
-// client, against 4 KiB pages, alternating: bf16 -4/+15/+16/+5% req/s, int8 0/+22/+32%.
-struct HugePageBytes {
-  using value_type = std::byte;
-  template <typename U>
-  struct rebind {  // a vector rebinds to its own element type, std::byte
-    using other = HugePageBytes;
-  };
-  std::byte* allocate(size_t n);
-  void deallocate(std::byte* p, size_t n) noexcept;
-  friend bool operator==(HugePageBytes, HugePageBytes) { return true; }
-};
 
 // A weight matrix in one of the formats; `data` points into `owned` or into a mapped file.
 struct WeightMatrix {
@@ -37,7 +22,7 @@ struct WeightMatrix {
   int rows = 0;  // output features
   int cols = 0;  // input features
   const std::byte* data = nullptr;
-  std::vector<std::byte, HugePageBytes> owned;
+  std::vector<std::byte, HugePageAllocator<std::byte>> owned;  // see huge_pages.h
   std::vector<float> scales;  // one per row for kInt8 and kFp8: weight = code value x scale
   std::vector<float> bias;    // empty, or one per row
 

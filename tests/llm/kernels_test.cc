@@ -211,7 +211,7 @@ TEST(ThreadPoolTest, CoversEveryIndexOnceInAlignedChunks) {
 TEST(KernelsTest, LargeWeightBuffersStartOnAHugePageBoundary) {
   constexpr uintptr_t kHugePage = uintptr_t{2} << 20;
   for (size_t bytes : {size_t{100}, size_t{2} << 20, (size_t{5} << 20) + 3}) {
-    std::vector<std::byte, HugePageBytes> buffer(bytes, std::byte{7});
+    std::vector<std::byte, HugePageAllocator<std::byte>> buffer(bytes, std::byte{7});
     if (bytes >= kHugePage) {
       EXPECT_EQ(reinterpret_cast<uintptr_t>(buffer.data()) % kHugePage, 0u) << bytes;
     }
