@@ -107,17 +107,21 @@ void portable_matmul(const float* x, int m, const WeightMatrix& w, int row_begin
   }
 }
 
-float portable_dot(const float* a, const float* b, int n) {
-  float sum = 0;
-  for (int i = 0; i < n; ++i) {
-    sum += a[i] * b[i];
+void portable_dot_rows(const float* q, const float* k, int tokens, int n, float* scores) {
+  for (int t = 0; t < tokens; ++t) {
+    float sum = 0;
+    for (int i = 0; i < n; ++i) {
+      sum += q[i] * k[static_cast<int64_t>(t) * n + i];
+    }
+    scores[t] = sum;
   }
-  return sum;
 }
 
-void portable_axpy(float alpha, const float* x, float* y, int n) {
-  for (int i = 0; i < n; ++i) {
-    y[i] += alpha * x[i];
+void portable_weighted_sum(const float* weights, const float* v, int tokens, int n, float* out) {
+  for (int t = 0; t < tokens; ++t) {
+    for (int i = 0; i < n; ++i) {
+      out[i] += weights[t] * v[static_cast<int64_t>(t) * n + i];
+    }
   }
 }
 
@@ -127,8 +131,9 @@ void portable_silu_mul(float* gate, const float* up, int n) {
   }
 }
 
-const Kernels kPortable{"portable", portable_matmul, portable_dot, portable_axpy, portable_silu_mul,
-                        1,          nullptr};
+const Kernels kPortable{
+    "portable", portable_matmul, portable_dot_rows, portable_weighted_sum, portable_silu_mul,
+    1,          nullptr};
 
 }  // namespace
 

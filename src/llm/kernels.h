@@ -38,9 +38,11 @@ struct Kernels {
   // converts x itself, as prepare would).
   void (*matmul)(const float* x, int m, const WeightMatrix& w, int row_begin, int row_end, float* y,
                  int ldy, bool accumulate, const void* prepared);
-  float (*dot)(const float* a, const float* b, int n);
-  // y += alpha * x
-  void (*axpy)(float alpha, const float* x, float* y, int n);
+  // Attention over `tokens` cached positions, rows of n floats one after another (a block of
+  // the KV cache): scores[t] = q · k[t], and out += the sum over t of weights[t] x v[t]. One
+  // call a block, not one a position: per position, the calls cost more than their products.
+  void (*dot_rows)(const float* q, const float* k, int tokens, int n, float* scores);
+  void (*weighted_sum)(const float* weights, const float* v, int tokens, int n, float* out);
   // SwiGLU's activation: gate[i] = silu(gate[i]) * up[i], silu(g) = g / (1 + e^-g).
   void (*silu_mul)(float* gate, const float* up, int n);
   // Weight rows a matmul tile takes at once: row ranges split between threads start at its

@@ -344,14 +344,38 @@ float avx2_dot(const float* a, const float* b, int n) {
   return sum;
 }
 
-void avx2_axpy(float alpha, const float* x, float* y, int n) {
-  __m256 a = _mm256_set1_ps(alpha);
-  int i = 0;
-  for (; i + 8 <= n; i += 8) {
-    _mm256_storeu_ps(y + i, _mm256_fmadd_ps(a, _mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i)));
+void avx2_dot_rows(const float* q, const float* k, int tokens, int n, float* scores) {
+  for (int t = 0; t < tokens; ++t) {
+    scores[t] = avx2_dot(q, k + static_cast<int64_t>(t) * n, n);
   }
-  for (; i < n; ++i) {
-    y[i] += alpha * x[i];
+}
+
+// out's columns 32 at a time in four registers over every position, then the rest one by one.
+void avx2_weighted_sum(const float* weights, const float* v, int tokens, int n, float* out) {
+  int c = 0;
+  for (; c + 32 <= n; c += 32) {
+    __m256 acc[4];
+#pragma GCC unroll 4
+    for (int i = 0; i < 4; ++i) {
+      acc[i] = _mm256_loadu_ps(out + c + 8 * i);
+    }
+    for (int t = 0; t < tokens; ++t) {
+      const __m256 weight = _mm256_set1_ps(weights[t]);
+      const float* row = v + static_cast<int64_t>(t) * n + c;
+#pragma GCC unroll 4
+      for (int i = 0; i < 4; ++i) {
+        acc[i] = _mm256_fmadd_ps(weight, _mm256_loadu_ps(row + 8 * i), acc[i]);
+      }
+    }
+#pragma GCC unroll 4
+    for (int i = 0; i < 4; ++i) {
+      _mm256_storeu_ps(out + c + 8 * i, acc[i]);
+    }
+  }
+  for (; c < n; ++c) {
+    for (int t = 0; t < tokens; ++t) {
+      out[c] += weights[t] * v[static_cast<int64_t>(t) * n + c];
+    }
   }
 }
 
@@ -389,7 +413,8 @@ void avx2_silu_mul(float* gate, const float* up, int n) {
   }
 }
 
-const Kernels kAvx2{"avx2", avx2_matmul, avx2_dot, avx2_axpy, avx2_silu_mul, kTileW, avx2_prepare};
+const Kernels kAvx2{"avx2",        avx2_matmul, avx2_dot_rows, avx2_weighted_sum,
+                    avx2_silu_mul, kTileW,      avx2_prepare};
 
 }  // namespace
 

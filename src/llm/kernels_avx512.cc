@@ -742,17 +742,37 @@ float avx512_dot(const float* a, const float* b, int n) {
   return _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1));
 }
 
-void avx512_axpy(float alpha, const float* x, float* y, int n) {
-  const __m512 a = _mm512_set1_ps(alpha);
-  int i = 0;
-  for (; i + 16 <= n; i += 16) {
-    _mm512_storeu_ps(y + i, _mm512_fmadd_ps(a, _mm512_loadu_ps(x + i), _mm512_loadu_ps(y + i)));
+void avx512_dot_rows(const float* q, const float* k, int tokens, int n, float* scores) {
+  for (int t = 0; t < tokens; ++t) {
+    scores[t] = avx512_dot(q, k + static_cast<int64_t>(t) * n, n);
   }
-  if (i < n) {
-    const __mmask16 mask = static_cast<__mmask16>((1u << (n - i)) - 1);
-    _mm512_mask_storeu_ps(
-        y + i, mask,
-        _mm512_fmadd_ps(a, _mm512_maskz_loadu_ps(mask, x + i), _mm512_maskz_loadu_ps(mask, y + i)));
+}
+
+// out's columns 64 at a time in four registers over every position (the last ones masked).
+void avx512_weighted_sum(const float* weights, const float* v, int tokens, int n, float* out) {
+  for (int c = 0; c < n; c += 64) {
+    __mmask16 mask[4];
+    __m512 acc[4];
+#pragma GCC unroll 4
+    for (int i = 0; i < 4; ++i) {
+      const int col = c + 16 * i;
+      mask[i] = col >= n        ? 0
+                : col + 16 <= n ? static_cast<__mmask16>(0xffff)
+                                : static_cast<__mmask16>((1u << (n - col)) - 1);
+      acc[i] = _mm512_maskz_loadu_ps(mask[i], out + col);  // masked-off lanes are not read
+    }
+    for (int t = 0; t < tokens; ++t) {
+      const __m512 weight = _mm512_set1_ps(weights[t]);
+      const float* row = v + static_cast<int64_t>(t) * n + c;
+#pragma GCC unroll 4
+      for (int i = 0; i < 4; ++i) {
+        acc[i] = _mm512_fmadd_ps(weight, _mm512_maskz_loadu_ps(mask[i], row + 16 * i), acc[i]);
+      }
+    }
+#pragma GCC unroll 4
+    for (int i = 0; i < 4; ++i) {
+      _mm512_mask_storeu_ps(out + c + 16 * i, mask[i], acc[i]);
+    }
   }
 }
 
@@ -829,8 +849,8 @@ template <bool kVnni, bool kBf16>
 constexpr Kernels avx512_table(std::string_view name) {
   return {name,
           avx512_matmul<kVnni, kBf16>,
-          avx512_dot,
-          avx512_axpy,
+          avx512_dot_rows,
+          avx512_weighted_sum,
           avx512_silu_mul,
           kTileW,
           kVnni || kBf16 ? avx512_prepare<kVnni, kBf16> : nullptr};
@@ -842,7 +862,7 @@ const Kernels kAvx512Bf16 = avx512_table<false, true>("avx512-bf16");
 const Kernels kAvx512VnniBf16 = avx512_table<true, true>("avx512-vnni-bf16");
 #if defined(__AMX_TILE__) && defined(__AMX_INT8__) && defined(__AMX_BF16__)
 // Row ranges split between threads in whole tiles of 16 weight rows.
-const Kernels kAmx = {"avx512-vnni-bf16-amx", amx_matmul, avx512_dot, avx512_axpy,
+const Kernels kAmx = {"avx512-vnni-bf16-amx", amx_matmul, avx512_dot_rows, avx512_weighted_sum,
                       avx512_silu_mul,        kAmxTile,   amx_prepare};
 #endif
 

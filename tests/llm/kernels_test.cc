@@ -133,16 +133,26 @@ TEST(KernelsTest, EveryPathMatchesPortableForEveryFormatAndShape) {
       ASSERT_NEAR(actual[i], expected[i], 1e-5f * (1 + std::fabs(expected[i])))
           << k->name << " " << gate[i];
     }
-    for (int n : {67, 16, 5}) {
-      std::vector<float> a = random_values(n, 1), b = random_values(n, 2);
-      EXPECT_NEAR(k->dot(a.data(), b.data(), n), portable_kernels().dot(a.data(), b.data(), n),
-                  1e-4)
-          << k->name << " n=" << n;
-      std::vector<float> y_expected = b, y_actual = b;
-      portable_kernels().axpy(0.5f, a.data(), y_expected.data(), n);
-      k->axpy(0.5f, a.data(), y_actual.data(), n);
-      for (int i = 0; i < n; ++i) {
-        ASSERT_NEAR(y_actual[i], y_expected[i], 1e-6f) << k->name << " n=" << n;
+    // Attention over a cache block: head widths with and without a whole number of vectors,
+    // blocks of one position, a few and a full 16.
+    for (int n : {67, 64, 128, 16, 5}) {
+      for (int tokens : {1, 3, 16}) {
+        std::vector<float> q = random_values(n, 1), rows = random_values(tokens * n, 2);
+        std::vector<float> expected(tokens), actual(tokens);
+        portable_kernels().dot_rows(q.data(), rows.data(), tokens, n, expected.data());
+        k->dot_rows(q.data(), rows.data(), tokens, n, actual.data());
+        for (int t = 0; t < tokens; ++t) {
+          ASSERT_NEAR(actual[t], expected[t], 1e-4f) << k->name << " n=" << n << " t=" << t;
+        }
+        std::vector<float> weights = random_values(tokens, 3);
+        std::vector<float> out_expected = random_values(n, 4), out_actual = out_expected;
+        portable_kernels().weighted_sum(weights.data(), rows.data(), tokens, n,
+                                        out_expected.data());
+        k->weighted_sum(weights.data(), rows.data(), tokens, n, out_actual.data());
+        for (int i = 0; i < n; ++i) {
+          ASSERT_NEAR(out_actual[i], out_expected[i], 1e-5f * (1 + std::fabs(out_expected[i])))
+              << k->name << " n=" << n << " tokens=" << tokens;
+        }
       }
     }
   }
