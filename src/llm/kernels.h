@@ -69,7 +69,7 @@ constexpr int avx2_int16_code_limit(int cols) {
 }
 // The AVX-512 tables (F, BW and VL): avx512f widens every format to fp32; with `vnni` int8
 // weights go through vpdpbusd on int8-quantized activations, with `bf16` bf16 weights through
-// vdpbf16ps on bf16-rounded ones (up to 4 activation rows; widened beyond). nullptr when the build
+// vdpbf16ps on bf16-rounded ones (at any number of activation rows). nullptr when the build
 // has no AVX-512; hands out a table whatever the CPU: supported_kernels() is what checks.
 const Kernels* avx512_kernel_table(bool vnni, bool bf16);
 // avx512-vnni-bf16 with int8 and bf16 weights by 4 or more activation rows through AMX tiles

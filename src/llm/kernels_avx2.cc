@@ -147,9 +147,7 @@ inline void tile_int8_madd(const int8_t* const* wrows, const int16_t* const* xro
     }
   }
   int c = 0;
-  if constexpr (XR <= 2) {
-    // Bound by memory: one weight row after another, a single stream (see kStreamRows in
-    // kernels_avx512.cc).
+  if constexpr (kStreamRows<XR>) {
 #pragma GCC unroll 4
     for (int a = 0; a < WR; ++a) {
       for (c = 0; c + 16 <= cols; c += 16) {
@@ -256,7 +254,7 @@ inline void tile_bf16_row(const uint16_t* const* wrows, const float* x, int cols
   }
   const __m256i upper = _mm256_set1_epi32(static_cast<int>(0xffff0000u));
   int c = 0;
-  // One weight row after another: a single stream (see kStreamRows in kernels_avx512.cc).
+  // One weight row after another, as kStreamRows tiles read them: this tile takes one row.
 #pragma GCC unroll 4
   for (int a = 0; a < WR; ++a) {
     for (c = 0; c + kPairBlock <= cols; c += kPairBlock) {

@@ -81,17 +81,6 @@ struct Avx512 {
   }
 };
 
-// At one or two activation rows a tile is bound by how fast its weights stream in, so it reads
-// its weight rows one after another: the matmul is then one sequential stream, which the
-// hardware prefetcher follows. Read interleaved (a step of each of the 4 rows in turn, as the
-// compute-bound tiles do), they made 4 streams of 0.5-3 KiB that broke off at every tile. On an
-// AVX-512 EPYC without AMX, one thread, the LM head at one row (33 MB of bf16, past the L3):
-// 11.5 GB/s interleaved with a prefetch 4 KiB ahead, 31 in sequence; the replica at one client,
-// paired runs: bf16 +50-74% req/s, int8 +17-48%. A prefetch ahead of the sequential stream read
-// no faster. A matrix the L3 holds (the loop of llm_matmul_bench) reads 0.8x as fast in sequence.
-template <int XR>
-constexpr bool kStreamRows = XR <= 2;
-
 // The mask of a step of N elements at column c: all N, or those before cols in the last step.
 template <int N, typename Mask>
 inline Mask step_mask(int c, int cols) {

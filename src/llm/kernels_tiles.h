@@ -46,6 +46,18 @@ class Scratch {
   size_t size_ = 0;
 };
 
+// At one or two activation rows a tile is bound by how fast its weights stream in, so it reads
+// its weight rows one after another: each thread's share of a matmul is then one sequential
+// stream, which the hardware prefetcher follows. Read interleaved (a step of each of the tile's
+// rows in turn, as the compute-bound tiles do), they made short streams of 0.5-3 KiB that broke
+// off at every tile. On an AVX-512 EPYC without AMX, one thread, the LM head at one row (33 MB
+// of bf16, past the L3): 11.5 GB/s interleaved with a prefetch 4 KiB ahead, 31 in sequence; the
+// replica at one client, paired runs: bf16 +50-74% req/s, int8 +17-48%, fp8 +17-22%, fp32
+// +16-25%. A matrix the L3 holds (the loop of llm_matmul_bench) reads 0.7-0.9x as fast in
+// sequence (bench/RESULTS.md, "Weight rows in sequence").
+template <int XR>
+constexpr bool kStreamRows = XR <= 2;
+
 // A prefetch into L1 of the line `Bytes` past `at`: with one or two activation rows a matmul
 // streams each weight once, bound by memory, and on some hosts asking ahead of the stream keeps
 // more lines in flight than the hardware prefetcher does. An address, not a pointer: it may lie
@@ -145,10 +157,7 @@ inline void tile_widened(const std::byte* const* wrows, const float* const* xrow
     }
   }
   int c = 0;
-  if constexpr (XR <= 2) {
-    // Bound by memory: one weight row after another, a single stream the hardware prefetcher
-    // follows (interleaved, the rows made WR short streams that broke off at every tile). The
-    // replica at one client on an AVX-512 EPYC, paired runs: fp8 +17-22% req/s, fp32 +16-25%.
+  if constexpr (kStreamRows<XR>) {
 #pragma GCC unroll 4
     for (int a = 0; a < WR; ++a) {
       for (c = 0; c + kLanes <= cols; c += kLanes) {

@@ -1,7 +1,6 @@
 #include "llm/sampler.h"
 
 #include <algorithm>
-#include <array>
 #include <cmath>
 #include <numeric>
 
