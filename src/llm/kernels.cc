@@ -137,9 +137,13 @@ const Kernels kPortable{
 
 }  // namespace
 
-int64_t WeightMatrix::bytes() const {
+int64_t WeightMatrix::row_bytes() const {
   int64_t element = format == WeightFormat::kF32 ? 4 : format == WeightFormat::kBF16 ? 2 : 1;
-  return static_cast<int64_t>(rows) * cols * element;
+  return cols * element;
+}
+
+int64_t WeightMatrix::bytes() const {
+  return rows * row_bytes();
 }
 
 const float* fp8_e4m3_table() {

@@ -26,6 +26,7 @@ struct WeightMatrix {
   std::vector<float> scales;  // one per row for kInt8 and kFp8: weight = code value x scale
   std::vector<float> bias;    // empty, or one per row
 
+  int64_t row_bytes() const;
   int64_t bytes() const;
 };
 

@@ -208,7 +208,8 @@ QuantizedRows quantize_rows(const float* x, int m, int cols) {
 
 template <int WR, int XR>
 inline void tile_vnni(const int8_t* const* wrows, const int8_t* const* qrows,
-                      const float* const* lane_scales, int cols, float (&out)[kTileW][kTileX]) {
+                      const float* const* lane_scales, int cols, uintptr_t next,
+                      float (&out)[kTileW][kTileX]) {
   __m512 acc[WR][XR];
 #pragma GCC unroll 4
   for (int a = 0; a < WR; ++a) {
@@ -238,6 +239,9 @@ inline void tile_vnni(const int8_t* const* wrows, const int8_t* const* qrows,
   }
   for (int c = 0; c < cols; c += 64) {
     const auto mask = step_mask<64, __mmask64>(c, cols);
+    if (next != 0) {
+      prefetch_next_group<WR * 64>(next, int64_t{c} * WR);
+    }
     __m512i wv[WR];
 #pragma GCC unroll 4
     for (int a = 0; a < WR; ++a) {
@@ -273,9 +277,10 @@ void matmul_int8_vnni(const QuantizedRows& q, int m, const WeightMatrix& w, int 
       lane_scales[b] = q.lane_scales + static_cast<int64_t>(i + b) * q.stride / 4;
     }
     float out[kTileW][kTileX];
+    const uintptr_t next = next_group<kTileW, kChunkX>(w, r, i);
     dispatch_tile<kTileW, kTileX>(wr, xr, [&](auto wr_c, auto xr_c) {
       tile_vnni<decltype(wr_c)::value, decltype(xr_c)::value>(wrows, qrows, lane_scales, w.cols,
-                                                              out);
+                                                              next, out);
     });
     for (int a = 0; a < wr; ++a) {
       for (int b = 0; b < xr; ++b) {
@@ -320,7 +325,7 @@ Bf16Rows round_rows_to_bf16(const float* x, int m, int cols) {
 
 template <int WR, int XR>
 inline void tile_bf16(const uint16_t* const* wrows, const uint16_t* const* xrows, int cols,
-                      float (&out)[kTileW][kTileX]) {
+                      uintptr_t next, float (&out)[kTileW][kTileX]) {
   __m512 acc[WR][XR];
 #pragma GCC unroll 4
   for (int a = 0; a < WR; ++a) {
@@ -347,6 +352,9 @@ inline void tile_bf16(const uint16_t* const* wrows, const uint16_t* const* xrows
   }
   for (int c = 0; c < cols; c += 32) {
     const auto mask = step_mask<32, __mmask32>(c, cols);
+    if (next != 0) {
+      prefetch_next_group<WR * 64>(next, int64_t{c} * 2 * WR);
+    }
     __m512i wv[WR];
 #pragma GCC unroll 4
     for (int a = 0; a < WR; ++a) {
@@ -376,8 +384,9 @@ void matmul_bf16_dot(const Bf16Rows& rounded, int m, const WeightMatrix& w, int 
       xrows[b] = rounded.values + static_cast<int64_t>(i + b) * rounded.stride;
     }
     float out[kTileW][kTileX];
+    const uintptr_t next = next_group<kTileW, kChunkX>(w, r, i);
     dispatch_tile<kTileW, kTileX>(wr, xr, [&](auto wr_c, auto xr_c) {
-      tile_bf16<decltype(wr_c)::value, decltype(xr_c)::value>(wrows, xrows, w.cols, out);
+      tile_bf16<decltype(wr_c)::value, decltype(xr_c)::value>(wrows, xrows, w.cols, next, out);
     });
     store_tile(out, w, r, wr, i, xr, 1.0f, y, ldy, accumulate);
   };
