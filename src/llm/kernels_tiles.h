@@ -76,7 +76,9 @@ inline void prefetch_ahead(const void* at) {
 // AMX, one thread, bf16 at 16 rows: the LM head (past the L3) 87 -> 137 GFLOP/s; the whole
 // group prefetched at once when the group starts, 125-134, and 0.93x on a matrix the L3 holds.
 // The replica at 16 clients, paired runs: bf16 +19-33%, int8 (VNNI) -5% to +16%, fp32 0-24%
-// and on the AVX2 path +27-48% (bench/RESULTS.md, "The next weight rows into L2").
+// and on the AVX2 path +27-48%. Rows a tile widens into a buffer first (bf16 on AVX2, fp8) are
+// prefetched the same way: the AVX2 path's bf16 LM head at 16 rows 1.40x, fp8 1.05-1.13x
+// (bench/RESULTS.md, "The next weight rows into L2").
 //
 // The address of the next group for the tile of activation rows from i (the first of a chunk
 // of ChunkX), of weight rows from r; 0 for the other tiles. An address: it may lie past the
@@ -170,9 +172,9 @@ inline void store_tile(const float (&out)[TileW][TileX], const WeightMatrix& w, 
   }
 }
 
-// Dot products of WR weight rows with XR activation rows, weights widened from format F; `next`:
-// see next_group.
-template <typename Isa, WeightFormat F, int WR, int XR, int TileW, int TileX>
+// Dot products of WR weight rows with XR activation rows, weights widened from format F. `next`:
+// see next_group, for the matrix's own rows, in format Stored (F, or F's rows widened to fp32).
+template <typename Isa, WeightFormat F, WeightFormat Stored, int WR, int XR, int TileW, int TileX>
 inline void tile_widened(const std::byte* const* wrows, const float* const* xrows, int cols,
                          uintptr_t next, float (&out)[TileW][TileX]) {
   constexpr int kLanes = Isa::kLanes;
@@ -206,8 +208,8 @@ inline void tile_widened(const std::byte* const* wrows, const float* const* xrow
   } else {
     for (; c + kLanes <= cols; c += kLanes) {
       if (next != 0) {
-        prefetch_next_group<WR * kLanes * kElementBytes<F>>(next,
-                                                            int64_t{c} * kElementBytes<F> * WR);
+        prefetch_next_group<WR * kLanes * kElementBytes<Stored>>(
+            next, int64_t{c} * kElementBytes<Stored> * WR);
       }
       typename Isa::V wv[WR];
 #pragma GCC unroll 4
@@ -275,15 +277,15 @@ void matmul_widened(const float* x, int m, const WeightMatrix& w, int row_begin,
       xrows[b] = x + static_cast<int64_t>(i + b) * w.cols;
     }
     float out[TileW][TileX];
-    // Widened rows are read from the buffer, not from memory.
-    const uintptr_t next = widen ? 0 : next_group<TileW, ChunkX>(w, r, i);
+    // Widened rows too: the next widening then reads its rows from L2.
+    const uintptr_t next = next_group<TileW, ChunkX>(w, r, i);
     dispatch_tile<TileW, TileX>(wr, xr, [&](auto wr_c, auto xr_c) {
       if (widen) {
-        tile_widened<Isa, WeightFormat::kF32, decltype(wr_c)::value, decltype(xr_c)::value>(
+        tile_widened<Isa, WeightFormat::kF32, F, decltype(wr_c)::value, decltype(xr_c)::value>(
             wrows, xrows, w.cols, next, out);
       } else {
-        tile_widened<Isa, F, decltype(wr_c)::value, decltype(xr_c)::value>(wrows, xrows, w.cols,
-                                                                           next, out);
+        tile_widened<Isa, F, F, decltype(wr_c)::value, decltype(xr_c)::value>(wrows, xrows, w.cols,
+                                                                              next, out);
       }
     });
     store_tile(out, w, r, wr, i, xr, kDecodeScale, y, ldy, accumulate);
