@@ -124,9 +124,13 @@ Int16Rows quantize_rows_int16(const float* x, int m, int cols) {
 // one client, against the same order without it): bf16 +6-24%, int8 within noise.
 constexpr uintptr_t kPrefetchBytes = 16 * 1024;
 
-// 3 x 3 accumulators: with 3 x 4 (as the fp32 tiles) the products' temporaries pushed
-// accumulators out of the 16 registers.
-constexpr int kInt8TileX = 3;
+// 3 x 2 accumulators, so a tile reads its weight rows one after another (kStreamRows) at any
+// number of activation rows. With 3 x 3, GCC computed the nine products before adding them and
+// kept two of the nine accumulators on the stack (18 registers wanted of 16); with 3 x 4, more.
+// On an AVX-512 EPYC running this path, one thread, int8 at 4-64 rows: 1.14-1.23x on a matrix
+// the L3 holds, the LM head 1.00-1.22x; the replica at 16 clients +0-31% (bench/RESULTS.md, "The
+// next weight rows into L2").
+constexpr int kInt8TileX = 2;
 
 inline int32_t hsum_epi32(__m256i v) {
   __m128i sum = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
@@ -135,11 +139,10 @@ inline int32_t hsum_epi32(__m256i v) {
   return _mm_cvtsi128_si32(sum);
 }
 
-// No next_group prefetch in this tile: its steps are short (16 columns), and the replica at 16
-// clients ran -9% to +9% with it (3 of 4 paired runs slower).
 template <int WR, int XR>
 inline void tile_int8_madd(const int8_t* const* wrows, const int16_t* const* xrows, int cols,
                            float (&out)[kTileW][kInt8TileX]) {
+  static_assert(kStreamRows<XR>);
   __m256i acc[WR][XR];
 #pragma GCC unroll 4
   for (int a = 0; a < WR; ++a) {
@@ -149,35 +152,16 @@ inline void tile_int8_madd(const int8_t* const* wrows, const int16_t* const* xro
     }
   }
   int c = 0;
-  if constexpr (kStreamRows<XR>) {
 #pragma GCC unroll 4
-    for (int a = 0; a < WR; ++a) {
-      for (c = 0; c + 16 <= cols; c += 16) {
-        prefetch_ahead<kPrefetchBytes>(wrows[a] + c);
-        const __m256i wv =
-            _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(wrows[a] + c)));
+  for (int a = 0; a < WR; ++a) {
+    for (c = 0; c + 16 <= cols; c += 16) {
+      prefetch_ahead<kPrefetchBytes>(wrows[a] + c);
+      const __m256i wv =
+          _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(wrows[a] + c)));
 #pragma GCC unroll 2
-        for (int b = 0; b < XR; ++b) {
-          const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xrows[b] + c));
-          acc[a][b] = _mm256_add_epi32(acc[a][b], _mm256_madd_epi16(wv, xv));
-        }
-      }
-    }
-  } else {
-    for (; c + 16 <= cols; c += 16) {
-      __m256i wv[WR];
-#pragma GCC unroll 4
-      for (int a = 0; a < WR; ++a) {
-        wv[a] =
-            _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(wrows[a] + c)));
-      }
-#pragma GCC unroll 4
       for (int b = 0; b < XR; ++b) {
         const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xrows[b] + c));
-#pragma GCC unroll 4
-        for (int a = 0; a < WR; ++a) {
-          acc[a][b] = _mm256_add_epi32(acc[a][b], _mm256_madd_epi16(wv[a], xv));
-        }
+        acc[a][b] = _mm256_add_epi32(acc[a][b], _mm256_madd_epi16(wv, xv));
       }
     }
   }
