@@ -138,8 +138,7 @@ const Kernels kPortable{
 }  // namespace
 
 int64_t WeightMatrix::row_bytes() const {
-  int64_t element = format == WeightFormat::kF32 ? 4 : format == WeightFormat::kBF16 ? 2 : 1;
-  return cols * element;
+  return int64_t{cols} * element_bytes(format);
 }
 
 int64_t WeightMatrix::bytes() const {

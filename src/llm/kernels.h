@@ -16,6 +16,11 @@
 
 namespace flotilla::llm {
 
+// Bytes a weight takes in a format.
+constexpr int element_bytes(WeightFormat format) {
+  return format == WeightFormat::kF32 ? 4 : format == WeightFormat::kBF16 ? 2 : 1;
+}
+
 // A weight matrix in one of the formats; `data` points into `owned` or into a mapped file.
 struct WeightMatrix {
   WeightFormat format = WeightFormat::kF32;

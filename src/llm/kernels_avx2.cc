@@ -117,11 +117,14 @@ Int16Rows quantize_rows_int16(const float* x, int m, int cols) {
   return q;
 }
 
-// How far ahead of each weight row the one-row tiles prefetch (prefetch_ahead). On a 2-core
+// How far ahead of each weight row the tiles that read their rows in sequence prefetch
+// (prefetch_ahead): the one-row bf16 tile and every int8 tile. On a 2-core
 // AVX2 EPYC (19 GB/s), decoding one sequence in bf16 with the rows then read interleaved: 1 KiB
 // ahead +3%, 4 KiB +12%, 16 KiB +18%, 32 KiB +12% (bench/RESULTS.md, "Prefetching the
 // weights"). With the rows in sequence, this path on an AVX-512 EPYC (FLOTILLA_LLM_KERNELS=avx2,
-// one client, against the same order without it): bf16 +6-24%, int8 within noise.
+// one client, against the same order without it): bf16 +6-24%, int8 within noise. The int8
+// tiles at 16 rows prefetch the same lines again for each pair of activation rows; only the
+// first pair prefetching ran 0.82-1.02x at 16 clients.
 constexpr uintptr_t kPrefetchBytes = 16 * 1024;
 
 // 3 x 2 accumulators, so a tile reads its weight rows one after another (kStreamRows) at any

@@ -353,7 +353,7 @@ inline void tile_bf16(const uint16_t* const* wrows, const uint16_t* const* xrows
   for (int c = 0; c < cols; c += 32) {
     const auto mask = step_mask<32, __mmask32>(c, cols);
     if (next != 0) {
-      prefetch_next_group<WR * 64>(next, int64_t{c} * 2 * WR);
+      prefetch_next_group<WR * 64>(next, int64_t{c} * kElementBytes<WeightFormat::kBF16> * WR);
     }
     __m512i wv[WR];
 #pragma GCC unroll 4

@@ -99,9 +99,7 @@ inline void prefetch_next_group(uintptr_t next, int64_t offset) {
 }
 
 template <WeightFormat F>
-constexpr int kElementBytes = F == WeightFormat::kF32    ? 4
-                              : F == WeightFormat::kBF16 ? 2
-                                                         : 1;
+constexpr int kElementBytes = element_bytes(F);
 
 // One weight as the vector paths widen it (fp8 e4m3 2^-8 too small: the row scale puts it back).
 template <WeightFormat F>
