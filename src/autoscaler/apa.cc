@@ -18,6 +18,10 @@ using detail::ceil_replicas;
 using detail::clamp_to;
 using detail::current_of;
 
+// A second whose mean in flight is this share of the gateway's cap had every slot taken but for
+// the moments between a completion and the next dispatch.
+constexpr double kFullShare = 0.98;
+
 class ApaPolicy final : public Policy {
  public:
   ApaPolicy(const ApaOptions& options, const double* target) : options_(options), target_(target) {}
@@ -39,6 +43,18 @@ class ApaPolicy final : public Policy {
     // With nothing starting, a second in which at least one request waited on average past what
     // the ready replicas hold asks for one more replica at least: Little's law sees closed-loop
     // clients' queue only once it has stood for the standing window.
+    // Both queue rules below count a queue only where it is one: the ready replicas' slots were
+    // taken all through the newest second (their mean in flight within 2% of the gateway's cap:
+    // closed-loop clients held back, a load past the fleet), or its requests waited at least as
+    // long as they are then served (a step of load within the second). A queue while slots
+    // stand free is what an open-loop fleet near its cap always has (Poisson arrivals on 32
+    // slots at 94% keep about 10 waiting, 3 ms each against a 10 ms service), which no replica
+    // held through the down window is worth.
+    const std::optional<Sample> newest = samples.newest(now);
+    const double cap =
+        static_cast<double>(fleet.ready * std::max<int64_t>(1, std::llround(*target_)));
+    const bool queue_is_demand = !newest || newest->concurrency >= kFullShare * cap ||
+                                 samples.wait_over_service(now).value_or(1) >= 1;
     const bool full_cycle = !last_full_cycle_ || now - *last_full_cycle_ >= options_.period;
     bool one_more = false;
     if (!full_cycle) {
@@ -47,7 +63,7 @@ class ApaPolicy final : public Policy {
       if (short_by <= 0) {
         return {clamp_to(options_.range, current), "fast path: the ready replicas suffice"};
       }
-      one_more = short_by >= 1 && fleet.pending == 0;
+      one_more = short_by >= 1 && fleet.pending == 0 && queue_is_demand;
     } else {
       last_full_cycle_ = now;
     }
@@ -57,15 +73,18 @@ class ApaPolicy final : public Policy {
     // held through the whole standing window without shrinking (not a burst, not a backlog
     // being served) and nothing is starting (while replicas start, the queue is theirs).
     const Millis standing = std::min(options_.standing_window, options_.up_window);
-    const double waiting =
-        fleet.pending == 0 ? samples.standing_demand(now, standing).value_or(0) : 0;
+    const double waiting = fleet.pending == 0 && queue_is_demand
+                               ? samples.standing_demand(now, standing).value_or(0)
+                               : 0;
     // A trend counts past the tolerance only: noise in the arrivals is not a ramp.
     double growth =
         samples.arrival_growth(now, options_.up_window, options_.lead_time).value_or(1.0);
     growth = growth >= 1 + options_.trend_tolerance ? growth : 1.0;
     const double projected = *recent * growth;
     const double needed = std::max({*recent, waiting, projected});
-    const int64_t spare = recent_failures(now, fleet.failures) > 0 && needed > 0 ? 1 : 0;
+    const bool slow_starts = fleet.start_ms < 0 || Millis(fleet.start_ms) > options_.spare_start;
+    const int64_t spare =
+        recent_failures(now, fleet.failures) > 0 && needed > 0 && slow_starts ? 1 : 0;
     const int64_t wanted_up =
         std::max(ceil_replicas(needed / target) + spare, one_more ? current + 1 : int64_t{0});
     if (wanted_up > current) {

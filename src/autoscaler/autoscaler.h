@@ -68,16 +68,27 @@ class SampleWindow {
   // (now - window, now] when requests queued through it and the queue did not shrink across it
   // (the newest sample queues at least as many as the oldest); nullopt otherwise.
   std::optional<double> standing_demand(Millis now, Millis window) const;
+  // The newest sample when it is of the second ending at or just before `now`.
+  std::optional<Sample> newest(Millis now) const;
+  // The newest second's mean wait at the gateway over the requests' service time, both by
+  // Little's law (queued over the arrival rate; the latency as max_offered's): 0 without a
+  // queue, nullopt when no sample is that new or nothing completed or arrived to measure by.
+  std::optional<double> wait_over_service(Millis now) const;
   // Whether samples cover the whole window (the oldest is at or before now - window + 1 s).
   bool covers(Millis now, Millis window) const;
   size_t size() const { return samples_.size(); }
 
  private:
-  double newest_offered() const;
+  // What each sample says once the seconds before it are known.
+  struct Derived {
+    double offered = 0;  // as max_offered describes
+    std::optional<double> wait_over_service;
+  };
+  Derived newest_derived() const;
 
   size_t capacity_;
   std::deque<Sample> samples_;
-  std::deque<double> offered_;  // per sample, as max_offered describes
+  std::deque<Derived> derived_;  // per sample
 };
 
 struct Fleet {
@@ -85,6 +96,9 @@ struct Fleet {
   int64_t pending = 0;   // replicas starting (count toward capacity already asked for)
   int64_t desired = 0;   // the last desired count this policy returned (its own state of record)
   int64_t failures = 0;  // replicas that ever failed (crashed, timed out): a running count
+  // How long the newest replica took from its start to ready, ms; -1 unknown (none yet, or an
+  // orchestrator that does not say).
+  int64_t start_ms = -1;
 };
 
 // A scaling decision and its inputs, to record as an event ("why it scaled").
@@ -137,6 +151,11 @@ struct ApaOptions {
   // The share of the per-replica target the fleet is sized for: 1 sizes at the target (which is
   // also the gateway's cap); below 1 keeps headroom. The knob a cost-versus-misses sweep turns.
   double utilization = 1.0;
+  // The spare after a failure (N+1) only where replicas take longer than this to start. A
+  // replacement ready within the fast path's cadence (a warm-pool start) is back before any
+  // decision could see the gap, and a spare held through the down window for it costs that
+  // window's replica-seconds for nothing. Unknown start times keep the spare.
+  Millis spare_start{1'000};
   ReplicaRange range;
 };
 
@@ -146,7 +165,8 @@ struct ApaOptions {
 // by max(x2, +min_up_step) of the count already asked for. Down: only
 // when even the busiest second of `down_window` asks for fewer, at most max_down_fraction per
 // cycle. While a replica failed within `down_window`, one spare replica on top (N+1: a fleet
-// sized at its targets queues for a whole cold start when one replica dies). Clamped to the
+// sized at its targets queues for a whole cold start when one replica dies), where starts take
+// longer than `spare_start`. Clamped to the
 // range. `target_concurrency` is read through the pointer each cycle,
 // so the vertical policy can move it.
 std::unique_ptr<Policy> make_apa_policy(const ApaOptions& options,
@@ -377,6 +397,9 @@ class EndpointAutoscaler {
   std::vector<std::string> tick(Millis now, int64_t ready, int64_t pending, int64_t failures,
                                 const std::function<ReplicaUsage()>& usage);
 
+  // How long the endpoint's newest replica took from its start to ready (Fleet::start_ms).
+  void observe_start(Millis took) { start_ms_ = took.count(); }
+
   // Scale from zero: a request waits with no replica asked for. Asks for one at once; true when
   // that changed the count.
   bool request_capacity();
@@ -418,6 +441,7 @@ class EndpointAutoscaler {
   bool forecast_enabled_ = false;
   SampleWindow window_;
   int64_t replicas_ = 0;
+  int64_t start_ms_ = -1;  // Fleet::start_ms
   // Since the last vertical decision: completion-weighted latency and the busiest second.
   double latency_weighted_sum_ = 0;
   double completions_sum_ = 0;

@@ -102,7 +102,7 @@ std::vector<std::string> EndpointAutoscaler::tick(Millis now, int64_t ready, int
   if (now >= next_horizontal_ || new_sample) {
     next_horizontal_ = now + horizontal_period_;
     decided_through_unix_ms_ = last_sample_unix_ms_;
-    const Fleet fleet{ready, pending, replicas_, failures};
+    const Fleet fleet{ready, pending, replicas_, failures, start_ms_};
     Decision decision = horizontal_->decide(now, window_, fleet);
     const ReplicaRange range = range_for_(target_);
     int64_t desired = detail::clamp_to(range, decision.desired);

@@ -122,20 +122,20 @@ std::optional<double> SampleWindow::standing_demand(Millis now, Millis window) c
 
 void SampleWindow::add(const Sample& sample) {
   samples_.push_back(sample);
-  offered_.push_back(newest_offered());
+  derived_.push_back(newest_derived());
   while (samples_.size() > capacity_) {
     samples_.pop_front();
-    offered_.pop_front();
+    derived_.pop_front();
   }
 }
 
-double SampleWindow::newest_offered() const {
+SampleWindow::Derived SampleWindow::newest_derived() const {
   const Sample& newest = samples_.back();
   // Without a queue every arrival is in flight already: what the replicas hold is the demand
   // (and a second's arrivals over its completions would be noise for requests longer than a
   // second: 70 arrivals against 1 completion).
   if (newest.queued <= 0) {
-    return newest.concurrency;
+    return {newest.concurrency, 0};
   }
   // Little's law over the newest seconds that hold enough completions for a stable latency: one
   // second at high rates, up to a minute for long requests.
@@ -155,7 +155,7 @@ double SampleWindow::newest_offered() const {
   if (completions <= 0) {
     // Nothing served yet (scale from zero): a waiting request asks for a first replica; how
     // many more are needed shows once it serves.
-    return newest.concurrency + 1.0;
+    return {newest.concurrency + 1.0, std::nullopt};
   }
   const double latency_s = concurrency / completions;
   const double arrival_rate = arrivals / static_cast<double>(seconds);
@@ -164,8 +164,12 @@ double SampleWindow::newest_offered() const {
   // plus the backlog, served within kBacklogDrainSeconds (each waiting request needs a slot
   // for its latency, and never more than one slot).
   constexpr double kBacklogDrainSeconds = 5;
-  return std::max(newest.concurrency, arrival_rate * latency_s) +
-         newest.queued * std::min(1.0, latency_s / kBacklogDrainSeconds);
+  const double offered = std::max(newest.concurrency, arrival_rate * latency_s) +
+                         newest.queued * std::min(1.0, latency_s / kBacklogDrainSeconds);
+  // The wait by Little's law too: the queue over the rate it is fed at.
+  const std::optional<double> wait_over_service =
+      arrival_rate > 0 ? std::optional(newest.queued / arrival_rate / latency_s) : std::nullopt;
+  return {offered, wait_over_service};
 }
 
 std::optional<double> SampleWindow::mean_demand(Millis now, Millis window) const {
@@ -177,11 +181,22 @@ std::optional<double> SampleWindow::max_demand(Millis now, Millis window) const 
 }
 
 std::optional<double> SampleWindow::mean_offered(Millis now, Millis window) const {
-  return aggregate(samples_, now, window, true, [this](size_t i) { return offered_[i]; });
+  return aggregate(samples_, now, window, true, [this](size_t i) { return derived_[i].offered; });
 }
 
 std::optional<double> SampleWindow::max_offered(Millis now, Millis window) const {
-  return aggregate(samples_, now, window, false, [this](size_t i) { return offered_[i]; });
+  return aggregate(samples_, now, window, false, [this](size_t i) { return derived_[i].offered; });
+}
+
+std::optional<Sample> SampleWindow::newest(Millis now) const {
+  if (samples_.empty() || samples_.back().time <= now - Millis(1'000)) {
+    return std::nullopt;
+  }
+  return samples_.back();
+}
+
+std::optional<double> SampleWindow::wait_over_service(Millis now) const {
+  return newest(now) ? derived_.back().wait_over_service : std::nullopt;
 }
 
 bool SampleWindow::covers(Millis now, Millis window) const {

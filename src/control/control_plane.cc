@@ -383,6 +383,11 @@ void ControlPlaneImpl::on_replica(const orchestrator::ReplicaEvent& event) {
     const double seconds =
         static_cast<double>(replica.ready_unix_ms - replica.started_unix_ms) / 1000.0;
     (replica.from_warm_pool ? cold_start_warm_ : cold_start_fresh_).observe(seconds);
+    if (replica.started_unix_ms > 0 && replica.ready_unix_ms >= replica.started_unix_ms) {
+      MutexLock lock(mu_);  // an orchestrator that does not time its starts leaves it unknown
+      replica_start_ms_by_endpoint_[replica.deployment.endpoint] =
+          replica.ready_unix_ms - replica.started_unix_ms;
+    }
   } else if (event.kind == "failed" || event.kind == "hung") {  // a timeout is followed by its
                                                                 // "failed"
     replica_failures_.inc();
@@ -468,6 +473,7 @@ void ControlPlaneImpl::autoscale(const std::vector<orchestrator::Replica>& repli
   std::map<std::string, EndpointSpec> specs;
   std::set<std::string> requests;
   std::map<std::string, int64_t> failures;
+  std::map<std::string, int64_t> start_ms;
   {
     MutexLock lock(mu_);
     for (const auto& [name, stored] : endpoints_) {
@@ -475,6 +481,7 @@ void ControlPlaneImpl::autoscale(const std::vector<orchestrator::Replica>& repli
     }
     requests.swap(capacity_requests_);
     failures = replica_failures_by_endpoint_;
+    start_ms = replica_start_ms_by_endpoint_;
   }
   std::erase_if(scalers_, [&](const auto& entry) { return !specs.contains(entry.first); });
   std::erase_if(learned_, [&](const auto& entry) { return !specs.contains(entry.first); });
@@ -513,6 +520,9 @@ void ControlPlaneImpl::autoscale(const std::vector<orchestrator::Replica>& repli
       restore_demand(name, *scaler);
     }
     scaler->update_spec(spec);
+    if (auto took = start_ms.find(name); took != start_ms.end()) {
+      scaler->observe_start(autoscaler::Millis(took->second));
+    }
     const auto found = samples.find(name);
     scaler->add_samples(found != samples.end() ? found->second : std::vector<LoadSample>{},
                         static_cast<int64_t>(ready.size()));

@@ -141,6 +141,8 @@ class ControlPlaneImpl final : public ControlPlane,
   gateway::EndpointTable published_table_;  // reconciler thread only
   std::set<std::string> capacity_requests_ FLOTILLA_GUARDED_BY(mu_);
   std::map<std::string, int64_t> replica_failures_by_endpoint_ FLOTILLA_GUARDED_BY(mu_);
+  // How long each endpoint's newest replica took from its start to ready, ms (APA's spare).
+  std::map<std::string, int64_t> replica_start_ms_by_endpoint_ FLOTILLA_GUARDED_BY(mu_);
   std::map<std::string, std::unique_ptr<EndpointScaler>> scalers_;  // reconciler thread only
   // What each endpoint's autoscaler learned, as last saved to the store (loaded at start);
   // reconciler thread only after start().

@@ -125,6 +125,9 @@ class EndpointScaler {
   std::vector<std::string> tick(autoscaler::Millis now, int64_t ready, int64_t pending,
                                 int64_t failures, const std::function<ReplicaUsage()>& usage);
 
+  // How long the endpoint's newest replica took to become ready (APA's spare after a failure).
+  void observe_start(autoscaler::Millis took) { autoscaler_->observe_start(took); }
+
   // Scale from zero: a request waits for an endpoint with no ready replica. Asks for one at
   // once; true when that changed the scale.
   bool request_capacity();

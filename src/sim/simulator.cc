@@ -92,6 +92,7 @@ struct Replica {
   double work = 0;
   double work_time = 0;
   uint64_t sharing_stamp = 0;
+  double started_at = -1;  // when it was asked for; -1: it was there at the run's start
 };
 
 // Latencies in log buckets (5% wide) from 0.01 ms: percentiles within 5%.
@@ -252,6 +253,8 @@ class Simulator {
     switch (options_.policy) {
       case PolicyKind::kApa:
         autoscaler_ = make_apa_autoscaler(scenario_, options_);
+        // The replicas there at the start were started as any other, in the scenario's time.
+        autoscaler_->observe_start(Millis(std::llround(scenario_.replica.cold_start_s * 1000)));
         break;
       case PolicyKind::kHpa: {
         autoscaler::HpaOptions options;
@@ -804,6 +807,7 @@ class Simulator {
     set_ready(slot, false);
     set_cap(slot, cap());  // a view's count stays: what the others last published there
     ++starting_;
+    replica.started_at = cold ? now_ : -1;
     if (cold) {
       const double mean = scenario_.replica.cold_start_s;
       const double sigma = 0.25;
@@ -824,6 +828,9 @@ class Simulator {
     starting_slots_.erase(std::remove(starting_slots_.begin(), starting_slots_.end(), slot),
                           starting_slots_.end());
     replica.phase = ReplicaPhase::kReady;
+    if (autoscaler_ && replica.started_at >= 0) {  // as the orchestrator reports it
+      autoscaler_->observe_start(Millis(std::llround((now_ - replica.started_at) * 1000)));
+    }
     --starting_;
     ++ready_;
     ready_slots_.push_back(slot);

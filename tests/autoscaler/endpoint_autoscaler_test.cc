@@ -65,6 +65,20 @@ TEST(EndpointAutoscalerTest, ScalesDownOnlyAfterTheDownWindow) {
   EXPECT_EQ(scaler.replicas(), 3);  // at most -25% per cycle
 }
 
+// The spare after a failure follows the replicas' measured start: none for a warm-pool start.
+TEST(EndpointAutoscalerTest, KeepsASpareAfterAFailureOnlyWhereStartsAreSlow) {
+  for (const int64_t start_ms : {25, 5'000}) {
+    EndpointAutoscaler scaler(
+        full_cycles(), vertical(), [](double) { return fixed_range(1, 100); }, 2, Millis(0));
+    scaler.observe_start(Millis(start_ms));
+    scaler.add_samples(steady(0, 10, 32), 2);
+    scaler.tick(Millis(5'000), 2, 0, 0, light_usage);
+    EXPECT_EQ(scaler.replicas(), 2);
+    scaler.tick(Millis(10'000), 2, 0, 1, light_usage);  // a replica failed since
+    EXPECT_EQ(scaler.replicas(), start_ms > 1'000 ? 3 : 2) << start_ms;
+  }
+}
+
 TEST(EndpointAutoscalerTest, ScalesToZeroWhenTheRangeAllowsAndNotWhileStarting) {
   EndpointAutoscaler scaler(
       full_cycles(), vertical(), [](double) { return fixed_range(0, 10); }, 1, Millis(0));

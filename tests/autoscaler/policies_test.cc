@@ -36,6 +36,20 @@ TEST(SampleWindowTest, MeanAndMaxOverTheWindowOnly) {
   EXPECT_FALSE(window.covers(sec(10), sec(11)));
 }
 
+// The newest second's wait over the service time, both by Little's law.
+TEST(SampleWindowTest, WaitOverServiceByLittlesLaw) {
+  SampleWindow window;
+  EXPECT_FALSE(window.wait_over_service(sec(1)).has_value());
+  window.add(Sample{sec(1), 10, 0, 1000, 1000});
+  EXPECT_DOUBLE_EQ(window.wait_over_service(sec(1)).value(), 0);  // no queue
+  window.add(Sample{sec(2), 10, 20, 1000, 1000});                 // 20 ms waits, 10 ms of service
+  EXPECT_DOUBLE_EQ(window.wait_over_service(sec(2)).value(), 2);
+  EXPECT_FALSE(window.wait_over_service(sec(3)).has_value());  // nothing that new
+  SampleWindow from_zero;
+  from_zero.add(Sample{sec(1), 0, 3, 3, 0});  // nothing served yet: no service time to compare
+  EXPECT_FALSE(from_zero.wait_over_service(sec(1)).has_value());
+}
+
 TEST(SampleWindowTest, QueuedRequestsCountAsDemand) {
   SampleWindow window;
   window.add(Sample{sec(1), 3, 5});
@@ -168,6 +182,29 @@ TEST(ApaHorizontalTest, AReplicaAddedForAQueueIsKeptThroughTheDownWindow) {
   EXPECT_EQ(policy->decide(sec(25), window, Fleet{3, 0, 3}).desired, 3);  // the next full cycle
 }
 
+// An open-loop fleet near its cap: 2750/s of 10 ms requests on 3 replicas capped at 10 keep 27.5
+// in flight (92% of the slots) and a few waiting, each for a fraction of its service. Neither
+// queue rule (the standing queue, one more on the fast path) reads that as demand: Little's law
+// asks for 3. Closed-loop clients a few past the cap keep every slot taken with the same queue:
+// that is demand.
+TEST(ApaHorizontalTest, AQueueWhileSlotsStandFreeIsNoReasonForAnotherReplica) {
+  for (const double in_flight : {27.5, 29.8}) {
+    double target = 10;
+    auto policy = make_apa_policy(ApaOptions{}, &target);
+    SampleWindow window;
+    for (int64_t s = 1; s <= 20; ++s) {
+      const double rate = in_flight * 100;  // 10 ms each
+      window.add(Sample{sec(s), in_flight, 4.0 + static_cast<double>(s % 3), rate, rate});
+    }
+    const int64_t expected = in_flight < 29 ? 3 : 4;
+    // A full cycle: the queue stood through the standing window, 2 ms a request.
+    EXPECT_EQ(policy->decide(sec(20), window, Fleet{3, 0, 3}).desired, expected) << in_flight;
+    window.add(Sample{sec(21), in_flight, 8, in_flight * 100, in_flight * 100});
+    const Decision fast = policy->decide(sec(21), window, Fleet{expected, 0, expected});
+    EXPECT_EQ(fast.desired, expected) << fast.reason;  // 3 ms waits: no one more on the fast path
+  }
+}
+
 TEST(ApaHorizontalTest, StandingQueueIsDemandWhenNothingIsStarting) {
   // Closed-loop clients: 24 of them on 1 replica capped at 4. Arrivals follow completions, so
   // Little's law sees 4 (plus a small backlog term); the queue of 20 stands through the period.
@@ -258,7 +295,8 @@ TEST(ApaHorizontalTest, SizesARampForWhereItWillBe) {
   EXPECT_EQ(policy->decide(sec(20), slow, Fleet{3, 0, 3}).desired, 3);
 }
 
-// N+1 after a failure: while a replica failed within the down window, one spare on top.
+// N+1 after a failure: while a replica failed within the down window, one spare on top (start
+// times unknown count as slow).
 TEST(ApaHorizontalTest, KeepsASpareWhileAReplicaFailedRecently) {
   double target = 10;
   auto policy = make_apa_policy(ApaOptions{}, &target);
@@ -272,6 +310,23 @@ TEST(ApaHorizontalTest, KeepsASpareWhileAReplicaFailedRecently) {
   EXPECT_EQ(policy->decide(sec(700), window, Fleet{4, 0, 4, 6}).desired, 4);  // 295 s later
   // Once the failure has left the 300 s window, the spare goes.
   EXPECT_EQ(policy->decide(sec(706), window, Fleet{4, 0, 4, 6}).desired, 3);
+}
+
+// The spare covers the gap while a replacement starts: where replicas start within the fast
+// path's cadence (a warm pool) there is no gap to cover; where they take seconds, there is.
+TEST(ApaHorizontalTest, KeepsASpareOnlyWhereReplicasStartSlowly) {
+  double target = 10;
+  SampleWindow window;
+  fill_constant(window, 1, 400, 30);  // 3 replicas' worth
+  auto warm = make_apa_policy(ApaOptions{}, &target);
+  EXPECT_EQ(warm->decide(sec(400), window, Fleet{3, 0, 3, 5, 25}).desired, 3);
+  const Decision fast = warm->decide(sec(405), window, Fleet{3, 0, 3, 6, 25});
+  EXPECT_EQ(fast.desired, 3) << fast.reason;
+  auto pods = make_apa_policy(ApaOptions{}, &target);
+  EXPECT_EQ(pods->decide(sec(400), window, Fleet{3, 0, 3, 5, 5'000}).desired, 3);
+  const Decision slow = pods->decide(sec(405), window, Fleet{3, 0, 3, 6, 5'000});
+  EXPECT_EQ(slow.desired, 4) << slow.reason;
+  EXPECT_NE(slow.reason.find("spare"), std::string::npos) << slow.reason;
 }
 
 TEST(ApaHorizontalTest, ReadsTheTargetEachCycle) {
