@@ -199,9 +199,10 @@ TEST(ApaHorizontalTest, AQueueWhileSlotsStandFreeIsNoReasonForAnotherReplica) {
     const int64_t expected = in_flight < 29 ? 3 : 4;
     // A full cycle: the queue stood through the standing window, 2 ms a request.
     EXPECT_EQ(policy->decide(sec(20), window, Fleet{3, 0, 3}).desired, expected) << in_flight;
+    // Between cycles, 8 waiting (3 ms each) on the 3 replicas: one more only with every slot taken.
     window.add(Sample{sec(21), in_flight, 8, in_flight * 100, in_flight * 100});
-    const Decision fast = policy->decide(sec(21), window, Fleet{expected, 0, expected});
-    EXPECT_EQ(fast.desired, expected) << fast.reason;  // 3 ms waits: no one more on the fast path
+    const Decision fast = policy->decide(sec(21), window, Fleet{3, 0, 3});
+    EXPECT_EQ(fast.desired, expected) << fast.reason;
   }
 }
 
