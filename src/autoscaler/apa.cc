@@ -51,8 +51,7 @@ class ApaPolicy final : public Policy {
     // slots at 94% keep about 10 waiting, 3 ms each against a 10 ms service), which no replica
     // held through the down window is worth.
     const std::optional<Sample> newest = samples.newest(now);
-    const double cap =
-        static_cast<double>(fleet.ready * std::max<int64_t>(1, std::llround(*target_)));
+    const double cap = static_cast<double>(fleet.ready * gateway_cap(*target_));
     const bool queue_is_demand = !newest || newest->concurrency >= kFullShare * cap ||
                                  samples.wait_over_service(now).value_or(1) >= 1;
     const bool full_cycle = !last_full_cycle_ || now - *last_full_cycle_ >= options_.period;
@@ -376,7 +375,7 @@ Decision VerticalPolicy::decide_target(const ReplicaSignals& signals) {
   // The curve moves the target only under load: the busiest second filled the replicas, and
   // the cycle ran near the target; both against the gateway's cap, the target rounded (a
   // replica capped at 3 never fills 90% of 3.45).
-  const double cap = std::max(1.0, std::round(target_));
+  const double cap = static_cast<double>(gateway_cap(target_));
   const bool full = signals.peak_concurrency >= options_.busy_fraction * cap &&
                     signals.concurrency >= options_.probe_mean_fraction * cap;
   if (!full || !knee) {

@@ -7,7 +7,9 @@
 // faithful to their published defaults: Kubernetes HPA v2, Knative KPA, Ray Serve, static.
 #pragma once
 
+#include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdint>
 #include <deque>
 #include <functional>
@@ -158,6 +160,12 @@ struct ApaOptions {
   Millis spare_start{1'000};
   ReplicaRange range;
 };
+
+// The per-replica cap the gateway enforces for a target concurrency: the target rounded, 1 at
+// least.
+inline int64_t gateway_cap(double target) {
+  return std::max<int64_t>(1, std::llround(target));
+}
 
 // Horizontal: desired = ceil(offered concurrency / target_concurrency) (SampleWindow::max_offered).
 // Up: the busiest second of `up_window`, grown by the arrival rate's trend over `lead_time` (a

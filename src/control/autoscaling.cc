@@ -25,8 +25,7 @@ int64_t version_replicas(const ServedModelSpec& served, const std::optional<Scal
 }
 
 int64_t replica_cap(const ServedModelSpec& served, const std::optional<Scale>& scale) {
-  return scale ? std::max<int64_t>(1, std::llround(scale->target))
-               : initial_target_concurrency(served);
+  return scale ? autoscaler::gateway_cap(scale->target) : initial_target_concurrency(served);
 }
 
 ConcurrencyRange target_bounds(const EndpointSpec& spec) {

@@ -882,8 +882,8 @@ class Simulator {
   // Every policy runs behind the same gateway: the per-replica cap is APA's learned target,
   // and for the baselines the per-replica concurrency a user configured for them.
   int64_t cap() const {
-    return std::max<int64_t>(
-        1, std::llround(autoscaler_ ? autoscaler_->target() : scenario_.configured_concurrency));
+    return autoscaler::gateway_cap(autoscaler_ ? autoscaler_->target()
+                                               : scenario_.configured_concurrency);
   }
 
   void on_second() {
