@@ -81,7 +81,7 @@ class SampleWindow {
   size_t size() const { return samples_.size(); }
 
  private:
-  // What each sample says once the seconds before it are known.
+  // What the newest sample says once the seconds before it are known.
   struct Derived {
     double offered = 0;  // as max_offered describes
     std::optional<double> wait_over_service;
@@ -90,7 +90,8 @@ class SampleWindow {
 
   size_t capacity_;
   std::deque<Sample> samples_;
-  std::deque<Derived> derived_;  // per sample
+  std::deque<double> offered_;  // per sample
+  std::optional<double> newest_wait_over_service_;
 };
 
 struct Fleet {

@@ -122,10 +122,12 @@ std::optional<double> SampleWindow::standing_demand(Millis now, Millis window) c
 
 void SampleWindow::add(const Sample& sample) {
   samples_.push_back(sample);
-  derived_.push_back(newest_derived());
+  const Derived derived = newest_derived();
+  offered_.push_back(derived.offered);
+  newest_wait_over_service_ = derived.wait_over_service;
   while (samples_.size() > capacity_) {
     samples_.pop_front();
-    derived_.pop_front();
+    offered_.pop_front();
   }
 }
 
@@ -181,11 +183,11 @@ std::optional<double> SampleWindow::max_demand(Millis now, Millis window) const 
 }
 
 std::optional<double> SampleWindow::mean_offered(Millis now, Millis window) const {
-  return aggregate(samples_, now, window, true, [this](size_t i) { return derived_[i].offered; });
+  return aggregate(samples_, now, window, true, [this](size_t i) { return offered_[i]; });
 }
 
 std::optional<double> SampleWindow::max_offered(Millis now, Millis window) const {
-  return aggregate(samples_, now, window, false, [this](size_t i) { return derived_[i].offered; });
+  return aggregate(samples_, now, window, false, [this](size_t i) { return offered_[i]; });
 }
 
 std::optional<Sample> SampleWindow::newest(Millis now) const {
@@ -196,7 +198,7 @@ std::optional<Sample> SampleWindow::newest(Millis now) const {
 }
 
 std::optional<double> SampleWindow::wait_over_service(Millis now) const {
-  return newest(now) ? derived_.back().wait_over_service : std::nullopt;
+  return newest(now) ? newest_wait_over_service_ : std::nullopt;
 }
 
 bool SampleWindow::covers(Millis now, Millis window) const {
