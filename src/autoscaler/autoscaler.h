@@ -159,6 +159,14 @@ struct ApaOptions {
   // decision could see the gap, and a spare held through the down window for it costs that
   // window's replica-seconds for nothing. Unknown start times keep the spare.
   Millis spare_start{1'000};
+  // Hedged starts where replicas start slowly (a start timed past spare_start): while fewer are
+  // ready than asked for, this many more per missing replica start beside them; the first ready
+  // serve and the rest are cancelled as the count comes back down (orchestrators stop replicas
+  // not yet ready first, as Kubernetes' ReplicaSets do). Start times spread (scheduling, image
+  // pulls): the N-th ready of 2N comes near the median start, the N-th of N at the slowest.
+  // Not where the start is unknown (a first start, or untimed pods): an LLM replica loading
+  // its weights twice is no bargain unless starts are known to be slow. 0: off.
+  double start_hedge = 1.0;
   ReplicaRange range;
 };
 
@@ -423,7 +431,8 @@ class EndpointAutoscaler {
   Forecaster& forecaster() { return forecaster_; }
   const Forecaster& forecaster() const { return forecaster_; }
 
-  int64_t replicas() const { return replicas_; }
+  // What the orchestrator should run: the decided count and the hedged starts beside it.
+  int64_t replicas() const { return replicas_ + hedge_; }
   double target() const { return target_; }
   std::optional<double> baseline_ms() const { return vertical_->baseline_ms(); }
   // When each policy is next due (the simulator schedules its events there).
@@ -434,6 +443,8 @@ class EndpointAutoscaler {
   // The replicas the forecast asks for now (within `range`) and why; nullopt when it is off or
   // has nothing to say.
   std::optional<Decision> forecast_floor(Millis now, const ReplicaRange& range) const;
+  // Sets hedge_ for `ready` replicas; the reason when it starts more than before.
+  std::optional<std::string> hedge_starts(int64_t ready);
 
   Millis horizontal_period_;
   Millis vertical_period_;
@@ -449,7 +460,10 @@ class EndpointAutoscaler {
   Forecaster forecaster_;
   bool forecast_enabled_ = false;
   SampleWindow window_;
-  int64_t replicas_ = 0;
+  int64_t replicas_ = 0;  // the decided count
+  int64_t hedge_ = 0;     // starts beside it while it is short of ready (ApaOptions::start_hedge)
+  Millis spare_start_;
+  double start_hedge_ = 0;
   int64_t start_ms_ = -1;  // Fleet::start_ms
   // Since the last vertical decision: completion-weighted latency and the busiest second.
   double latency_weighted_sum_ = 0;

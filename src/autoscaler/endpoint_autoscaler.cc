@@ -22,6 +22,8 @@ EndpointAutoscaler::EndpointAutoscaler(const ApaOptions& horizontal,
       utilization_(horizontal.utilization),
       forecaster_(forecast),
       forecast_enabled_(forecast.enabled),
+      spare_start_(horizontal.spare_start),
+      start_hedge_(horizontal.start_hedge),
       next_horizontal_(now + horizontal_period_),
       next_vertical_(now + vertical.period) {
   decide_on_samples_ = horizontal.fast_period > Millis(0);
@@ -119,7 +121,27 @@ std::vector<std::string> EndpointAutoscaler::tick(Millis now, int64_t ready, int
       replicas_ = desired;
     }
   }
+  if (std::optional<std::string> hedged = hedge_starts(ready)) {
+    changes.push_back(std::move(*hedged));
+  }
   return changes;
+}
+
+std::optional<std::string> EndpointAutoscaler::hedge_starts(int64_t ready) {
+  const int64_t before = hedge_;
+  const int64_t missing = replicas_ - ready;
+  hedge_ = 0;
+  if (start_hedge_ > 0 && start_ms_ >= 0 && Millis(start_ms_) > spare_start_ && missing > 0) {
+    const int64_t room = std::max<int64_t>(0, range_for_(target_).max - replicas_);
+    hedge_ = std::min(detail::ceil_replicas(static_cast<double>(missing) * start_hedge_), room);
+  }
+  if (hedge_ <= before) {
+    return std::nullopt;
+  }
+  return fmt::format(
+      "hedged starts: {} replicas: {} more start beside the {} not yet ready (starts take {:.1f} "
+      "s; the first ready serve, the rest are cancelled)",
+      replicas_ + hedge_, hedge_, missing, static_cast<double>(start_ms_) / 1000);
 }
 
 std::optional<Decision> EndpointAutoscaler::forecast_floor(Millis now,

@@ -68,14 +68,46 @@ TEST(EndpointAutoscalerTest, ScalesDownOnlyAfterTheDownWindow) {
 // The spare after a failure follows the replicas' measured start: none for a warm-pool start.
 TEST(EndpointAutoscalerTest, KeepsASpareAfterAFailureOnlyWhereStartsAreSlow) {
   for (const int64_t start_ms : {25, 5'000}) {
+    ApaOptions no_hedge = full_cycles();
+    no_hedge.start_hedge = 0;  // the decided count alone
     EndpointAutoscaler scaler(
-        full_cycles(), vertical(), [](double) { return fixed_range(1, 100); }, 2, Millis(0));
+        no_hedge, vertical(), [](double) { return fixed_range(1, 100); }, 2, Millis(0));
     scaler.observe_start(Millis(start_ms));
     scaler.add_samples(steady(0, 10, 32), 2);
     scaler.tick(Millis(5'000), 2, 0, 0, light_usage);
     EXPECT_EQ(scaler.replicas(), 2);
     scaler.tick(Millis(10'000), 2, 0, 1, light_usage);  // a replica failed since
     EXPECT_EQ(scaler.replicas(), start_ms > 1'000 ? 3 : 2) << start_ms;
+  }
+}
+
+// Where starts are known to be slow, as many more start beside the replicas not yet ready
+// (within the range's maximum); once enough are ready the count is the decided one again. Not
+// for fast or untimed starts.
+TEST(EndpointAutoscalerTest, HedgesStartsOnlyWhereTheyAreKnownToBeSlow) {
+  for (const int64_t start_ms : {-1, 25, 5'000}) {
+    EndpointAutoscaler scaler(
+        full_cycles(), vertical(), [](double) { return fixed_range(1, 9); }, 2, Millis(0));
+    if (start_ms >= 0) {
+      scaler.observe_start(Millis(start_ms));
+    }
+    scaler.add_samples(steady(0, 5, 96), 2);  // 96 in flight over a target of 16: 6 replicas
+    const auto changes = scaler.tick(Millis(5'000), 2, 0, 0, light_usage);
+    if (start_ms < 5'000) {
+      EXPECT_EQ(scaler.replicas(), 6) << start_ms;
+      continue;
+    }
+    // 6 asked for, 2 ready: 4 more beside them, but 9 at most.
+    EXPECT_EQ(scaler.replicas(), 9);
+    ASSERT_EQ(changes.size(), 2u);
+    EXPECT_NE(changes[1].find("hedged starts: 9 replicas: 3 more"), std::string::npos)
+        << changes[1];
+    scaler.add_samples(steady(5'000, 1, 96), 5);
+    scaler.tick(Millis(6'000), 5, 4, 0, light_usage);  // one short: one more beside it
+    EXPECT_EQ(scaler.replicas(), 7);
+    scaler.add_samples(steady(6'000, 1, 96), 6);
+    scaler.tick(Millis(7'000), 6, 1, 0, light_usage);  // all 6 ready: the hedge is cancelled
+    EXPECT_EQ(scaler.replicas(), 6);
   }
 }
 
