@@ -399,6 +399,12 @@ struct PodTarget {
 bool pod_ready(const nlohmann::json& pod);
 // The ready (and not terminating) pods of a pod list, with an IP and a container port.
 std::vector<PodTarget> ready_pod_targets(const nlohmann::json& pod_list);
+// How long the newest ready replica pod of `endpoint` took from its creation to Ready, ms (the
+// API server's timestamps: whole seconds): the start time the autoscaler sizes its spare and
+// hedged starts by (autoscaler::Fleet::start_ms). Pods whose containers restarted are left out
+// (ready again long after their creation); nullopt when no pod is left.
+std::optional<int64_t> newest_pod_start_ms(const kube::Reflector::Objects& pods,
+                                           std::string_view endpoint);
 
 // The vertical autoscaler's readings in Kubernetes mode: the controller reads each ready pod's
 // own /metrics (process_cpu_seconds_total, flotilla_replica_queue_wait_seconds_total), as
@@ -476,7 +482,8 @@ class Controller {
   void lead();  // from leading to losing the Lease
   // Ticks each endpoint's scaler; true when a scale changed.
   bool autoscale(const kube::Reflector::Objects& endpoints,
-                 const kube::Reflector::Objects& deployments) FLOTILLA_EXCLUDES(mu_);
+                 const kube::Reflector::Objects& deployments, const kube::Reflector::Objects& pods)
+      FLOTILLA_EXCLUDES(mu_);
   void reconcile_all() FLOTILLA_EXCLUDES(mu_);
   void apply(const nlohmann::json& serving_endpoint, const EndpointPlan& plan,
              const kube::Reflector::Objects& deployments, const kube::Reflector::Objects& services);
@@ -492,7 +499,8 @@ class Controller {
   kube::Reflector::Objects serving_endpoints_ FLOTILLA_GUARDED_BY(mu_);
   kube::Reflector::Objects deployments_ FLOTILLA_GUARDED_BY(mu_);
   kube::Reflector::Objects services_ FLOTILLA_GUARDED_BY(mu_);
-  int synced_ FLOTILLA_GUARDED_BY(mu_) = 0;  // mirrors that have listed, of three
+  kube::Reflector::Objects pods_ FLOTILLA_GUARDED_BY(mu_);  // the replicas': start times
+  int synced_ FLOTILLA_GUARDED_BY(mu_) = 0;                 // mirrors that have listed, of kMirrors
   FleetSamples samples_ FLOTILLA_GUARDED_BY(mu_);
   std::set<std::string> capacity_ FLOTILLA_GUARDED_BY(mu_);  // endpoints a request waits for
   // The leader thread's own, made anew at each term: each endpoint's scaler and decision.

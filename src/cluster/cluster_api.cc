@@ -1,9 +1,7 @@
 // Kubernetes mode's REST API: the routes of `flotilla up` (control::ApiRoutes) over
 // ServingEndpoint objects and token ConfigMaps in the API server.
 #include <algorithm>
-#include <cctype>
 #include <charconv>
-#include <ctime>
 
 #include <spdlog/spdlog.h>
 
@@ -21,25 +19,6 @@ constexpr std::string_view kUpdatedByAnnotation = "flotilla.dev/updated-by";
 constexpr std::string_view kUpdatedAnnotation = "flotilla.dev/updated-unix-ms";
 // An update that keeps meeting a newer resourceVersion gives up after this many tries.
 constexpr int kUpdateAttempts = 5;
-
-// RFC 3339 in UTC as the API server writes it ("2026-12-03T05:00:00Z", a fraction allowed) as
-// unix ms; 0 when it is not that.
-int64_t unix_ms_of(const std::string& text) {
-  std::tm utc{};
-  const char* rest = ::strptime(text.c_str(), "%Y-%m-%dT%H:%M:%S", &utc);
-  if (rest == nullptr) {
-    return 0;
-  }
-  int64_t ms = static_cast<int64_t>(::timegm(&utc)) * 1000;
-  if (*rest == '.') {
-    int64_t scale = 100;
-    for (++rest; std::isdigit(static_cast<unsigned char>(*rest)) != 0; ++rest) {
-      ms += (*rest - '0') * scale;
-      scale /= 10;
-    }
-  }
-  return ms;
-}
 
 // One pod of a version in the shape of `flotilla up`'s replicas.
 json replica_view(const json& pod) {
@@ -221,7 +200,7 @@ json endpoint_view_of(const json& serving_endpoint, const kube::Reflector::Objec
       field(status, "conditions").is_array() ? field(status, "conditions") : json::array();
   view["generation"] = kube::integer_field(metadata, "generation", 1);
   view["observed_generation"] = kube::integer_field(status, "observedGeneration", 0);
-  const int64_t created = unix_ms_of(kube::string_field(metadata, "creationTimestamp"));
+  const int64_t created = kube::unix_ms_of(kube::string_field(metadata, "creationTimestamp"));
   view["creation_timestamp"] = created;
   const std::string updated =
       kube::string_field(field(metadata, "annotations"), kUpdatedAnnotation);
@@ -542,7 +521,7 @@ Result<std::vector<control::EventRow>> ClusterApi::list_events(const std::string
       const std::string message = kube::string_field(condition, "message");
       events.push_back(
           {static_cast<int64_t>(events.size()) + 1,
-           unix_ms_of(kube::string_field(condition, "lastTransitionTime")), endpoint,
+           kube::unix_ms_of(kube::string_field(condition, "lastTransitionTime")), endpoint,
            kube::string_field(condition, "type") + "=" + kube::string_field(condition, "status"),
            "controller", reason + (message.empty() ? "" : ": " + message)});
     }

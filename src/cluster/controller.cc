@@ -102,23 +102,28 @@ void Controller::lead() {
   const std::string& ns = client_.config().namespace_name;
   std::vector<std::unique_ptr<Random>> randoms;
   std::vector<std::unique_ptr<kube::Reflector>> reflectors;
+  // `plans`: whether a change in these objects asks for a reconcile (pods only inform the
+  // autoscaler, at its next tick).
   auto mirror = [&](const kube::Resource& resource, std::string selector,
-                    kube::Reflector::Objects Controller::*into) {
+                    kube::Reflector::Objects Controller::*into, bool plans) {
     kube::Reflector::Options watch = options_.watch;
     watch.label_selector = std::move(selector);
     randoms.push_back(std::make_unique<SeededRandom>(reflectors.size() + 1));
     auto listed = std::make_shared<bool>(false);
     reflectors.push_back(std::make_unique<kube::Reflector>(
         client_, resource, ns, watch,
-        [this, into, listed](const kube::Reflector::Objects& objects) {
+        [this, into, listed, plans](const kube::Reflector::Objects& objects) {
           MutexLock lock(mu_);
           this->*into = objects;
-          if (!*listed) {
+          const bool first = !*listed;
+          if (first) {
             *listed = true;
             ++synced_;
           }
-          dirty_ = true;
-          wake_.notify_all();
+          if (plans || first) {
+            dirty_ = true;
+            wake_.notify_all();
+          }
         },
         *randoms.back()));
   };
@@ -126,9 +131,11 @@ void Controller::lead() {
     MutexLock lock(mu_);
     synced_ = 0;
   }
-  mirror(kube::kServingEndpoints, "", &Controller::serving_endpoints_);
-  mirror(kube::kDeployments, std::string(kEndpointLabel), &Controller::deployments_);
-  mirror(kube::kServices, std::string(kEndpointLabel), &Controller::services_);
+  mirror(kube::kServingEndpoints, "", &Controller::serving_endpoints_, true);
+  mirror(kube::kDeployments, std::string(kEndpointLabel), &Controller::deployments_, true);
+  mirror(kube::kServices, std::string(kEndpointLabel), &Controller::services_, true);
+  mirror(kube::kPods, std::string(kEndpointLabel), &Controller::pods_, false);
+  const int mirrors = static_cast<int>(reflectors.size());
   std::vector<std::thread> threads;
   for (auto& reflector : reflectors) {
     threads.emplace_back([&reflector] { reflector->run(); });
@@ -148,26 +155,28 @@ void Controller::lead() {
     bool ticking = false;
     kube::Reflector::Objects endpoints;
     kube::Reflector::Objects deployments;
+    kube::Reflector::Objects pods;
     {
       MutexLock lock(mu_);
       const auto until = std::min(next_resync, next_tick);
       // A capacity request wakes the loop only once the mirrors have listed: until then
       // nothing can take it, and waking for it would spin.
-      while (!stopping_ && leading_ && !(dirty_ && synced_ == 3) &&
-             (capacity_.empty() || synced_ != 3) && wake_.wait_until(mu_, until)) {
+      while (!stopping_ && leading_ && !(dirty_ && synced_ == mirrors) &&
+             (capacity_.empty() || synced_ != mirrors) && wake_.wait_until(mu_, until)) {
       }
       if (stopping_ || !leading_) {
         break;
       }
-      due = synced_ == 3 && (dirty_ || std::chrono::steady_clock::now() >= next_resync);
+      due = synced_ == mirrors && (dirty_ || std::chrono::steady_clock::now() >= next_resync);
       // Before every reconcile too: a new leader's first plan uses the scales it reads back
       // from the Deployments, never the provisioned counts.
-      ticking = synced_ == 3 && options_.autoscaling.enabled &&
+      ticking = synced_ == mirrors && options_.autoscaling.enabled &&
                 (due || std::chrono::steady_clock::now() >= next_tick || !capacity_.empty());
       dirty_ = false;
       if (ticking) {
         endpoints = serving_endpoints_;
         deployments = deployments_;
+        pods = pods_;
       }
     }
     const auto now = std::chrono::steady_clock::now();
@@ -177,7 +186,7 @@ void Controller::lead() {
     if (now >= next_tick) {
       next_tick = now + tick;
     }
-    if (ticking && autoscale(endpoints, deployments)) {
+    if (ticking && autoscale(endpoints, deployments, pods)) {
       due = true;
     }
     if (due) {
@@ -194,7 +203,8 @@ void Controller::lead() {
 }
 
 bool Controller::autoscale(const kube::Reflector::Objects& endpoints,
-                           const kube::Reflector::Objects& deployments) {
+                           const kube::Reflector::Objects& deployments,
+                           const kube::Reflector::Objects& pods) {
   const int64_t now_ms = real_clock().unix_ms();
   const autoscaler::Millis now(now_ms);
   std::set<std::string> capacity;
@@ -247,6 +257,9 @@ bool Controller::autoscale(const kube::Reflector::Objects& endpoints,
           saved.is_object() ? control::learned_target_from_json(saved.dump()) : std::nullopt);
     } else {
       scaler->update_spec(*spec);
+    }
+    if (const std::optional<int64_t> took = newest_pod_start_ms(pods, name)) {
+      scaler->observe_start(autoscaler::Millis(*took));
     }
     scaler->add_samples(samples[name], ready);
     std::map<std::string, double> cores;  // of each version's pods

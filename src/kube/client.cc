@@ -1,4 +1,6 @@
 // The REST client: JSON over pooled keep-alive connections, watch streams read line by line.
+#include <cctype>
+#include <ctime>
 #include <fstream>
 #include <sstream>
 
@@ -96,6 +98,23 @@ const nlohmann::json& condition(const nlohmann::json& status, std::string_view t
 int64_t integer_field(const nlohmann::json& object, std::string_view key, int64_t otherwise) {
   const nlohmann::json& value = field(object, key);
   return value.is_number_integer() ? value.get<int64_t>() : otherwise;
+}
+
+int64_t unix_ms_of(const std::string& text) {
+  std::tm utc{};
+  const char* rest = ::strptime(text.c_str(), "%Y-%m-%dT%H:%M:%S", &utc);
+  if (rest == nullptr) {
+    return 0;
+  }
+  int64_t ms = static_cast<int64_t>(::timegm(&utc)) * 1000;
+  if (*rest == '.') {
+    int64_t scale = 100;
+    for (++rest; std::isdigit(static_cast<unsigned char>(*rest)) != 0; ++rest) {
+      ms += (*rest - '0') * scale;
+      scale /= 10;
+    }
+  }
+  return ms;
 }
 
 std::string Reply::reason() const {

@@ -104,6 +104,9 @@ std::string label(const nlohmann::json& object, std::string_view key);
 // The entry of `status`.conditions whose type is `type` (conditions are keyed by type), null
 // when there is none.
 const nlohmann::json& condition(const nlohmann::json& status, std::string_view type);
+// RFC 3339 in UTC as the API server writes it ("2026-12-03T05:00:00Z", a fraction allowed) as
+// unix ms; 0 when it is not that.
+int64_t unix_ms_of(const std::string& text);
 
 // ---- The client ---------------------------------------------------------------------------------
 

@@ -1,0 +1,39 @@
+// How long replica pods take to start, for the autoscaler (its spare and hedged starts).
+#include "cluster/cluster.h"
+
+namespace flotilla::cluster {
+
+using kube::field;
+using nlohmann::json;
+
+std::optional<int64_t> newest_pod_start_ms(const kube::Reflector::Objects& pods,
+                                           std::string_view endpoint) {
+  std::optional<int64_t> newest_ready_ms;
+  std::optional<int64_t> took_ms;
+  for (const auto& [name, pod] : pods) {
+    if (kube::label(pod, kEndpointLabel) != endpoint || !pod_ready(pod)) {
+      continue;
+    }
+    // A container that restarted made its pod ready again long after the pod was created: that
+    // is a restart's time, not a start's.
+    const json& containers = field(field(pod, "status"), "containerStatuses");
+    bool restarted = !containers.is_array();
+    for (const json& container : containers.is_array() ? containers : json::array()) {
+      restarted = restarted || kube::integer_field(container, "restartCount", 0) > 0;
+    }
+    const int64_t created =
+        kube::unix_ms_of(kube::string_field(field(pod, "metadata"), "creationTimestamp"));
+    const int64_t ready = kube::unix_ms_of(
+        kube::string_field(kube::condition(field(pod, "status"), "Ready"), "lastTransitionTime"));
+    if (restarted || created <= 0 || ready < created) {
+      continue;
+    }
+    if (!newest_ready_ms || ready > *newest_ready_ms) {
+      newest_ready_ms = ready;
+      took_ms = ready - created;
+    }
+  }
+  return took_ms;
+}
+
+}  // namespace flotilla::cluster
