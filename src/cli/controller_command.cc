@@ -166,6 +166,7 @@ int run_controller(const ControllerFlags& flags) {
   options.election.retry_period = std::chrono::milliseconds(flags.retry_period_ms);
   options.resync = std::chrono::milliseconds(flags.resync_ms);
   options.autoscaling = flags.autoscaling.options();
+  options.autoscaling.hedge_starts = true;  // pods start on many nodes
   const std::string advertised = advertised_address(flags, listen->first, (*server)->port());
   options.election.annotations[std::string(cluster::kControllerAddressAnnotation)] = advertised;
   controller = std::make_unique<cluster::Controller>(client, options);

@@ -124,6 +124,7 @@ EndpointScaler::EndpointScaler(const EndpointSpec& spec, const AutoscalingOption
   horizontal.fast_period = options_.fast_period;
   horizontal.up_window = options_.up_window;
   horizontal.down_window = options_.down_window;
+  horizontal.start_hedge = options_.hedge_starts ? horizontal.start_hedge : 0;
   autoscaler_ = std::make_unique<autoscaler::EndpointAutoscaler>(
       horizontal, vertical, range_for(), current_replicas, now,
       autoscaler::forecast_options_for_day(options_.forecast_day, spec.autoscaling.forecast));

@@ -32,6 +32,10 @@ struct AutoscalingOptions {
   // The season the forecast learns (a day; its buckets a 1,440th of it). Shorter only for tests
   // and experiments that compress days.
   std::chrono::milliseconds forecast_day{86'400'000};
+  // Hedged starts (autoscaler::ApaOptions::start_hedge) where replicas start slowly: on where
+  // they start on many nodes (Kubernetes mode); off on one host, where a second start competes
+  // with the first for the same cores and disk.
+  bool hedge_starts = false;
 };
 
 // What the autoscaler decided for an endpoint.
