@@ -160,6 +160,20 @@ TEST(EndpointScalerTest, ScalesUpOnTheBusiestSecondAtTheNextDecision) {
   EXPECT_EQ(scaler.scale().replicas, 3);  // ceil(40 / 16)
 }
 
+// Hedged starts only where the options turn them on (Kubernetes mode): the same scale-up,
+// 1 -> 3 replicas that take 5 s to start, starts 2 more beside the 2 missing only then.
+TEST(EndpointScalerTest, HedgesStartsOnlyWhereTheOptionsSay) {
+  for (const bool hedge : {false, true}) {
+    AutoscalingOptions options = fast_options();
+    options.hedge_starts = hedge;
+    EndpointScaler scaler(endpoint({served(1, 256)}), options, 1, Millis(0));
+    scaler.observe_start(Millis(5'000));
+    scaler.add_samples(steady(0, 1, 40), 1);
+    scaler.tick(Millis(1'020), 1, 0, 0, light_usage);
+    EXPECT_EQ(scaler.scale().replicas, hedge ? 5 : 3) << hedge;
+  }
+}
+
 TEST(EndpointScalerTest, ScalesDownOnlyAfterTheWholeDownWindowAsksForFewer) {
   EndpointScaler scaler(endpoint({served(1, 256)}), fast_options(), 4, Millis(0));
   EXPECT_EQ(scaler.scale().replicas, 4);  // what runs after a restart stays
