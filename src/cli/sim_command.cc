@@ -23,6 +23,7 @@ struct SimFlags {
   int64_t static_replicas = 0;
   double queue_timeout_s = 0;
   int64_t apa_period_ms = 0;
+  int64_t apa_down_window_ms = 0;
   double apa_max_up_factor = 0;
   bool apa_no_fast_path = false;
   bool apa_no_forecast = false;
@@ -115,6 +116,7 @@ int run_sim(const SimFlags& flags) {
   sim::SimOptions options;
   options.policy = *policy;
   options.apa_period_ms = flags.apa_period_ms;
+  options.apa_down_window_ms = flags.apa_down_window_ms;
   options.apa_max_up_factor = flags.apa_max_up_factor;
   options.apa_no_fast_path = flags.apa_no_fast_path;
   options.apa_no_forecast = flags.apa_no_forecast;
@@ -243,6 +245,9 @@ std::function<int()> add_sim_command(CLI::App& app) {
   cmd->add_option("--apa-period-ms", flags->apa_period_ms,
                   "APA's horizontal decision period instead of DESIGN.md's 5000")
       ->check(CLI::Range(int64_t{100}, int64_t{3'600'000}));
+  cmd->add_option("--apa-down-window-ms", flags->apa_down_window_ms,
+                  "APA's scale-down window instead of DESIGN.md's 300000")
+      ->check(CLI::Range(int64_t{1'000}, int64_t{3'600'000}));
   cmd->add_option("--apa-max-up-factor", flags->apa_max_up_factor,
                   "APA's scale-up cap per decision instead of DESIGN.md's x2")
       ->check(CLI::Range(1.0, 1e6));

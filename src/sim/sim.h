@@ -125,8 +125,9 @@ struct SimOptions {
   // measure what each costs; never the defaults.
   int64_t apa_period_ms = 0;
   double apa_max_up_factor = 0;
-  bool apa_no_fast_path = false;  // APA's ups on the full period only (ApaOptions::fast_period)
-  bool apa_no_forecast = false;   // APA without its seasonal floor (ForecastOptions::enabled)
+  int64_t apa_down_window_ms = 0;  // and of its scale-down window (0: DESIGN.md's 300 s)
+  bool apa_no_fast_path = false;   // APA's ups on the full period only (ApaOptions::fast_period)
+  bool apa_no_forecast = false;    // APA without its seasonal floor (ForecastOptions::enabled)
   // The knob a cost-versus-misses sweep turns, the share of the per-replica target each policy
   // sizes the fleet for: APA's ApaOptions::utilization; HPA's and Ray's target, this share of the
   // configured concurrency; KPA's target utilization; static: provisioned for the peak at this

@@ -155,6 +155,9 @@ std::unique_ptr<autoscaler::EndpointAutoscaler> make_apa_autoscaler(const Scenar
   if (options.apa_period_ms > 0) {
     apa.period = Millis(options.apa_period_ms);
   }
+  if (options.apa_down_window_ms > 0) {
+    apa.down_window = Millis(options.apa_down_window_ms);
+  }
   if (options.apa_max_up_factor > 0) {
     apa.max_up_factor = options.apa_max_up_factor;
   }
