@@ -164,7 +164,7 @@ struct ApaOptions {
   // serve and the rest are cancelled as the count comes back down (orchestrators stop replicas
   // not yet ready first, as Kubernetes' ReplicaSets do). Start times spread (scheduling, image
   // pulls): the N-th ready of 2N comes near the median start, the N-th of N at the slowest.
-  // Not where the start is unknown (a first start, or untimed pods): an LLM replica loading
+  // Not where the start is unknown (before a first replica was ready): an LLM replica loading
   // its weights twice is no bargain unless starts are known to be slow. 0: off.
   double start_hedge = 1.0;
   ReplicaRange range;

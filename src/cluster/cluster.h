@@ -500,7 +500,7 @@ class Controller {
   kube::Reflector::Objects deployments_ FLOTILLA_GUARDED_BY(mu_);
   kube::Reflector::Objects services_ FLOTILLA_GUARDED_BY(mu_);
   kube::Reflector::Objects pods_ FLOTILLA_GUARDED_BY(mu_);  // the replicas': start times
-  int synced_ FLOTILLA_GUARDED_BY(mu_) = 0;                 // mirrors that have listed, of kMirrors
+  int synced_ FLOTILLA_GUARDED_BY(mu_) = 0;  // mirrors that have listed, of those lead() starts
   FleetSamples samples_ FLOTILLA_GUARDED_BY(mu_);
   std::set<std::string> capacity_ FLOTILLA_GUARDED_BY(mu_);  // endpoints a request waits for
   // The leader thread's own, made anew at each term: each endpoint's scaler and decision.

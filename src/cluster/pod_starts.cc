@@ -17,8 +17,11 @@ std::optional<int64_t> newest_pod_start_ms(const kube::Reflector::Objects& pods,
     // A container that restarted made its pod ready again long after the pod was created: that
     // is a restart's time, not a start's.
     const json& containers = field(field(pod, "status"), "containerStatuses");
-    bool restarted = !containers.is_array();
-    for (const json& container : containers.is_array() ? containers : json::array()) {
+    if (!containers.is_array()) {
+      continue;
+    }
+    bool restarted = false;
+    for (const json& container : containers) {
       restarted = restarted || kube::integer_field(container, "restartCount", 0) > 0;
     }
     const int64_t created =
