@@ -558,6 +558,41 @@ class EndToEndTest(FakeClusterCase):
         load.stop()
         self.assertEqual(load.failures, [], f"{len(load.failures)} of {load.count()} failed")
 
+    def test_slow_pods_start_hedged_and_the_surplus_is_cancelled(self):
+        """Pods that take 3 s to load, timed from their objects (creation to Ready): a scale-up
+        starts as many more as are missing beside them (hedged starts), and once enough are
+        ready the Deployment comes back under what the hedge asked for (the down window here
+        is 600 s: only the hedge's cancellation lowers it). Nothing fails."""
+        controller = self.start_fleet()
+        slow_model = harness.write_yaml(self.tmp, "model-slow.yaml",
+                                        "service_time: {dist: fixed, mean_ms: 50}\ncpu_us: 0\n"
+                                        "saturation: 100000\nseed: 3\nload_ms: 3000\n")
+        self.api.create({"apiVersion": "flotilla.dev/v1", "kind": "ServingEndpoint",
+                         "metadata": {"name": "fraud", "namespace": NS},
+                         "spec": self.served("v1", slow_model)})
+        wait_until(lambda: len(self.ready_pods("fraud-v1")) == 1, 30, what="a ready v1 pod")
+        wait_until(lambda: self.infer().status == 200, DEADLINE_S,
+                   what="the gateway routing to the pod")
+        load = self.load(16)
+
+        def counts(pattern):
+            return [int(n) for n in re.findall(pattern, controller.stderr())]
+        wait_until(lambda: counts(r"hedged starts: (\d+) replicas"), 40,
+                   what="hedged starts in the controller's log")
+        wait_until(lambda: len(self.ready_pods("fraud-v1")) >= 4, 60,
+                   what="4 ready v1 pods under 16 clients")
+
+        def hedge_cancelled():
+            decided = counts(r"horizontal: \d+ -> (\d+) replicas")[-1]
+            replicas = self.deployment("fraud-v1")["spec"]["replicas"]
+            return replicas == decided and decided < max(counts(r"hedged starts: (\d+) replicas"))
+        wait_until(hedge_cancelled, 30,
+                   what="the Deployment back at the decided count, under what the hedge asked for")
+        completed = load.count()
+        load.wait_for(lambda l: l.completed >= completed + 100, "100 more requests")
+        load.stop()
+        self.assertEqual(load.failures, [], f"{len(load.failures)} of {load.count()} failed")
+
     def test_a_request_to_an_endpoint_at_zero_starts_a_replica(self):
         self.start_fleet()
         spec = self.served("v1")
