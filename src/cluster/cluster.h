@@ -405,6 +405,19 @@ std::vector<PodTarget> ready_pod_targets(const nlohmann::json& pod_list);
 // (ready again long after their creation); nullopt when no pod is left.
 std::optional<int64_t> newest_pod_start_ms(const kube::Reflector::Objects& pods,
                                            std::string_view endpoint);
+// Replica failures of one endpoint as a running count (autoscaler::Fleet::failures): the
+// container restarts its pods gained since the first update (a new leader's baseline; a pod
+// first seen later counts all of its own), pod by pod, so a pod deleted takes nothing back.
+class PodRestarts {
+ public:
+  // `pods`: the replica pods now (those of other endpoints are skipped). Returns the count.
+  int64_t update(const kube::Reflector::Objects& pods, std::string_view endpoint);
+
+ private:
+  std::map<std::string, int64_t> last_;  // restarts per pod at the last update
+  bool baseline_taken_ = false;
+  int64_t total_ = 0;
+};
 
 // The vertical autoscaler's readings in Kubernetes mode: the controller reads each ready pod's
 // own /metrics (process_cpu_seconds_total, flotilla_replica_queue_wait_seconds_total), as
@@ -507,6 +520,7 @@ class Controller {
   std::map<std::string, std::unique_ptr<control::EndpointScaler>> scalers_;
   std::map<std::string, control::Scale> scales_;
   std::map<std::string, PodUsage::Reading> usage_read_;  // the last reading of each endpoint
+  std::map<std::string, PodRestarts> restarts_;          // each endpoint's replica failures
   PodUsage pod_usage_;
   control::MetricsHistory metrics_history_;
 };

@@ -144,6 +144,7 @@ void Controller::lead() {
   scalers_.clear();
   scales_.clear();
   usage_read_.clear();
+  restarts_.clear();      // a new term's first reading is its baseline
   pod_usage_.retain({});  // a new term reads every pod afresh
   // The autoscaler ticks every second: its policies run when due, and a scale from zero waits
   // for no period.
@@ -225,6 +226,7 @@ bool Controller::autoscale(const kube::Reflector::Objects& endpoints,
   std::erase_if(scalers_, [&](const auto& entry) { return !endpoints.contains(entry.first); });
   std::erase_if(scales_, [&](const auto& entry) { return !endpoints.contains(entry.first); });
   std::erase_if(usage_read_, [&](const auto& entry) { return !endpoints.contains(entry.first); });
+  std::erase_if(restarts_, [&](const auto& entry) { return !endpoints.contains(entry.first); });
   pod_usage_.retain(names);
   bool changed = false;
   for (const auto& [name, endpoint] : endpoints) {
@@ -268,8 +270,8 @@ bool Controller::autoscale(const kube::Reflector::Objects& endpoints,
     }
     // Not the structured binding itself: clang 14 refuses a lambda that captures one.
     const std::string& endpoint_name = name;
-    std::vector<std::string> changes =
-        scaler->tick(now, ready, std::max<int64_t>(0, asked - ready), /*failures=*/0, [&] {
+    std::vector<std::string> changes = scaler->tick(
+        now, ready, std::max<int64_t>(0, asked - ready), restarts_[name].update(pods, name), [&] {
           PodUsage::Reading reading = pod_usage_.read(endpoint_name, cores);
           usage_read_[endpoint_name] = reading;
           return reading.usage;

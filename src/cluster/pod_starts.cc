@@ -1,4 +1,6 @@
-// How long replica pods take to start, for the autoscaler (its spare and hedged starts).
+// How replica pods start and restart, for the autoscaler (its spare and hedged starts).
+#include <map>
+
 #include "cluster/cluster.h"
 
 namespace flotilla::cluster {
@@ -37,6 +39,30 @@ std::optional<int64_t> newest_pod_start_ms(const kube::Reflector::Objects& pods,
     }
   }
   return took_ms;
+}
+
+int64_t PodRestarts::update(const kube::Reflector::Objects& pods, std::string_view endpoint) {
+  std::map<std::string, int64_t> seen;
+  for (const auto& [name, pod] : pods) {
+    if (kube::label(pod, kEndpointLabel) != endpoint) {
+      continue;
+    }
+    int64_t restarts = 0;
+    const json& containers = field(field(pod, "status"), "containerStatuses");
+    if (containers.is_array()) {
+      for (const json& container : containers) {
+        restarts += kube::integer_field(container, "restartCount", 0);
+      }
+    }
+    const auto before = last_.find(name);
+    // The first update is the baseline; a pod first seen later counts all its restarts.
+    const int64_t since = before != last_.end() ? before->second : (baseline_taken_ ? 0 : restarts);
+    total_ += std::max<int64_t>(0, restarts - since);
+    seen[name] = restarts;
+  }
+  last_ = std::move(seen);
+  baseline_taken_ = true;
+  return total_;
 }
 
 }  // namespace flotilla::cluster

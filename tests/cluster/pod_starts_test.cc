@@ -67,5 +67,20 @@ TEST(PodStartsTest, LeavesOutPodsThatSayNothingOfAStart) {
             3'000);
 }
 
+// Restarts as a running count: the first reading is the baseline, a pod gained later counts
+// all of its own, and a pod that goes takes nothing back.
+TEST(PodRestartsTest, CountsRestartsSinceTheFirstReadingPodByPod) {
+  PodRestarts restarts;
+  const json a = pod("fraud", "2026-12-03T05:00:00Z", "2026-12-03T05:00:05Z", 3);
+  const json other = pod("other", "2026-12-03T05:00:00Z", "2026-12-03T05:00:05Z", 9);
+  EXPECT_EQ(restarts.update(objects({a, other}), "fraud"), 0);  // 3 before: the baseline
+  json a_again = a;
+  a_again["status"]["containerStatuses"][0]["restartCount"] = 5;
+  const json b = pod("fraud", "2026-12-03T05:01:00Z", "2026-12-03T05:01:05Z", 1);
+  EXPECT_EQ(restarts.update(objects({a_again, b, other}), "fraud"), 3);  // 2 of a's, 1 of b's
+  EXPECT_EQ(restarts.update(objects({b}), "fraud"), 3);                  // a deleted
+  EXPECT_EQ(restarts.update(objects({b}), "fraud"), 3);
+}
+
 }  // namespace
 }  // namespace flotilla::cluster

@@ -558,11 +558,12 @@ class EndToEndTest(FakeClusterCase):
         load.stop()
         self.assertEqual(load.failures, [], f"{len(load.failures)} of {load.count()} failed")
 
-    def test_slow_pods_start_hedged_and_the_surplus_is_cancelled(self):
+    def test_slow_pods_start_hedged_and_a_restart_keeps_a_spare(self):
         """Pods that take 3 s to load, timed from their objects (creation to Ready): a scale-up
         starts as many more as are missing beside them (hedged starts), and once enough are
         ready the Deployment comes back under what the hedge asked for (the down window here
-        is 600 s: only the hedge's cancellation lowers it). Nothing fails."""
+        is 600 s: only the hedge's cancellation lowers it). A container restart then counts as a
+        replica failure: a spare. Nothing fails."""
         controller = self.start_fleet()
         slow_model = harness.write_yaml(self.tmp, "model-slow.yaml",
                                         "service_time: {dist: fixed, mean_ms: 50}\ncpu_us: 0\n"
@@ -588,6 +589,11 @@ class EndToEndTest(FakeClusterCase):
             return replicas == decided and decided < max(counts(r"hedged starts: (\d+) replicas"))
         wait_until(hedge_cancelled, 30,
                    what="the Deployment back at the decided count, under what the hedge asked for")
+        # A pod's container restarting is a replica failure: with starts this slow, a spare.
+        self.assertIsNotNone(self.kubelet.kill_pod_process(self.ready_pods("fraud-v1")[0]["name"],
+                                                           NS))
+        wait_until(lambda: "(with a spare: a replica failed)" in controller.stderr(), 30,
+                   what="a spare after the restart")
         completed = load.count()
         load.wait_for(lambda l: l.completed >= completed + 100, "100 more requests")
         load.stop()
