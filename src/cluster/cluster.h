@@ -399,6 +399,8 @@ struct PodTarget {
 bool pod_ready(const nlohmann::json& pod);
 // The ready (and not terminating) pods of a pod list, with an IP and a container port.
 std::vector<PodTarget> ready_pod_targets(const nlohmann::json& pod_list);
+// The container restarts of a pod, summed over its containers (0 when its status has none).
+int64_t pod_restarts(const nlohmann::json& pod);
 // How long the newest ready replica pod of `endpoint` took from its creation to Ready, ms (the
 // API server's timestamps: whole seconds): the start time the autoscaler sizes its spare and
 // hedged starts by (autoscaler::Fleet::start_ms). Pods whose containers restarted are left out

@@ -38,11 +38,9 @@ json replica_view(const json& pod) {
     state = "ready";
   }
   std::string reason;
-  int64_t restarts = 0;
   const json& container_statuses = field(status, "containerStatuses");
   if (container_statuses.is_array()) {
     for (const json& container : container_statuses) {
-      restarts += kube::integer_field(container, "restartCount", 0);
       const std::string waiting =
           kube::string_field(field(field(container, "state"), "waiting"), "reason");
       reason = reason.empty() ? waiting : reason;
@@ -54,7 +52,7 @@ json replica_view(const json& pod) {
           {"state", state},
           {"pid", 0},
           {"from_warm_pool", false},
-          {"restarts", restarts},
+          {"restarts", pod_restarts(pod)},
           {"reason", reason}};
 }
 

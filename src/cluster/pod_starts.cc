@@ -8,6 +8,17 @@ namespace flotilla::cluster {
 using kube::field;
 using nlohmann::json;
 
+int64_t pod_restarts(const json& pod) {
+  int64_t restarts = 0;
+  const json& containers = field(field(pod, "status"), "containerStatuses");
+  if (containers.is_array()) {
+    for (const json& container : containers) {
+      restarts += kube::integer_field(container, "restartCount", 0);
+    }
+  }
+  return restarts;
+}
+
 std::optional<int64_t> newest_pod_start_ms(const kube::Reflector::Objects& pods,
                                            std::string_view endpoint) {
   std::optional<int64_t> newest_ready_ms;
@@ -18,14 +29,10 @@ std::optional<int64_t> newest_pod_start_ms(const kube::Reflector::Objects& pods,
     }
     // A container that restarted made its pod ready again long after the pod was created: that
     // is a restart's time, not a start's.
-    const json& containers = field(field(pod, "status"), "containerStatuses");
-    if (!containers.is_array()) {
+    if (!field(field(pod, "status"), "containerStatuses").is_array()) {
       continue;
     }
-    bool restarted = false;
-    for (const json& container : containers) {
-      restarted = restarted || kube::integer_field(container, "restartCount", 0) > 0;
-    }
+    const bool restarted = pod_restarts(pod) > 0;
     const int64_t created =
         kube::unix_ms_of(kube::string_field(field(pod, "metadata"), "creationTimestamp"));
     const int64_t ready = kube::unix_ms_of(
@@ -47,13 +54,7 @@ int64_t PodRestarts::update(const kube::Reflector::Objects& pods, std::string_vi
     if (kube::label(pod, kEndpointLabel) != endpoint) {
       continue;
     }
-    int64_t restarts = 0;
-    const json& containers = field(field(pod, "status"), "containerStatuses");
-    if (containers.is_array()) {
-      for (const json& container : containers) {
-        restarts += kube::integer_field(container, "restartCount", 0);
-      }
-    }
+    const int64_t restarts = pod_restarts(pod);
     const auto before = last_.find(name);
     // The first update is the baseline; a pod first seen later counts all its restarts.
     const int64_t since = before != last_.end() ? before->second : (baseline_taken_ ? 0 : restarts);
